@@ -1,0 +1,86 @@
+"""Argument checks that run before any I/O, with messages that name the argument."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pymongo.collection import Collection as SyncCollection
+from pymongo.write_concern import WriteConcern
+
+MAX_NAME_LENGTH = 1024
+# Expiry is stored with millisecond precision on the server.
+MIN_TTL = 0.001
+_COLLECTION_METHODS = ("find_one_and_update", "update_one", "update_many", "find_one", "find", "with_options")
+
+
+def lock_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}")
+    if "\x00" in name:
+        raise ValueError("name must not contain NUL characters")
+    return name
+
+
+def seconds(value: object, argument: str, *, minimum: float = 0.0, allow_zero: bool = False) -> float:
+    """A finite number of seconds, ``> minimum`` (or ``>=`` when ``allow_zero`` and it is 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{argument} must be finite, got {value!r}")
+    if allow_zero and number == 0:
+        return number
+    if number <= 0 or number < minimum:
+        bound = f"at least {minimum:g}" if minimum else ("non-negative" if allow_zero else "positive")
+        raise ValueError(f"{argument} must be {bound}, got {value!r}")
+    return number
+
+
+def ttl(value: object, argument: str = "ttl") -> float:
+    return seconds(value, argument, minimum=MIN_TTL)
+
+
+def optional_timeout(value: object, argument: str = "timeout") -> float | None:
+    if value is None:
+        return None
+    return seconds(value, argument, allow_zero=True)
+
+
+def flag(value: object, argument: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{argument} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def optional_label(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"label must be a str or None, not {type(value).__name__}")
+    return value
+
+
+def write_concern(value: object) -> WriteConcern:
+    if not isinstance(value, WriteConcern):
+        raise TypeError(f"write_concern must be a pymongo.write_concern.WriteConcern, not {type(value).__name__}")
+    if not value.acknowledged:
+        raise ValueError("write_concern must be acknowledged (w=0 cannot tell whether a lock was taken)")
+    return value
+
+
+def async_collection(collection: object) -> Any:
+    """Accept a PyMongo ``AsyncCollection`` or a Motor collection; refuse a blocking one."""
+    if isinstance(collection, SyncCollection):
+        raise TypeError(
+            "collection is a blocking pymongo Collection; pass an async one "
+            "(pymongo.AsyncMongoClient(...)[db][coll] or a Motor collection)"
+        )
+    missing = [method for method in _COLLECTION_METHODS if not callable(getattr(collection, method, None))]
+    if missing or not isinstance(getattr(collection, "full_name", None), str):
+        raise TypeError(
+            f"collection must be a PyMongo AsyncCollection or a Motor collection, not {type(collection).__name__}"
+        )
+    return collection

@@ -1,0 +1,59 @@
+"""The library's exceptions. Every one of them is a :class:`LockError`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class LockError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class LockTimeoutError(LockError, TimeoutError):
+    """A blocking acquire gave up: the lock stayed held by someone else until the timeout."""
+
+    def __init__(self, name: str, timeout: float | None) -> None:
+        self.name = name
+        self.timeout = timeout
+        if timeout is None:
+            super().__init__(f"lock {name!r} is held by another owner")
+        else:
+            super().__init__(f"lock {name!r} could not be acquired within {timeout:g} s")
+
+
+class LockNotOwnedError(LockError):
+    """An operation that needs a live lease found that this handle does not hold one."""
+
+    def __init__(self, name: str, detail: str = "this handle does not hold a live lease on it") -> None:
+        self.name = name
+        super().__init__(f"lock {name!r}: {detail}")
+
+
+class LockAlreadyHeldError(LockError, RuntimeError):
+    """``acquire()`` was called on a handle that already holds (or is acquiring) its lock.
+
+    A handle stands for one holder. Re-entry is refused rather than silently counted, because a
+    second ``release()`` by the "inner" user would end the lease the "outer" user still relies on.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"this AsyncMongoLock handle already holds or is acquiring {name!r}; "
+            "create one handle per task that needs the lock"
+        )
+
+
+class LockLostError(LockError):
+    """The lease ended while its holder still relied on it.
+
+    Raised by ``async with lock:`` when the heartbeat could not renew the lease before the local
+    deadline, or found that another owner holds the lock now. ``reason`` says which; ``lost_at``
+    is the wall-clock time (UTC) at which this process stopped believing it held the lock.
+    """
+
+    def __init__(self, name: str, reason: str, lost_at: datetime) -> None:
+        self.name = name
+        self.reason = reason
+        self.lost_at = lost_at
+        super().__init__(f"lock {name!r} was lost at {lost_at.isoformat()}: {reason}")

@@ -1,0 +1,285 @@
+"""An embedded MongoDB wire-protocol server (SecantusDB) for tests and the demo.
+
+``EmbeddedMongo`` runs ``secantusd-py`` on 127.0.0.1 with an OS-assigned port, a temporary data
+directory and ``--sync-on-commit`` (without it, a SIGKILL loses acknowledged writes). It can be
+restarted on the same data directory and port (after a clean stop or a SIGKILL), paused and resumed
+(SIGSTOP/SIGCONT, a stand-in for a network partition), and closed, which stops it, frees the port and
+removes the directory. The server process dies with the process that started it, and every server
+still running at interpreter exit is closed, so a failing test leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import quote_plus
+
+import anyio.to_thread
+
+_LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
+_LAUNCH = "import sys; from secantus.cli import main; sys.argv[0] = 'secantusd-py'; sys.exit(main())"
+_running: weakref.WeakSet[EmbeddedMongo] = weakref.WeakSet()
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded server is not installed, or did not start; the message carries its log."""
+
+
+class EmbeddedMongo:
+    """A SecantusDB server process. Use as a (sync or async) context manager, or ``start``/``close``.
+
+    - ``replica_set``: advertise a single-node replica set (default; change streams and
+      transactions work). False starts it ``--standalone``.
+    - ``test_commands``: enable ``configureFailPoint`` (``--enable-test-commands``).
+    - ``auth``: ``(user, password)`` to require SCRAM authentication; the user is created with the
+      ``root`` role and the URI carries the credentials.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_set: bool = True,
+        test_commands: bool = False,
+        auth: tuple[str, str] | None = None,
+        startup_timeout: float = 60.0,
+        cache_size: str = "128M",
+    ) -> None:
+        if importlib.util.find_spec("secantus") is None:
+            raise EmbeddedServerError(
+                "the embedded MongoDB server needs SecantusDB: pip install 'mongolock-async[embedded]'"
+            )
+        self.replica_set = replica_set
+        self.test_commands = test_commands
+        self.auth = auth
+        self.startup_timeout = startup_timeout
+        self.cache_size = cache_size
+        self.port: int | None = None
+        self._workdir: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start the server (on a new temporary directory the first time) and return its URI."""
+        if self.running:
+            return self.uri
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+            (self._workdir / "data").mkdir()
+            if self.auth is not None:
+                self._launch(auth=False)
+                self._create_user(*self.auth)
+                self.stop()
+        self._launch(auth=self.auth is not None)
+        return self.uri
+
+    def stop(self) -> None:
+        """Stop the server cleanly (SIGTERM, then SIGKILL after 10 s); keep its data for a restart."""
+        process = self._process
+        if process is None:
+            return
+        if self._paused:
+            self.resume()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._process = None
+        _running.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would; keep its data for a restart."""
+        process = self._process
+        if process is None:
+            return
+        process.kill()
+        process.wait()
+        self._process = None
+        self._paused = False
+        _running.discard(self)
+
+    def restart(self, *, crash: bool = False) -> str:
+        """Stop (or with ``crash=True`` SIGKILL) and start again on the same data directory and port."""
+        self.kill() if crash else self.stop()
+        return self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open but nothing answers, like a network partition."""
+        self._require_process().send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        self._require_process().send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def close(self) -> None:
+        """Stop the server, free its port and remove its temporary directory."""
+        self.stop()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+        self.port = None
+
+    # -- facts ------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def storage_path(self) -> Path | None:
+        return None if self._workdir is None else self._workdir / "data"
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self._workdir is None else self._workdir / "server.log"
+
+    @property
+    def uri(self) -> str:
+        """``mongodb://`` URI of the server (with credentials when ``auth`` is set)."""
+        if self.port is None:
+            raise EmbeddedServerError("the embedded server has not been started")
+        credentials = ""
+        options = "directConnection=true"
+        if self.auth is not None:
+            credentials = f"{quote_plus(self.auth[0])}:{quote_plus(self.auth[1])}@"
+            options += "&authSource=admin"
+        return f"mongodb://{credentials}127.0.0.1:{self.port}/?{options}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    # -- context managers -------------------------------------------------------------------------
+
+    def __enter__(self) -> EmbeddedMongo:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> EmbeddedMongo:
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.close)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _launch(self, *, auth: bool) -> None:
+        assert self._workdir is not None and self.log_path is not None
+        command = [
+            sys.executable, "-c", _LAUNCH,
+            "--host", "127.0.0.1",
+            "--port", str(self.port or 0),
+            "--storage-path", str(self._workdir / "data"),
+            "--sync-on-commit",
+            "--cache-size", self.cache_size,
+        ]  # fmt: skip
+        if not self.replica_set:
+            command.append("--standalone")
+        if self.test_commands:
+            command.append("--enable-test-commands")
+        if auth:
+            command.append("--auth")
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._workdir,
+                # PR_SET_PDEATHSIG follows the thread that forks; only the main thread lives as long
+                # as the process. Servers started elsewhere rely on the atexit hook alone.
+                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else os.setpgrp,
+            )
+        _running.add(self)
+        self._wait_until_listening(log_start)
+
+    def _wait_until_listening(self, log_start: int) -> None:
+        assert self._process is not None and self.log_path is not None
+        give_up_at = time.monotonic() + self.startup_timeout
+        while time.monotonic() < give_up_at:
+            if self._process.poll() is not None:
+                self._process = None
+                raise EmbeddedServerError(f"the embedded server exited during start-up; its log:\n{self.log_tail()}")
+            with self.log_path.open("rb") as log:
+                log.seek(log_start)
+                match = _LISTENING.search(log.read().decode(errors="replace"))
+            if match and _accepts_connections(int(match.group(2))):
+                self.port = int(match.group(2))
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise EmbeddedServerError(
+            f"the embedded server did not listen within {self.startup_timeout:g} s; its log:\n{self.log_tail()}"
+        )
+
+    def _create_user(self, user: str, password: str) -> None:
+        from pymongo import MongoClient
+
+        client: MongoClient[dict[str, object]]
+        with MongoClient(self.uri, serverSelectionTimeoutMS=10_000) as client:
+            client.admin.command("createUser", user, pwd=password, roles=["root"])
+
+    def _require_process(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            raise EmbeddedServerError("the embedded server is not running")
+        return self._process
+
+
+def _accepts_connections(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    os.setpgrp()  # a Ctrl-C at the terminal goes to the tests, which then stop the server cleanly
+
+
+@atexit.register
+def _close_all() -> None:
+    for server in list(_running):
+        server.close()
