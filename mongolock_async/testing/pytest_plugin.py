@@ -11,12 +11,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
-
+from .clients import DRIVERS, TEST_DATABASE, close_client, make_client
 from .selection import ServerChoice, select_server
 
-DRIVERS = ("pymongo", "motor")
-TEST_DATABASE = "mongolock_tests"
 
 
 @pytest.fixture(scope="session")
@@ -29,23 +26,6 @@ def mongodb_server() -> Iterator[ServerChoice]:
 @pytest.fixture(scope="session")
 def mongodb_uri(mongodb_server: ServerChoice) -> str:
     return mongodb_server.uri
-
-
-def make_client(driver: str, uri: str) -> Any:
-    """An async client of ``driver`` ("pymongo" or "motor") for ``uri``."""
-    if driver == "pymongo":
-        return AsyncMongoClient(uri, serverSelectionTimeoutMS=10_000)
-    if driver == "motor":
-        from motor.motor_asyncio import AsyncIOMotorClient
-
-        return AsyncIOMotorClient(uri, serverSelectionTimeoutMS=10_000)
-    raise ValueError(f"unknown driver {driver!r}")
-
-
-async def close_client(client: Any) -> None:
-    result = client.close()
-    if result is not None:  # PyMongo's async close is a coroutine; Motor's is not
-        await result
 
 
 @pytest.fixture(params=DRIVERS)

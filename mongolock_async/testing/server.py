@@ -161,11 +161,14 @@ class EmbeddedMongo:
     @property
     def uri(self) -> str:
         """``mongodb://`` URI of the server (with credentials when ``auth`` is set)."""
+        return self._uri(with_credentials=True)
+
+    def _uri(self, *, with_credentials: bool) -> str:
         if self.port is None:
             raise EmbeddedServerError("the embedded server has not been started")
         credentials = ""
         options = "directConnection=true"
-        if self.auth is not None:
+        if self.auth is not None and with_credentials:
             credentials = f"{quote_plus(self.auth[0])}:{quote_plus(self.auth[1])}@"
             options += "&authSource=admin"
         return f"mongodb://{credentials}127.0.0.1:{self.port}/?{options}"
@@ -257,7 +260,7 @@ class EmbeddedMongo:
         from pymongo import MongoClient
 
         client: MongoClient[dict[str, object]]
-        with MongoClient(self.uri, serverSelectionTimeoutMS=10_000) as client:
+        with MongoClient(self._uri(with_credentials=False), serverSelectionTimeoutMS=10_000) as client:
             client.admin.command("createUser", user, pwd=password, roles=["root"])
 
     def _require_process(self) -> subprocess.Popen[bytes]:

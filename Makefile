@@ -1,0 +1,24 @@
+# Set-up and checks. Every target creates the virtualenv (.venv) and installs the project first.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint demo
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+## The test suite (what CI runs).
+test: $(STAMP)
+	$(PYTHON) -m pytest
+
+## ruff and mypy --strict.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict mongolock_async
+
+## The demo, on an embedded MongoDB server it starts and stops itself.
+demo: $(STAMP)
+	$(VENV)/bin/mongolock demo

@@ -1,0 +1,29 @@
+"""Async clients of either driver, for tests and the demo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymongo import AsyncMongoClient
+
+DRIVERS = ("pymongo", "motor")
+TEST_DATABASE = "mongolock_tests"
+
+
+def make_client(driver: str, uri: str, **options: Any) -> Any:
+    """An async client of ``driver`` ("pymongo" or "motor") for ``uri``."""
+    options.setdefault("serverSelectionTimeoutMS", 10_000)
+    if driver == "pymongo":
+        return AsyncMongoClient(uri, **options)
+    if driver == "motor":
+        from motor.motor_asyncio import AsyncIOMotorClient
+
+        return AsyncIOMotorClient(uri, **options)
+    raise ValueError(f"unknown driver {driver!r}; expected one of {DRIVERS}")
+
+
+async def close_client(client: Any) -> None:
+    """Close a client of either driver (PyMongo's close is a coroutine; Motor's is not)."""
+    result = client.close()
+    if result is not None:
+        await result

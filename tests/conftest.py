@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from pymongo import monitoring
+
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+
+pytest_plugins = ["mongolock_async.testing.pytest_plugin"]
+
+
+class CommandCounter(monitoring.CommandListener):
+    """Records the name of every command a client starts (PyMongo command monitoring)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.commands: list[dict[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.names.append(event.command_name)
+        self.commands.append(dict(event.command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def count(self, *names: str) -> int:
+        return sum(1 for name in self.names if name in names)
+
+
+@pytest.fixture
+def command_counter() -> CommandCounter:
+    return CommandCounter()
+
+
+@pytest.fixture
+async def counted_collection(driver: str, mongodb_uri: str, command_counter: CommandCounter) -> AsyncIterator[Any]:
+    """A fresh collection on a client whose commands ``command_counter`` records."""
+    client = make_client(driver, mongodb_uri, event_listeners=[command_counter])
+    collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
+    try:
+        yield collection
+    finally:
+        await collection.drop()
+        await close_client(client)
+
+
+@pytest.fixture
+def private_server() -> Iterator[EmbeddedMongo]:
+    """An embedded server of the test's own, with test commands, for restarts, pauses and fail points."""
+    with EmbeddedMongo(test_commands=True) as server:
+        yield server
+
+
+@pytest.fixture
+async def private_collection(driver: str, private_server: EmbeddedMongo) -> AsyncIterator[Any]:
+    """A collection on ``private_server`` reached with ``driver``; short timeouts so outages show quickly."""
+    client = make_client(driver, private_server.uri)
+    try:
+        yield client[TEST_DATABASE]["locks"]
+    finally:
+        if private_server.running:
+            await close_client(client)
+
+
+async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
+    """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point."""
+    command: dict[str, Any] = {"configureFailPoint": "failCommand", "mode": mode}
+    if data:
+        command["data"] = data
+    await collection.database.client.admin.command(command)

@@ -1,0 +1,110 @@
+"""The embedded SecantusDB server: start, ping, restart with data intact, pause/resume, clean stop."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+from mongolock_async.testing import EmbeddedMongo, EmbeddedServerError
+
+
+def client_for(server: EmbeddedMongo) -> MongoClient[dict[str, object]]:
+    return MongoClient(server.uri, serverSelectionTimeoutMS=5_000, socketTimeoutMS=5_000)
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_starts_and_answers_ping() -> None:
+    with EmbeddedMongo() as server, client_for(server) as client:
+        assert server.uri.startswith("mongodb://127.0.0.1:")
+        assert client.admin.command("ping")["ok"] == 1
+        assert client.admin.command("hello").get("setName"), "replica-set mode is the default"
+
+
+def test_standalone_mode_drops_the_replica_set() -> None:
+    with EmbeddedMongo(replica_set=False) as server, client_for(server) as client:
+        assert "setName" not in client.admin.command("hello")
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-stop", "sigkill"])
+def test_restart_keeps_data(crash: bool) -> None:
+    with EmbeddedMongo() as server:
+        with client_for(server) as client:
+            client.db.things.insert_one({"_id": 1, "value": "kept"})
+        old_pid, old_port = server.pid, server.port
+        server.restart(crash=crash)
+        assert server.pid != old_pid
+        assert server.port == old_port
+        with client_for(server) as client:
+            assert client.db.things.find_one({"_id": 1}) == {"_id": 1, "value": "kept"}
+
+
+def test_pause_and_resume() -> None:
+    with EmbeddedMongo() as server, client_for(server) as client:
+        client.admin.command("ping")
+        server.pause()
+        with MongoClient(server.uri, serverSelectionTimeoutMS=500, socketTimeoutMS=500) as impatient:
+            with pytest.raises(PyMongoError):
+                impatient.admin.command("ping")
+        server.resume()
+        assert client.admin.command("ping")["ok"] == 1
+
+
+def test_close_frees_the_port_and_removes_the_directory() -> None:
+    server = EmbeddedMongo()
+    server.start()
+    port, workdir, pid = server.port, server.storage_path, server.pid
+    assert port is not None and workdir is not None and pid is not None
+    assert workdir.exists()
+    server.close()
+    assert port_is_free(port)
+    assert not workdir.parent.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_auth_requires_the_credentials_in_the_uri() -> None:
+    with EmbeddedMongo(auth=("alice", "s3cret")) as server:
+        assert "alice:s3cret@" in server.uri
+        with client_for(server) as client:
+            assert client.admin.command("ping")["ok"] == 1
+            client.db.things.insert_one({"_id": 1})
+        anonymous_uri = server.uri.replace("alice:s3cret@", "")
+        with MongoClient(anonymous_uri, serverSelectionTimeoutMS=5_000) as anonymous:
+            with pytest.raises(PyMongoError):
+                anonymous.db.things.find_one({"_id": 1})
+
+
+def test_start_up_failure_shows_the_log() -> None:
+    with EmbeddedMongo() as first:
+        # A second server on the same data directory and port cannot start.
+        clash = EmbeddedMongo(startup_timeout=15)
+        clash._workdir = first.storage_path.parent if first.storage_path else None
+        clash.port = first.port
+        try:
+            with pytest.raises(EmbeddedServerError, match="log"):
+                clash.start()
+        finally:
+            clash._workdir = None  # the directory belongs to ``first``
+            clash.stop()
+
+
+async def test_async_context_manager() -> None:
+    async with EmbeddedMongo() as server:
+        assert server.running
+        with client_for(server) as client:
+            assert client.admin.command("ping")["ok"] == 1
+        workdir = server.storage_path
+    assert not server.running
+    assert workdir is not None and not workdir.exists()

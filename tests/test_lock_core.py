@@ -1,0 +1,185 @@
+"""The lock handle against a real wire server, with both drivers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Any
+
+import pytest
+from pymongo.write_concern import WriteConcern
+
+from mongolock_async import (
+    AsyncMongoLock,
+    LockAlreadyHeldError,
+    LockNotOwnedError,
+    LockTimeoutError,
+)
+from tests.conftest import CommandCounter
+
+
+async def test_one_of_two_wins_and_the_loser_waits_for_the_release(lock_collection: Any) -> None:
+    holder = AsyncMongoLock(lock_collection, "report", ttl=30.0)
+    # Backoff this long could never wake the waiter in time: only the release signal can.
+    waiter = AsyncMongoLock(lock_collection, "report", ttl=30.0, retry_base=20.0, retry_cap=20.0)
+    assert await holder.acquire()
+    assert not await waiter.acquire(blocking=False)
+    started = time.monotonic()
+    assert not await waiter.acquire(timeout=0.2)
+    assert time.monotonic() - started >= 0.2
+    waiting = asyncio.create_task(waiter.acquire(timeout=15))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 15)
+    assert await waiter.owned()
+    assert not await holder.owned()
+    assert waiter.fencing_token is not None and holder.fencing_token is None
+    assert await waiter.release()
+
+
+async def test_async_with_raises_timeout_when_held(lock_collection: Any) -> None:
+    holder = AsyncMongoLock(lock_collection, "job", ttl=30.0)
+    async with holder:
+        assert await holder.owned()
+        with pytest.raises(LockTimeoutError, match="job"):
+            async with AsyncMongoLock(lock_collection, "job", timeout=0.1):
+                pytest.fail("entered a held lock")
+        with pytest.raises(LockTimeoutError):
+            async with AsyncMongoLock(lock_collection, "job", blocking=False):
+                pytest.fail("entered a held lock")
+    assert not await holder.locked()
+
+
+async def test_takeover_only_after_expiry_on_server_time(lock_collection: Any) -> None:
+    first = AsyncMongoLock(lock_collection, "lease", ttl=1.0)
+    second = AsyncMongoLock(lock_collection, "lease", ttl=5.0)
+    assert await first.acquire()
+    expires_at = (await lock_collection.find_one({"_id": "lease"}))["expiresAt"]
+    refusals = 0
+    while not await second.acquire(blocking=False):
+        refusals += 1
+        await asyncio.sleep(0.02)
+    doc = await lock_collection.find_one({"_id": "lease"})
+    assert refusals > 0, "the lease was taken at once, before its expiry"
+    assert doc["acquiredAt"] >= expires_at, "taken over before the server's expiry time"
+    assert first.fencing_token is not None and second.fencing_token is not None
+    assert second.fencing_token > first.fencing_token
+    assert not await first.owned()
+    assert await first.release() is False
+    with pytest.raises(LockNotOwnedError):
+        await first.extend()
+    assert await second.release()
+
+
+async def test_non_owner_cannot_release_or_extend(lock_collection: Any) -> None:
+    owner = AsyncMongoLock(lock_collection, "guarded", ttl=30.0)
+    stranger = AsyncMongoLock(lock_collection, "guarded", ttl=30.0)
+    assert await owner.acquire()
+    assert await stranger.release() is False
+    with pytest.raises(LockNotOwnedError):
+        await stranger.extend()
+    assert await owner.owned()
+    assert await stranger.locked()
+    assert await owner.release() is True
+    assert await owner.release() is False
+
+
+async def test_release_after_expiry_returns_false(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "short", ttl=0.3)
+    assert await lock.acquire()
+    await asyncio.sleep(0.5)
+    assert not await lock.locked()
+    assert await lock.release() is False
+
+
+async def test_extend_starts_a_new_lease_from_now(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "extended", ttl=1.0)
+    other = AsyncMongoLock(lock_collection, "extended", ttl=1.0)
+    assert await lock.acquire()
+    before = (await lock_collection.find_one({"_id": "extended"}))["expiresAt"]
+    await lock.extend(ttl=4.0)
+    doc = await lock_collection.find_one({"_id": "extended"})
+    assert doc["expiresAt"] > before and doc["ttlMs"] == 4000
+    assert lock.ttl == 4.0
+    await asyncio.sleep(1.3)  # past the original TTL
+    assert not await other.acquire(blocking=False)
+    assert await lock.owned()
+    assert await lock.release()
+
+
+async def test_a_handle_is_not_reentrant(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "single", ttl=30.0)
+    assert await lock.acquire()
+    with pytest.raises(LockAlreadyHeldError):
+        await lock.acquire()
+    with pytest.raises(LockAlreadyHeldError):
+        async with lock:
+            pass
+    assert await lock.release()
+    async with lock:  # usable again once released
+        assert await lock.owned()
+
+
+async def test_concurrent_first_acquires_of_a_new_name(lock_collection: Any) -> None:
+    locks = [AsyncMongoLock(lock_collection, "fresh", ttl=30.0) for _ in range(20)]
+    results = await asyncio.gather(*(lock.acquire(blocking=False) for lock in locks))
+    assert results.count(True) == 1
+    assert await lock_collection.count_documents({}) == 1
+    winner = locks[results.index(True)]
+    assert await winner.release()
+
+
+async def test_document_shows_holder_and_clears_owner_on_release(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "diag", ttl=30.0, label="nightly-report@worker-3")
+    assert await lock.acquire()
+    doc = await lock_collection.find_one({"_id": "diag"})
+    assert doc["holder"] == {"host": socket.gethostname(), "pid": os.getpid(), "label": "nightly-report@worker-3"}
+    assert len(doc["owner"]) == 32 and doc["fence"] == lock.fencing_token
+    assert doc["ttlMs"] == 30_000
+    assert await lock.release()
+    doc = await lock_collection.find_one({"_id": "diag"})
+    assert doc["owner"] is None and doc["fence"] > 0, "release keeps the document and its counter"
+
+
+async def test_owner_tokens_are_fresh_per_acquisition(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "tokens", ttl=30.0)
+    owners = set()
+    for _ in range(5):
+        assert await lock.acquire()
+        owners.add((await lock_collection.find_one({"_id": "tokens"}))["owner"])
+        assert await lock.release()
+    assert len(owners) == 5
+
+
+@pytest.mark.parametrize(
+    ("write_concern", "expected"),
+    [(None, {"w": "majority"}), (WriteConcern(w=1, j=True), {"w": 1, "j": True})],
+    ids=["default-majority", "override"],
+)
+async def test_writes_carry_the_write_concern(
+    counted_collection: Any, command_counter: CommandCounter, write_concern: WriteConcern | None, expected: dict[str, Any]
+) -> None:
+    options = {} if write_concern is None else {"write_concern": write_concern}
+    lock = AsyncMongoLock(counted_collection, "durable", ttl=30.0, **options)
+    assert await lock.acquire()
+    await lock.extend()
+    assert await lock.release()
+    writes = [c for c in command_counter.commands if c.get("findAndModify") or c.get("update")]
+    assert len(writes) == 3
+    for command in writes:
+        assert command["writeConcern"] == expected
+
+
+async def test_locked_and_owned_report_server_state(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "state", ttl=30.0)
+    assert not await lock.locked() and not await lock.owned()
+    assert lock.fencing_token is None and lock.deadline is None
+    assert await lock.acquire()
+    assert await lock.locked() and await lock.owned()
+    assert lock.deadline is not None and lock.deadline > time.monotonic()
+    await lock_collection.update_one({"_id": "state"}, {"$set": {"owner": "someone-else"}})
+    assert not await lock.owned(), "owned() must ask the server, not trust the handle"
+    assert await lock.locked()

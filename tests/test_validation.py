@@ -1,0 +1,104 @@
+"""Bad input raises a typed error naming the argument, before any command reaches the server."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from pymongo.write_concern import WriteConcern
+
+from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
+from tests.conftest import CommandCounter
+
+BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"name": 42}, TypeError, "name"),
+    ({"name": b"bytes"}, TypeError, "name"),
+    ({"name": ""}, ValueError, "name"),
+    ({"name": "x" * 1025}, ValueError, "name"),
+    ({"name": "nul\x00inside"}, ValueError, "name"),
+    ({"ttl": 0}, ValueError, "ttl"),
+    ({"ttl": -1}, ValueError, "ttl"),
+    ({"ttl": math.inf}, ValueError, "ttl"),
+    ({"ttl": math.nan}, ValueError, "ttl"),
+    ({"ttl": "30"}, TypeError, "ttl"),
+    ({"ttl": True}, TypeError, "ttl"),
+    ({"timeout": -0.5}, ValueError, "timeout"),
+    ({"timeout": "1"}, TypeError, "timeout"),
+    ({"blocking": 1}, TypeError, "blocking"),
+    ({"label": 7}, TypeError, "label"),
+    ({"write_concern": {"w": 1}}, TypeError, "write_concern"),
+    ({"write_concern": WriteConcern(w=0)}, ValueError, "write_concern"),
+    ({"heartbeat": 0}, ValueError, "heartbeat"),
+    ({"heartbeat": "yes"}, TypeError, "heartbeat"),
+    ({"ttl": 3.0, "heartbeat": 1.5}, ValueError, "heartbeat"),
+    ({"ttl": 3.0, "safety_margin": 3.0}, ValueError, "safety_margin"),
+    ({"ttl": 3.0, "safety_margin": -1}, ValueError, "safety_margin"),
+    ({"on_lost": "not callable"}, TypeError, "on_lost"),
+    ({"retry_base": 0}, ValueError, "retry_base"),
+    ({"retry_base": 0.5, "retry_cap": 0.1}, ValueError, "retry_cap"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "error", "argument"), BAD_CONSTRUCTOR_ARGUMENTS)
+async def test_bad_constructor_argument(
+    counted_collection: Any,
+    command_counter: CommandCounter,
+    overrides: dict[str, Any],
+    error: type[Exception],
+    argument: str,
+) -> None:
+    arguments: dict[str, Any] = {"collection": counted_collection, "name": "job", "ttl": 30.0, **overrides}
+    with pytest.raises(error, match=argument):
+        AsyncMongoLock(**arguments)
+    assert command_counter.names == []
+
+
+async def test_bad_call_arguments(counted_collection: Any, command_counter: CommandCounter) -> None:
+    lock = AsyncMongoLock(counted_collection, "job", ttl=3.0, heartbeat=1.0)
+    with pytest.raises(ValueError, match="timeout"):
+        await lock.acquire(timeout=-1)
+    with pytest.raises(TypeError, match="blocking"):
+        await lock.acquire(blocking="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="idle_after"):
+        await ensure_idle_cleanup_index(counted_collection, idle_after=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="idle_after"):
+        await ensure_idle_cleanup_index(counted_collection, idle_after=0)
+    assert command_counter.names == []
+    assert await lock.acquire()
+    assert command_counter.count("findAndModify") == 1, "the counter must see real commands"
+    started = len(command_counter.names)
+    with pytest.raises(ValueError, match="ttl"):
+        await lock.extend(ttl=0)
+    with pytest.raises(ValueError, match="heartbeat"):
+        await lock.extend(ttl=1.0)  # a 1 s heartbeat cannot fit twice into 1 s
+    assert len(command_counter.names) == started
+    assert await lock.release()
+
+
+def test_a_blocking_collection_is_refused() -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient("mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=1")
+    try:
+        with pytest.raises(TypeError, match="blocking pymongo Collection"):
+            AsyncMongoLock(client.db.locks, "job")
+        with pytest.raises(TypeError, match="collection"):
+            AsyncMongoLock(client.db, "job")
+        with pytest.raises(TypeError, match="collection"):
+            AsyncMongoLock(object(), "job")
+    finally:
+        client.close()
+
+
+async def test_an_operator_shaped_name_is_a_plain_string(lock_collection: Any) -> None:
+    plain = AsyncMongoLock(lock_collection, "ordinary", ttl=5.0)
+    assert await plain.acquire()
+    # If the name reached the query as an operator, {"$gt": ""} would match "ordinary" and find it held.
+    tricky = AsyncMongoLock(lock_collection, '{"$gt": ""}', ttl=5.0)
+    assert await tricky.acquire(blocking=False)
+    assert await lock_collection.find_one({"_id": '{"$gt": ""}'}) is not None
+    dollar = AsyncMongoLock(lock_collection, "$where", ttl=5.0)
+    assert await dollar.acquire(blocking=False)
+    assert await lock_collection.count_documents({}) == 3
+    for lock in (plain, tricky, dollar):
+        assert await lock.release()
