@@ -17,53 +17,43 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class NoAnswerError(Exception):
-    """The request got no answer within its limit; it was abandoned and its outcome is unknown."""
-
-
 async def run_shielded(
     request: Coroutine[Any, Any, T],
     *,
-    limit: float,
+    grace: float,
     on_cancelled: Callable[[T], Awaitable[None]] | None = None,
 ) -> T:
-    """Await ``request`` to completion or for ``limit`` seconds, whichever comes first.
+    """Await ``request``; if the caller is cancelled meanwhile, let it finish first.
 
-    If the caller is cancelled meanwhile, the request still completes; then ``on_cancelled(result)``
-    runs (also shielded) and the cancellation is re-raised. Raises :class:`NoAnswerError` when the
-    limit passes first (or the cancellation, if one arrived).
+    After a cancellation the request gets up to ``grace`` more seconds; when it completes in time,
+    ``on_cancelled(result)`` runs (also shielded, also within ``grace``). Then the cancellation is
+    re-raised. Without a cancellation this is a plain await: the driver's own timeouts apply.
     """
     task = asyncio.ensure_future(request)
-    cancellation = await _wait_uncancellable(task, limit)
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await _wait_uncancellable(task, 1.0)
-        if cancellation is not None:
-            raise cancellation
-        raise NoAnswerError(f"no answer within {limit:g} s")
-    if cancellation is None:
-        return task.result()
-    if task.exception() is None and on_cancelled is not None:
-        cleanup = asyncio.ensure_future(on_cancelled(task.result()))
-        await _wait_uncancellable(cleanup, limit)
-        if not cleanup.done():
-            cleanup.cancel()
+    cancellation: asyncio.CancelledError | None = None
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError as error:
+        cancellation = error
+    if await _finish(task, grace) and task.exception() is None and on_cancelled is not None:
+        await _finish(asyncio.ensure_future(on_cancelled(task.result())), grace)
     raise cancellation
 
 
-async def _wait_uncancellable(task: asyncio.Future[Any], limit: float) -> asyncio.CancelledError | None:
-    """Wait up to ``limit`` seconds for ``task``; return the first cancellation that hit the caller."""
+async def _finish(task: asyncio.Future[Any], grace: float) -> bool:
+    """Wait up to ``grace`` seconds for ``task`` despite further cancellations; cancel it if late.
+
+    Returns whether it completed. anyio re-delivers a scope's cancellation on every loop iteration,
+    hence the loop.
+    """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    cancellation: asyncio.CancelledError | None = None
-    while not task.done():
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            break
-        try:
-            await asyncio.wait({task}, timeout=remaining)
-        except asyncio.CancelledError as error:
-            # anyio re-delivers a scope's cancellation on every loop iteration; keep the first.
-            cancellation = cancellation or error
-    return cancellation
+    give_up_at = loop.time() + grace
+    while not task.done() and loop.time() < give_up_at:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=give_up_at - loop.time())
+    if not task.done():
+        task.cancel()
+        return False
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it as never retrieved
+    return not task.cancelled()

@@ -16,8 +16,8 @@ from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
-from ._shield import NoAnswerError, run_shielded
-from .errors import LockAlreadyHeldError, LockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from ._shield import run_shielded
+from .errors import LockAlreadyHeldError, LockLostError, LockNotOwnedError, LockTimeoutError
 from .keeper import keeper_for_running_loop
 from .lease import Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .store import LockState, LockStore
@@ -188,16 +188,11 @@ class AsyncMongoLock:
             if state.owner == owner:
                 await self._store.release(self._name, owner)
 
-        try:
-            state = await run_shielded(
-                self._store.try_acquire(self._name, owner, _ms(self._ttl), holder),
-                limit=self._ttl,
-                on_cancelled=release_if_taken,
-            )
-        except NoAnswerError:
-            # The server may still apply it; make sure that lease does not outlive this call.
-            await self._release_quietly(owner)
-            raise LockError(f"MongoDB did not answer the acquire of {self._name!r} within the ttl") from None
+        state = await run_shielded(
+            self._store.try_acquire(self._name, owner, _ms(self._ttl), holder),
+            grace=self._ttl,
+            on_cancelled=release_if_taken,
+        )
         if state.owner != owner:
             return state
         deadline = local_deadline(sent_at, self._ttl, self._safety_margin)
@@ -238,16 +233,14 @@ class AsyncMongoLock:
         """Give the lock up. True if this ended our live lease; False if we held nothing live.
 
         Never raises for a lease that expired or was taken over. The request runs shielded: a
-        cancellation waits for it and then propagates. A server that does not answer within the TTL
-        is given up on (the lease has expired by then anyway) and False is returned.
+        cancellation waits for it (up to the TTL, after which the lease has expired anyway) and then
+        propagates.
         """
         lease = self._forget_lease()
         if lease is None:
             return False
         try:
-            return await run_shielded(self._store.release(self._name, lease.owner), limit=lease.ttl)
-        except NoAnswerError:
-            return False
+            return await run_shielded(self._store.release(self._name, lease.owner), grace=lease.ttl)
         finally:
             announce_release(self._key)
 
@@ -335,8 +328,8 @@ class AsyncMongoLock:
 
     async def _release_quietly(self, owner: str) -> None:
         try:
-            await run_shielded(self._store.release(self._name, owner), limit=self._ttl)
-        except (PyMongoError, NoAnswerError):
+            await run_shielded(self._store.release(self._name, owner), grace=self._ttl)
+        except PyMongoError:
             logger.warning("could not release an abandoned acquire of %r; it expires within its ttl", self._name)
 
     def _signal_lost(self, error: LockLostError) -> None:
@@ -360,4 +353,3 @@ def _heartbeat_interval(heartbeat: bool | float, ttl: float, safety_margin: floa
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-

@@ -81,9 +81,7 @@ class LockStore:
     """
 
     def __init__(self, collection: Any, write_concern: WriteConcern) -> None:
-        self._collection = collection.with_options(
-            write_concern=write_concern, read_preference=ReadPreference.PRIMARY
-        )
+        self._collection = collection.with_options(write_concern=write_concern, read_preference=ReadPreference.PRIMARY)
         self.full_name: str = collection.full_name
         # Leases that can be renewed together by one update_many share this key.
         self.group_key: tuple[int, str, str] = (
@@ -93,9 +91,7 @@ class LockStore:
         )
         self._clock_sample: tuple[datetime, float] | None = None
 
-    async def try_acquire(
-        self, name: str, owner: str, ttl_ms: int, holder: Mapping[str, Any]
-    ) -> LockState:
+    async def try_acquire(self, name: str, owner: str, ttl_ms: int, holder: Mapping[str, Any]) -> LockState:
         """Take ``name`` for ``owner`` if it is free or expired; return the document either way.
 
         One round trip: an upserting ``findAndModify`` whose pipeline decides on the server.

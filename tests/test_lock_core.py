@@ -160,7 +160,10 @@ async def test_owner_tokens_are_fresh_per_acquisition(lock_collection: Any) -> N
     ids=["default-majority", "override"],
 )
 async def test_writes_carry_the_write_concern(
-    counted_collection: Any, command_counter: CommandCounter, write_concern: WriteConcern | None, expected: dict[str, Any]
+    counted_collection: Any,
+    command_counter: CommandCounter,
+    write_concern: WriteConcern | None,
+    expected: dict[str, Any],
 ) -> None:
     options = {} if write_concern is None else {"write_concern": write_concern}
     lock = AsyncMongoLock(counted_collection, "durable", ttl=30.0, **options)

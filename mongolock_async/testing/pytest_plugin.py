@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
 from .clients import DRIVERS, TEST_DATABASE, close_client, make_client
 from .selection import ServerChoice, select_server
-
 
 
 @pytest.fixture(scope="session")

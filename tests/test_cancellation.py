@@ -1,0 +1,112 @@
+"""Cancelling at each await of acquire and release: only the cancellation surfaces, no lease stays.
+
+The server is made slow with the ``failCommand`` fail point (``blockConnection``) so the cancel lands
+while a request is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import pytest
+
+from mongolock_async import AsyncMongoLock
+from tests.conftest import set_fail_point
+
+BLOCK_MS = 600
+
+
+async def block_next(collection: Any, command: str) -> None:
+    await set_fail_point(collection, {"times": 1}, failCommands=[command], blockConnection=True, blockTimeMS=BLOCK_MS)
+
+
+async def assert_not_held_by(collection: Any, lock: AsyncMongoLock, name: str) -> None:
+    assert lock.fencing_token is None
+    contender = AsyncMongoLock(collection, name, ttl=30.0)
+    assert await contender.acquire(blocking=False), "the cancelled task's lease is still there"
+    assert await contender.release()
+
+
+async def test_cancel_during_the_acquire_request(private_collection: Any) -> None:
+    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    await block_next(private_collection, "findAndModify")
+    task = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(BLOCK_MS / 3000)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    doc = await private_collection.find_one({"_id": "job"})
+    assert doc is not None and doc["fence"] > 0, "the blocked acquire did reach the server"
+    assert doc["owner"] is None and doc.get("releasedAt") is not None, "and was released after the cancel"
+    await assert_not_held_by(private_collection, lock, "job")
+
+
+async def test_timeout_during_the_acquire_request(private_collection: Any) -> None:
+    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    await block_next(private_collection, "findAndModify")
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(BLOCK_MS / 3000):
+            await lock.acquire()
+    await assert_not_held_by(private_collection, lock, "job")
+
+
+async def test_anyio_scope_cancel_during_the_acquire_request(private_collection: Any) -> None:
+    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    await block_next(private_collection, "findAndModify")
+    with anyio.move_on_after(BLOCK_MS / 3000) as scope:
+        await lock.acquire()
+    assert scope.cancelled_caught
+    await assert_not_held_by(private_collection, lock, "job")
+
+
+async def test_cancel_while_waiting_for_the_holder(private_collection: Any) -> None:
+    holder = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    waiter = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    assert await holder.acquire()
+    task = asyncio.create_task(waiter.acquire())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert waiter.fencing_token is None
+    assert await holder.owned()
+    assert await holder.release()
+    assert await waiter.acquire(blocking=False), "the cancelled acquire left the handle usable"
+    assert await waiter.release()
+
+
+async def test_cancel_during_the_release_request(private_collection: Any) -> None:
+    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    assert await lock.acquire()
+    await block_next(private_collection, "update")
+    task = asyncio.create_task(lock.release())
+    await asyncio.sleep(BLOCK_MS / 3000)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    doc = await private_collection.find_one({"_id": "job"})
+    assert doc["owner"] is None, "release ran to completion despite the cancel"
+    await assert_not_held_by(private_collection, lock, "job")
+
+
+async def test_cancel_in_the_body_releases_shielded(private_collection: Any) -> None:
+    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+    entered = asyncio.Event()
+
+    async def work() -> None:
+        async with lock:
+            await block_next(private_collection, "update")  # the release on exit will be slow
+            entered.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(work())
+    await entered.wait()
+    task.cancel()
+    await asyncio.sleep(BLOCK_MS / 3000)
+    task.cancel()  # a second cancel while the release is in flight
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await private_collection.find_one({"_id": "job"}))["owner"] is None
+    await assert_not_held_by(private_collection, lock, "job")
