@@ -299,7 +299,11 @@ class AsyncMongoLock:
         if lease is not None and lease.lost_error is None and time.monotonic() >= lease.deadline:
             lease.mark_lost(
                 f"the block ran past the lease's local deadline (ttl {lease.ttl:g} s) without renewal; "
-                "use heartbeat=True for work that can outlast the TTL"
+                + (
+                    "the event loop was blocked, so the heartbeat could not run: code in the block must yield"
+                    if lease.heartbeat_interval is not None
+                    else "use heartbeat=True for work that can outlast the TTL"
+                )
             )
         lost_error = lease.lost_error if lease is not None else None
         if lost_error is not None:

@@ -1,0 +1,221 @@
+"""Heartbeat: long jobs keep the lease; loss cancels the body and raises LockLostError, never silently."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from mongolock_async import AsyncMongoLock, LockLostError
+from mongolock_async.keeper import keeper_for_running_loop
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.conftest import CommandCounter, set_fail_point
+
+
+async def keeper_tasks() -> list[asyncio.Task[Any]]:
+    """Keeper tasks still alive, after letting a just-cancelled one finish (one loop iteration)."""
+    await asyncio.sleep(0)
+    return [task for task in asyncio.all_tasks() if task.get_name() == "mongolock-keeper" and not task.done()]
+
+
+async def test_heartbeat_keeps_a_job_of_five_ttls(lock_collection: Any) -> None:
+    ttl = 0.6
+    lock = AsyncMongoLock(lock_collection, "long-job", ttl=ttl, heartbeat=True)
+    contender = AsyncMongoLock(lock_collection, "long-job", ttl=ttl)
+    refusals = 0
+    async with lock:
+        token = lock.fencing_token
+        stop_at = time.monotonic() + 5 * ttl
+        while time.monotonic() < stop_at:
+            assert not await contender.acquire(blocking=False), "acquired while the heartbeat held it"
+            refusals += 1
+            await asyncio.sleep(0.05)
+        assert await lock.owned()
+        assert lock.fencing_token == token, "renewal keeps the same acquisition"
+    assert refusals > 10
+    assert await contender.acquire(blocking=False)
+    assert await contender.release()
+    assert await keeper_tasks() == []
+
+
+async def test_without_heartbeat_the_lease_expires_and_the_block_says_so(lock_collection: Any) -> None:
+    ttl = 0.6
+    lock = AsyncMongoLock(lock_collection, "long-job", ttl=ttl)
+    contender = AsyncMongoLock(lock_collection, "long-job", ttl=ttl)
+    with pytest.raises(LockLostError, match="heartbeat=True") as raised:
+        async with lock:
+            stop_at = time.monotonic() + 5 * ttl
+            while not await contender.acquire(blocking=False):
+                assert time.monotonic() < stop_at, "the lease never expired"
+                await asyncio.sleep(0.05)
+    assert raised.value.name == "long-job"
+    assert await contender.owned()
+    assert await contender.release()
+
+
+async def test_paused_server_cancels_the_body_before_the_server_expiry(
+    driver: str, private_server: EmbeddedMongo
+) -> None:
+    ttl = 2.0
+    holder_client = make_client(driver, private_server.uri)
+    contender_client = make_client(driver, private_server.uri)
+    try:
+        collection = holder_client[TEST_DATABASE]["locks"]
+        lock = AsyncMongoLock(collection, "partitioned", ttl=ttl, heartbeat=0.4)
+        body_cancelled_at: datetime | None = None
+        with pytest.raises(LockLostError) as raised:
+            async with lock:
+                await asyncio.sleep(0.5)  # a renewal or so succeeds first
+                private_server.pause()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    body_cancelled_at = datetime.now(UTC)
+                    raise
+        raised_at = datetime.now(UTC)
+        assert body_cancelled_at is not None, "the body was not cancelled"
+        assert "local deadline" in raised.value.reason
+        private_server.resume()
+        contenders = contender_client[TEST_DATABASE]["locks"]
+        old = await contenders.find_one({"_id": "partitioned"})
+        server_expiry = old["expiresAt"].replace(tzinfo=UTC)
+        assert body_cancelled_at < server_expiry and raised_at < server_expiry, (
+            body_cancelled_at,
+            raised_at,
+            server_expiry,
+        )
+        contender = AsyncMongoLock(contenders, "partitioned", ttl=ttl)
+        assert await contender.acquire(timeout=10)
+        taken = await contenders.find_one({"_id": "partitioned"})
+        assert taken["acquiredAt"].replace(tzinfo=UTC) >= server_expiry
+        assert taken["fence"] > old["fence"]
+        assert await contender.release()
+        assert await keeper_tasks() == []
+    finally:
+        private_server.resume() if private_server.running else None
+        await close_client(holder_client)
+        await close_client(contender_client)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [{"errorCode": 10107}, {"errorCode": 91}, {"closeConnection": True}],
+    ids=["NotWritablePrimary", "ShutdownInProgress", "closeConnection"],
+)
+@pytest.mark.parametrize(("outage", "lost"), [(0.8, False), (4.0, True)], ids=["short", "long"])
+async def test_renewal_failures_lose_the_lease_only_past_the_deadline(
+    driver: str, private_server: EmbeddedMongo, failure: dict[str, Any], outage: float, lost: bool
+) -> None:
+    # The embedded server answers the driver's streaming "hello" only every 10 s after a
+    # NotWritablePrimary-style error; polling monitoring lets the driver see it is back at once.
+    client = make_client(driver, private_server.uri, serverMonitoringMode="poll", heartbeatFrequencyMS=500)
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        lock = AsyncMongoLock(collection, "flaky", ttl=2.0, heartbeat=0.5)
+        assert await lock.acquire()
+        await set_fail_point(collection, "alwaysOn", failCommands=["update"], **failure)
+        await asyncio.sleep(outage)
+        await set_fail_point(collection, "off")
+        await asyncio.sleep(1.2)  # time for renewals to succeed again
+        assert lock.lost.is_set() is lost
+        assert (lock.lost_error is not None) is lost
+        assert await lock.owned() is not lost
+        if lost:
+            assert "local deadline" in lock.lost_error.reason  # type: ignore[union-attr]
+        await lock.release()
+    finally:
+        await close_client(client)
+
+
+async def test_another_owner_is_detected_at_the_next_renewal(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "stolen", ttl=3.0, heartbeat=0.3)
+    reached_the_end = False
+    started = time.monotonic()
+    with pytest.raises(LockLostError, match="another owner") as raised:
+        async with lock:
+            await lock_collection.update_one({"_id": "stolen"}, {"$set": {"owner": "intruder"}})
+            await asyncio.sleep(10)
+            reached_the_end = True
+    assert not reached_the_end
+    assert time.monotonic() - started < 3.0, "detected at a renewal, not at the TTL"
+    assert raised.value.lost_at <= datetime.now(UTC)
+    doc = await lock_collection.find_one({"_id": "stolen"})
+    assert doc["owner"] == "intruder", "the intruder's lease is left alone"
+
+
+async def test_on_lost_once_event_set_and_not_owned(lock_collection: Any) -> None:
+    calls: list[AsyncMongoLock] = []
+    async_calls: list[AsyncMongoLock] = []
+
+    async def record_async(lock: AsyncMongoLock) -> None:
+        async_calls.append(lock)
+
+    lock = AsyncMongoLock(lock_collection, "watched", ttl=3.0, heartbeat=0.3, on_lost=calls.append)
+    other = AsyncMongoLock(lock_collection, "other", ttl=3.0, heartbeat=0.3, on_lost=record_async)
+    assert await lock.acquire() and await other.acquire()
+    await lock_collection.update_many({}, {"$set": {"owner": "intruder"}})
+    await asyncio.wait_for(lock.lost.wait(), 5)
+    await asyncio.wait_for(other.lost.wait(), 5)
+    await asyncio.sleep(1.0)  # more ticks: the callback must still have run only once
+    assert calls == [lock]
+    assert async_calls == [other]
+    assert not await lock.owned()
+    assert lock.fencing_token is None and lock.deadline is None
+    assert isinstance(lock.lost_error, LockLostError)
+    assert await lock.release() is False
+    assert await other.release() is False
+    assert await keeper_tasks() == []
+
+
+async def test_body_exceptions_and_outer_cancellation_pass_through(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "plain", ttl=3.0, heartbeat=True)
+    with pytest.raises(KeyError, match="from the body"):
+        async with lock:
+            raise KeyError("from the body")
+    assert not await lock.locked()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            async with lock:
+                await asyncio.sleep(10)
+    assert not await lock.locked()
+    assert await keeper_tasks() == []
+
+
+async def test_cpu_bound_body_past_the_deadline_is_reported(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "busy", ttl=0.6, heartbeat=0.2)
+    with pytest.raises(LockLostError, match="must yield"):
+        async with lock:
+            time.sleep(0.8)  # noqa: ASYNC251 - deliberately blocks: the heartbeat cannot run
+    assert await keeper_tasks() == []
+
+
+async def test_renewal_is_one_round_trip_per_tick_for_many_leases(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    # The embedded server spends about 3 ms per document a renewal updates (some 4 s for 1,000), so
+    # the interval is long enough for one renewal to finish before the next tick.
+    leases, interval = 1000, 5.0
+    tasks_before = len(asyncio.all_tasks())
+    locks = [AsyncMongoLock(counted_collection, f"lease-{i}", ttl=30.0, heartbeat=interval) for i in range(leases)]
+    for lock in locks:
+        assert await lock.acquire()
+    assert len(await keeper_tasks()) == 1
+    assert len(asyncio.all_tasks()) - tasks_before < 20, "tasks do not grow with the number of leases"
+    command_counter.commands.clear()
+    window_started = time.monotonic()
+    await asyncio.sleep(11.0)
+    window = time.monotonic() - window_started
+    renewals = [command for command in command_counter.commands if "update" in command]
+    assert 2 <= len(renewals) <= window / interval + 1, len(renewals)
+    for renewal in renewals:
+        (statement,) = renewal["updates"]
+        assert statement["multi"] is True
+        assert len(statement["q"]["_id"]["$in"]) == leases
+    assert all(await asyncio.gather(*(lock.owned() for lock in locks[:: leases // 10])))
+    for lock in locks:
+        assert await lock.release()
+    assert not keeper_for_running_loop().running
