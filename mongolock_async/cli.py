@@ -1,0 +1,245 @@
+"""The ``mongolock`` command: the demo, and operator commands to list, inspect and break locks.
+
+Exit codes: 0 success; 1 a demo check failed or the operator declined; 2 usage error (argparse);
+3 MongoDB unreachable or the URI is invalid; 4 the collection or lock does not exist; 5 refused
+(plain ``release`` of a lease this command does not own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+from pymongo import AsyncMongoClient
+from pymongo.errors import ConfigurationError, InvalidURI, OperationFailure, ServerSelectionTimeoutError
+from pymongo.write_concern import WriteConcern
+
+from . import _validate
+from .store import LockReport, LockStore
+
+EXIT_FAILED, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED = 1, 3, 4, 5
+DEFAULT_DATABASE = "mongolock"
+DEFAULT_COLLECTION = "locks"
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line, without a traceback."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with any password replaced by ``***`` (user names are kept)."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable URI>"
+    if "@" not in parts.netloc:
+        return uri
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}" if ":" in credentials else f"{user}@{hosts}"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="MongoDB URI (env MONGODB_URI)")
+    connection.add_argument(
+        "--db",
+        default=os.environ.get("MONGOLOCK_DB", DEFAULT_DATABASE),
+        help=f"database of the lock collection (env MONGOLOCK_DB, default {DEFAULT_DATABASE})",
+    )
+    connection.add_argument(
+        "--collection",
+        default=os.environ.get("MONGOLOCK_COLLECTION", DEFAULT_COLLECTION),
+        help=f"lock collection (env MONGOLOCK_COLLECTION, default {DEFAULT_COLLECTION})",
+    )
+    parser = argparse.ArgumentParser(prog="mongolock", description="Distributed locks on MongoDB.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the demo scenarios (on an embedded server unless --uri is given)",
+        description="Flash sale, run-once job, crash and takeover: several OS processes, checked at the end. "
+        "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
+    )
+    demo.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="MongoDB URI (env MONGODB_URI)")
+    demo.add_argument("--workers", type=int, default=4, help="processes in the flash sale (default 4)")
+    demo.add_argument("--tasks", type=int, default=6, help="buyer tasks per process (default 6)")
+    demo.add_argument("--items", type=int, default=3, help="products on sale (default 3)")
+    demo.add_argument("--stock", type=int, default=40, help="units of each product (default 40)")
+    demo.add_argument("--schedulers", type=int, default=3, help="processes racing for the run-once job (default 3)")
+    demo.add_argument("--ttl", type=float, default=2.0, help="lease TTL in the job scenarios, seconds (default 2)")
+    demo.add_argument("--job-ttls", type=float, default=3.0, help="length of the run-once job in TTLs (default 3)")
+    demo.add_argument("--plain", action="store_true", help="plain text output even on a terminal")
+
+    listing = commands.add_parser("list", parents=[connection], help="list locks and their holders")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+    inspect = commands.add_parser("inspect", parents=[connection], help="show one lock in detail")
+    inspect.add_argument("name")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+
+    release = commands.add_parser("release", parents=[connection], help="break-glass release of a lock")
+    release.add_argument("name")
+    release.add_argument("--force", action="store_true", help="release a lease this command does not own")
+    release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    arguments = build_parser().parse_args(argv)
+    try:
+        if arguments.command == "demo":
+            from .demo import run_demo
+
+            code = run_demo(arguments)
+        else:
+            code = asyncio.run(_operate(arguments))
+    except UserError as error:
+        print(f"mongolock: {error}", file=sys.stderr)
+        code = error.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+async def _operate(arguments: argparse.Namespace) -> int:
+    if arguments.command == "release" and not arguments.force:
+        raise UserError(
+            f"refusing to release {arguments.name!r}: this command never owns a lease, and only its owner may "
+            "release it. To break someone else's lease in an emergency, add --force.",
+            EXIT_REFUSED,
+        )
+    if arguments.command in ("inspect", "release"):
+        try:
+            _validate.lock_name(arguments.name)
+        except (TypeError, ValueError) as error:
+            raise UserError(f"invalid lock name: {error}", 2) from None
+    client = _connect(arguments.uri)
+    try:
+        store = await _lock_store(client, arguments)
+        if arguments.command == "list":
+            return _print_reports(await store.report(), arguments.json)
+        if arguments.command == "inspect":
+            reports = await store.report([arguments.name])
+            if not reports:
+                raise UserError(f"no lock named {arguments.name!r} in {store.full_name}", EXIT_MISSING)
+            return _print_reports(reports, arguments.json, detailed=True)
+        return await _force_release(store, arguments)
+    except ServerSelectionTimeoutError:
+        hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+        raise UserError(
+            f"cannot reach MongoDB at {hosts} (URI {redact_uri(arguments.uri)})", EXIT_UNREACHABLE
+        ) from None
+    except OperationFailure as error:
+        raise UserError(
+            f"MongoDB refused the command: {error.details.get('errmsg', error.code) if error.details else error.code}",
+            EXIT_FAILED,
+        ) from None
+    finally:
+        await client.close()
+
+
+def _connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
+    if not uri:
+        raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", 2)
+    if not uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise UserError(f"invalid MongoDB URI {redact_uri(uri)!r}: it must start with mongodb:// or mongodb+srv://", 3)
+    try:
+        return AsyncMongoClient(uri, serverSelectionTimeoutMS=5_000, connectTimeoutMS=5_000)
+    except (InvalidURI, ConfigurationError, ValueError):
+        # The driver's message may quote the URI, credentials included: say only what is safe.
+        raise UserError(f"invalid MongoDB URI: {redact_uri(uri)}", EXIT_UNREACHABLE) from None
+
+
+async def _lock_store(client: AsyncMongoClient[dict[str, Any]], arguments: argparse.Namespace) -> LockStore:
+    database = client[arguments.db]
+    if arguments.collection not in await database.list_collection_names():
+        raise UserError(
+            f"no collection {arguments.db}.{arguments.collection} (check --db and --collection)", EXIT_MISSING
+        )
+    return LockStore(database[arguments.collection], WriteConcern(w="majority"))
+
+
+async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int:
+    reports = await store.report([arguments.name])
+    if not reports:
+        raise UserError(f"no lock named {arguments.name!r} in {store.full_name}", EXIT_MISSING)
+    if reports[0].remaining_ms is None:
+        print(f"{arguments.name!r} is free; nothing to release.")
+        return 0
+    print(f"About to break this lease:\n  {_describe(reports[0])}")
+    if not arguments.yes:
+        if not sys.stdin.isatty():
+            raise UserError("not a terminal, so cannot ask for confirmation: add --yes", EXIT_FAILED)
+        answer = await asyncio.to_thread(input, "Release it? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("Left as it was.")
+            return EXIT_FAILED
+    broken = await store.force_release(arguments.name)
+    if broken is None:
+        print(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
+        return 0
+    holder = broken.holder
+    print(
+        f"Released {arguments.name!r}: broke the lease of {holder.get('label') or 'an unlabelled holder'} "
+        f"(host {holder.get('host')}, pid {holder.get('pid')}, fencing token {broken.fencing_token}). "
+        "Its holder still believes it holds the lock until its own deadline; fence your resources."
+    )
+    return 0
+
+
+def _report_as_dict(report: LockReport) -> dict[str, Any]:
+    state = report.state
+    return {
+        "name": state.name,
+        "held": report.remaining_ms is not None,
+        "time_left_ms": report.remaining_ms,
+        "fencing_token": state.fencing_token,
+        "holder": dict(state.holder) if report.remaining_ms is not None else None,
+        "ttl_ms": state.ttl_ms,
+        "expires_at": _iso(state.expires_at),
+        "acquired_at": _iso(report.acquired_at),
+        "renewed_at": _iso(report.renewed_at),
+        "released_at": _iso(report.released_at),
+    }
+
+
+def _describe(report: LockReport) -> str:
+    state = report.state
+    if report.remaining_ms is None:
+        return f"{state.name}: free (last fencing token {state.fencing_token})"
+    holder = state.holder
+    return (
+        f"{state.name}: held by {holder.get('label') or '-'} on {holder.get('host')} pid {holder.get('pid')}, "
+        f"fencing token {state.fencing_token}, {report.remaining_ms / 1000:.1f} s left"
+    )
+
+
+def _print_reports(reports: list[LockReport], as_json: bool, *, detailed: bool = False) -> int:
+    if as_json:
+        payload: Any = [_report_as_dict(report) for report in reports]
+        print(json.dumps(payload[0] if detailed else payload, indent=2))
+        return 0
+    if not reports:
+        print("no locks")
+    for report in reports:
+        print(_describe(report))
+        if detailed:
+            for key, value in _report_as_dict(report).items():
+                print(f"  {key}: {value}")
+    return 0
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat() + "Z"

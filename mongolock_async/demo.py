@@ -1,0 +1,324 @@
+"""``mongolock demo``: the library doing its job, with several OS processes, checked at the end.
+
+1. Flash sale: worker processes buy from a limited stock, each purchase under a per-item lock; the
+   demo checks that exactly the stock was sold and nothing was oversold.
+2. Run-once job: schedulers race for one job; exactly one runs it, kept alive by the heartbeat for
+   several TTLs; the others report who holds it.
+3. Crash and takeover: the holder is SIGKILLed mid-job; a waiter takes over once the lease expires,
+   with a higher fencing token.
+
+Everything happens in a database of its own (``mongolock_demo_<random>``), dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
+
+from pymongo import AsyncMongoClient
+
+from .cli import EXIT_FAILED, UserError, redact_uri
+from .demo_worker import INVENTORY, JOB_LOCK, JOB_RUNS, LOCKS, SALES
+
+
+@dataclass
+class Checks:
+    """The demo's verdicts, in order."""
+
+    results: list[tuple[str, bool]] = field(default_factory=list)
+
+    def record(self, view: View, label: str, ok: bool) -> None:
+        self.results.append((label, ok))
+        view.check(label, ok)
+
+    @property
+    def passed(self) -> bool:
+        return all(ok for _, ok in self.results)
+
+
+class View:
+    """Plain-text output: a timeline of events and the checks (used when stdout is not a terminal)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def stamp(self) -> str:
+        return f"[{time.monotonic() - self.started:6.2f}s]"
+
+    def section(self, title: str) -> None:
+        print(f"\n== {title} ==", flush=True)
+
+    def event(self, text: str) -> None:
+        print(f"{self.stamp()} {text}", flush=True)
+
+    def progress(self, label: str, done: int, total: int) -> None:
+        if total and (done == total or done % max(1, total // 4) == 0):
+            self.event(f"{label}: {done}/{total}")
+
+    def check(self, label: str, ok: bool) -> None:
+        print(f"{'PASS' if ok else 'FAIL'}  {label}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichView(View):
+    """The same on a terminal, with colour and a live progress bar (needs the ``rich`` extra)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.console = Console()
+        self.bars = Progress(console=self.console, transient=False)
+        self.tasks: dict[str, Any] = {}
+        self.bars.start()
+
+    def section(self, title: str) -> None:
+        self.console.rule(f"[bold]{title}")
+
+    def event(self, text: str) -> None:
+        self.console.print(f"[dim]{self.stamp()}[/dim] {text}", highlight=False)
+
+    def progress(self, label: str, done: int, total: int) -> None:
+        if label not in self.tasks:
+            self.tasks[label] = self.bars.add_task(label, total=total)
+        self.bars.update(self.tasks[label], completed=done)
+
+    def check(self, label: str, ok: bool) -> None:
+        self.console.print(f"{'[green]PASS' if ok else '[red]FAIL'}[/]  {label}", highlight=False)
+
+    def close(self) -> None:
+        self.bars.stop()
+
+
+def make_view(plain: bool) -> View:
+    if not plain and sys.stdout.isatty():
+        with contextlib.suppress(ImportError):
+            return RichView()
+    return View()
+
+
+def run_demo(arguments: argparse.Namespace) -> int:
+    for option in ("workers", "tasks", "items", "stock", "schedulers"):
+        if getattr(arguments, option) < 1:
+            raise UserError(f"--{option} must be at least 1", 2)
+    if arguments.ttl <= 0.3 or arguments.job_ttls <= 0:
+        raise UserError("--ttl must be above 0.3 s and --job-ttls positive", 2)
+    return asyncio.run(_demo(arguments))
+
+
+async def _demo(arguments: argparse.Namespace) -> int:
+    view = make_view(arguments.plain)
+    checks = Checks()
+    try:
+        async with _server(arguments.uri, view) as uri:
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, serverSelectionTimeoutMS=10_000)
+            database_name = f"mongolock_demo_{uuid.uuid4().hex[:8]}"
+            try:
+                database = client[database_name]
+                await flash_sale(uri, database, arguments, view, checks)
+                await run_once_job(uri, database, arguments, view, checks)
+                await crash_and_takeover(uri, database, arguments, view, checks)
+            finally:
+                await client.drop_database(database_name)
+                await client.close()
+    finally:
+        view.close()
+    passed = sum(ok for _, ok in checks.results)
+    print(f"\n{passed}/{len(checks.results)} checks passed", flush=True)
+    return 0 if checks.passed else EXIT_FAILED
+
+
+@contextlib.asynccontextmanager
+async def _server(uri: str | None, view: View) -> AsyncIterator[str]:
+    if uri:
+        view.event(f"using MongoDB at {redact_uri(uri)}")
+        yield uri
+        return
+    from .testing.server import EmbeddedMongo, EmbeddedServerError
+
+    try:
+        server = EmbeddedMongo()
+    except EmbeddedServerError as error:
+        raise UserError(f"{error}, or pass --uri", EXIT_FAILED) from None
+    view.event("starting an embedded MongoDB server (SecantusDB) ...")
+    async with server:
+        view.event(f"embedded server listening on 127.0.0.1:{server.port}")
+        yield server.uri
+
+
+class Worker:
+    """A demo worker process whose JSON events are read as they come."""
+
+    def __init__(self, process: asyncio.subprocess.Process, name: str) -> None:
+        self.process = process
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+
+    @classmethod
+    async def start(cls, name: str, *arguments: str) -> Worker:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "mongolock_async.demo_worker",
+            *arguments,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        return cls(process, name)
+
+    async def follow(self, on_event: Callable[[dict[str, Any]], None]) -> int:
+        """Pass each event to ``on_event`` until the process exits; return its exit status."""
+        assert self.process.stdout is not None and self.process.stderr is not None
+        async for line in self.process.stdout:
+            event = json.loads(line)
+            self.events.append(event)
+            on_event(event)
+        status = await self.process.wait()
+        if status not in (0, -signal.SIGKILL):
+            error = (await self.process.stderr.read()).decode(errors="replace").strip().splitlines()
+            raise RuntimeError(f"demo worker {self.name} failed ({status}): {error[-1] if error else ''}")
+        return status
+
+    async def wait_for(self, kind: str) -> dict[str, Any]:
+        while not any(event["event"] == kind for event in self.events):
+            if self.process.returncode is not None:
+                raise RuntimeError(f"demo worker {self.name} exited before {kind!r}")
+            await asyncio.sleep(0.02)
+        return next(event for event in self.events if event["event"] == kind)
+
+
+async def flash_sale(uri: str, database: Any, arguments: argparse.Namespace, view: View, checks: Checks) -> None:
+    items, stock = arguments.items, arguments.stock
+    total = items * stock
+    view.section(
+        f"1. Flash sale: {arguments.workers} processes x {arguments.tasks} buyers, {items} products x {stock} units"
+    )
+    await database[INVENTORY].insert_many([{"_id": f"item-{i + 1}", "stock": stock} for i in range(items)])
+    sold = 0
+    per_item: Counter[str] = Counter()
+
+    def on_event(event: dict[str, Any]) -> None:
+        nonlocal sold
+        if event["event"] == "sold":
+            sold += 1
+            per_item[event["item"]] += 1
+            view.progress("units sold", sold, total)
+        elif event["event"] == "done":
+            view.event(f"{event['worker']} (pid {event['pid']}) done: bought {event['bought']}")
+
+    workers = [
+        await Worker.start(f"worker-{i + 1}", "sale", uri, database.name, f"worker-{i + 1}", str(arguments.tasks))
+        for i in range(arguments.workers)
+    ]
+    await asyncio.gather(*(worker.follow(on_event) for worker in workers))
+    remaining = {doc["_id"]: doc["stock"] async for doc in database[INVENTORY].find()}
+    sales = await database[SALES].find().to_list(None)
+    by_item = Counter(sale["item"] for sale in sales)
+    fences_unique = all(
+        len({sale["fence"] for sale in sales if sale["item"] == item}) == count for item, count in by_item.items()
+    )
+    view.event(f"sales per product: {dict(sorted(by_item.items()))}; stock left: {dict(sorted(remaining.items()))}")
+    checks.record(view, f"stock is exactly zero for all {items} products", all(v == 0 for v in remaining.values()))
+    checks.record(view, f"sales equal the stock ({len(sales)} of {total})", len(sales) == total)
+    checks.record(view, "nobody oversold (no product sold more than its stock)", max(by_item.values()) <= stock)
+    checks.record(view, "every purchase ran under its own acquisition (distinct fencing tokens)", fences_unique)
+
+
+async def run_once_job(uri: str, database: Any, arguments: argparse.Namespace, view: View, checks: Checks) -> None:
+    ttl, schedulers = arguments.ttl, arguments.schedulers
+    job_seconds = ttl * arguments.job_ttls
+    view.section(
+        f"2. Run-once job: {schedulers} schedulers race for {JOB_LOCK!r}; the job lasts {job_seconds:g} s "
+        f"= {arguments.job_ttls:g} TTLs, kept alive by the heartbeat"
+    )
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind, worker = event["event"], event["worker"]
+        if kind == "started":
+            view.event(f"{worker} (pid {event['pid']}) won the race and runs the job, fencing token {event['fence']}")
+        elif kind == "skipped":
+            holder = event.get("holder") or {}
+            view.event(
+                f"{worker} (pid {event['pid']}) skipped: held by {holder.get('label')} "
+                f"(pid {holder.get('pid')}, fencing token {event.get('fence')})"
+            )
+        elif kind == "progress":
+            view.progress("job progress (%)", round(event["fraction"] * 100), 100)
+        elif kind == "finished":
+            view.event(f"{worker} finished the job")
+        elif kind == "lost":
+            view.event(f"{worker} LOST the lock: {event['reason']}")
+
+    workers = [
+        await Worker.start(
+            f"scheduler-{i + 1}", "job", uri, database.name, f"scheduler-{i + 1}", str(ttl), str(job_seconds)
+        )
+        for i in range(schedulers)
+    ]
+    await asyncio.gather(*(worker.follow(on_event) for worker in workers))
+    kinds = Counter(event["event"] for worker in workers for event in worker.events)
+    runs = await database[JOB_RUNS].find().to_list(None)
+    checks.record(view, "exactly one scheduler ran the job", kinds["started"] == 1 and len(runs) == 1)
+    checks.record(
+        view, f"the other {schedulers - 1} reported the holder and skipped", kinds["skipped"] == schedulers - 1
+    )
+    checks.record(view, "the job finished with the lease never lost", kinds["finished"] == 1 and kinds["lost"] == 0)
+    await database[JOB_RUNS].delete_many({})
+
+
+async def crash_and_takeover(
+    uri: str, database: Any, arguments: argparse.Namespace, view: View, checks: Checks
+) -> None:
+    ttl = arguments.ttl
+    view.section(f"3. Crash and takeover: the holder is SIGKILLed mid-job; TTL {ttl:g} s")
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "started":
+            view.event(f"{event['worker']} (pid {event['pid']}) holds {JOB_LOCK!r}, fencing token {event['fence']}")
+        elif event["event"] == "finished":
+            view.event(f"{event['worker']} finished the job")
+
+    doomed = await Worker.start("doomed", "job", uri, database.name, "doomed", str(ttl), "600")
+    doomed_done = asyncio.create_task(doomed.follow(on_event))
+    first = await doomed.wait_for("started")
+    successor = await Worker.start("successor", "job", uri, database.name, "successor", str(ttl), "-1")
+    successor_done = asyncio.create_task(successor.follow(on_event))
+    await successor.wait_for("ready")
+    await asyncio.sleep(ttl / 2)
+    lease = await database[LOCKS].find_one({"_id": JOB_LOCK})
+    os.kill(doomed.process.pid, signal.SIGKILL)
+    killed_at = time.time()
+    view.event(
+        f"SIGKILLed doomed (pid {doomed.process.pid}) mid-job; "
+        f"its lease runs until {lease['expiresAt']:%H:%M:%S.%f} UTC"
+    )
+    await doomed_done
+    second = await successor.wait_for("started")
+    taken = await database[LOCKS].find_one({"_id": JOB_LOCK})
+    await successor_done
+    expired_at = lease["expiresAt"].replace(tzinfo=UTC).timestamp()
+    view.event(
+        f"takeover {second['t'] - killed_at:.2f} s after the kill; "
+        f"fencing tokens {first['fence']} -> {second['fence']} (+{second['fence'] - first['fence']})"
+    )
+    checks.record(
+        view,
+        "the successor took over only after the lease expired (server time)",
+        taken["acquiredAt"].replace(tzinfo=UTC).timestamp() >= expired_at,
+    )
+    checks.record(view, "the successor's fencing token is higher", second["fence"] > first["fence"])

@@ -1,0 +1,106 @@
+"""One OS process of the demo. Prints JSON events, one per line, for the demo to show and check.
+
+python -m mongolock_async.demo_worker sale URI DATABASE WORKER TASKS
+python -m mongolock_async.demo_worker job URI DATABASE WORKER TTL JOB_SECONDS
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from pymongo import AsyncMongoClient
+
+from . import AsyncMongoLock, LockLostError, LockTimeoutError
+
+LOCKS = "locks"
+INVENTORY = "inventory"
+SALES = "sales"
+JOB_RUNS = "job_runs"
+JOB_LOCK = "nightly-report"
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "pid": os.getpid(), "t": time.time(), **fields}), flush=True)
+
+
+async def buy(database: Any, worker: str, task: int) -> int:
+    """Buy until everything is sold. Each purchase reads, waits, then writes the stock: a race that
+    only the per-item lock prevents."""
+    bought = 0
+    locks, inventory, sales = database[LOCKS], database[INVENTORY], database[SALES]
+    while True:
+        available = [item["_id"] async for item in inventory.find({"stock": {"$gt": 0}}, {"_id": 1})]
+        if not available:
+            return bought
+        item = random.choice(available)
+        async with AsyncMongoLock(locks, f"item:{item}", ttl=10.0, label=f"{worker}/buyer-{task}") as lock:
+            doc = await inventory.find_one({"_id": item})
+            if doc["stock"] <= 0:
+                continue
+            await asyncio.sleep(random.uniform(0.001, 0.004))  # payment, say
+            await inventory.update_one({"_id": item}, {"$set": {"stock": doc["stock"] - 1}})
+            await sales.insert_one({"item": item, "worker": worker, "fence": lock.fencing_token})
+            bought += 1
+            emit("sold", worker=worker, item=item, left=doc["stock"] - 1, fence=lock.fencing_token)
+
+
+async def sale(uri: str, database_name: str, worker: str, tasks: int) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        database = client[database_name]
+        emit("ready", worker=worker)
+        counts = await asyncio.gather(*(buy(database, worker, task) for task in range(tasks)))
+        emit("done", worker=worker, bought=sum(counts))
+    finally:
+        await client.close()
+
+
+async def job(uri: str, database_name: str, worker: str, ttl: float, job_seconds: float) -> None:
+    """Race for the run-once job; run it under a heartbeat if won, else report who holds it.
+
+    A worker started with ``JOB_SECONDS`` negative waits for the lock (blocking) instead of racing:
+    the crash scenario's second process.
+    """
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        database = client[database_name]
+        blocking = job_seconds < 0
+        lock = AsyncMongoLock(database[LOCKS], JOB_LOCK, ttl=ttl, heartbeat=True, label=worker, blocking=blocking)
+        emit("ready", worker=worker)
+        try:
+            async with lock:
+                emit("started", worker=worker, fence=lock.fencing_token, ttl=ttl)
+                run = await database[JOB_RUNS].insert_one({"worker": worker, "fence": lock.fencing_token})
+                started = time.monotonic()
+                while (elapsed := time.monotonic() - started) < abs(job_seconds):
+                    await asyncio.sleep(min(0.25, abs(job_seconds) - elapsed))
+                    emit("progress", worker=worker, fraction=min(1.0, (time.monotonic() - started) / abs(job_seconds)))
+                await database[JOB_RUNS].update_one({"_id": run.inserted_id}, {"$set": {"finished": True}})
+            emit("finished", worker=worker)
+        except LockTimeoutError:
+            doc = await database[LOCKS].find_one({"_id": JOB_LOCK}) or {}
+            emit("skipped", worker=worker, holder=doc.get("holder"), fence=doc.get("fence"))
+        except LockLostError as error:
+            emit("lost", worker=worker, reason=error.reason)
+    finally:
+        await client.close()
+
+
+def main(argv: list[str]) -> None:
+    kind, uri, database = argv[0], argv[1], argv[2]
+    if kind == "sale":
+        asyncio.run(sale(uri, database, argv[3], int(argv[4])))
+    elif kind == "job":
+        asyncio.run(job(uri, database, argv[3], float(argv[4]), float(argv[5])))
+    else:
+        raise SystemExit(f"unknown worker kind {kind!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,169 @@
+"""The ``mongolock`` command: the demo, and list / inspect / release --force, with its user errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from mongolock_async import AsyncMongoLock
+from mongolock_async.cli import redact_uri
+from mongolock_async.testing import EmbeddedMongo
+
+PASSWORD = "pa55-w0rd-secret"
+
+
+def mongolock(*arguments: str, uri: str | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
+    if uri is not None:
+        env["MONGODB_URI"] = uri
+    return subprocess.run(
+        [sys.executable, "-m", "mongolock_async", *arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        input=stdin,
+        timeout=240,
+    )
+
+
+async def hold(uri: str, database: str, collection: str, name: str, label: str) -> int:
+    """Take ``name`` with a long TTL and leave it held (no release), as a live holder would."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        lock = AsyncMongoLock(client[database][collection], name, ttl=120.0, label=label)
+        assert await lock.acquire(blocking=False)
+        assert lock.fencing_token is not None
+        return lock.fencing_token
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def held_locks(mongodb_uri: str) -> Iterator[tuple[str, str, dict[str, int]]]:
+    database, collection = "mongolock_cli", f"locks_{uuid.uuid4().hex[:8]}"
+    tokens = {
+        name: asyncio.run(hold(mongodb_uri, database, collection, name, f"{name}-worker")) for name in ("alpha", "beta")
+    }
+    yield database, collection, tokens
+
+
+def test_demo_on_the_embedded_server_passes_its_checks() -> None:
+    result = mongolock(
+        "demo", "--workers", "2", "--tasks", "3", "--items", "2", "--stock", "8",
+        "--schedulers", "2", "--ttl", "1", "--job-ttls", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "embedded server listening" in out
+    assert "9/9 checks passed" in out and "FAIL" not in out
+    assert "sales equal the stock (16 of 16)" in out
+    assert "SIGKILLed doomed" in out and "takeover" in out
+    assert "the successor's fencing token is higher" in out
+
+
+def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
+    database, collection, tokens = held_locks
+    result = mongolock("list", "--db", database, "--collection", collection, uri=mongodb_uri)
+    assert result.returncode == 0, result.stderr
+    assert "alpha: held by alpha-worker" in result.stdout
+    assert f"fencing token {tokens['beta']}" in result.stdout
+
+    listed = mongolock("list", "--json", "--db", database, "--collection", collection, uri=mongodb_uri)
+    payload = json.loads(listed.stdout)
+    assert [entry["name"] for entry in payload] == ["alpha", "beta"]
+    for entry in payload:
+        assert entry["held"] is True
+        assert entry["fencing_token"] == tokens[entry["name"]]
+        assert 0 < entry["time_left_ms"] <= 120_000
+        assert entry["holder"]["pid"] == os.getpid()  # hold() ran in this process
+        assert entry["holder"]["label"] == f"{entry['name']}-worker"
+
+
+def test_inspect_one_lock(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
+    database, collection, tokens = held_locks
+    result = mongolock("inspect", "alpha", "--json", "--db", database, "--collection", collection, uri=mongodb_uri)
+    assert result.returncode == 0, result.stderr
+    detail = json.loads(result.stdout)
+    assert detail["name"] == "alpha" and detail["fencing_token"] == tokens["alpha"]
+    assert detail["ttl_ms"] == 120_000 and detail["expires_at"].endswith("Z")
+    text = mongolock("inspect", "beta", "--db", database, "--collection", collection, uri=mongodb_uri)
+    assert "beta: held by beta-worker" in text.stdout and "fencing_token:" in text.stdout
+
+
+def test_release_force_breaks_the_lease(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
+    database, collection, tokens = held_locks
+    where = ("--db", database, "--collection", collection)
+    refused = mongolock("release", "alpha", *where, uri=mongodb_uri)
+    assert refused.returncode == 5 and "--force" in refused.stderr
+    unconfirmed = mongolock("release", "alpha", "--force", *where, uri=mongodb_uri)
+    assert unconfirmed.returncode == 1 and "--yes" in unconfirmed.stderr
+    forced = mongolock("release", "alpha", "--force", "--yes", *where, uri=mongodb_uri)
+    assert forced.returncode == 0, forced.stderr
+    assert "broke the lease of alpha-worker" in forced.stdout and str(tokens["alpha"]) in forced.stdout
+    detail = json.loads(mongolock("inspect", "alpha", "--json", *where, uri=mongodb_uri).stdout)
+    assert detail["held"] is False and detail["holder"] is None
+    beta = json.loads(mongolock("inspect", "beta", "--json", *where, uri=mongodb_uri).stdout)
+    assert beta["held"] is True, "only the named lock was broken"
+    again = mongolock("release", "alpha", "--force", "--yes", *where, uri=mongodb_uri)
+    assert again.returncode == 0 and "free" in again.stdout
+
+
+def test_a_password_in_the_uri_never_shows() -> None:
+    with EmbeddedMongo(auth=("operator", PASSWORD)) as server:
+        asyncio.run(hold(server.uri, "mongolock", "locks", "secret-job", "ops"))
+        for arguments in (
+            ["list"],
+            ["list", "--json"],
+            ["inspect", "secret-job"],
+            ["release", "secret-job", "--force", "--yes"],
+        ):
+            result = mongolock(*arguments, uri=server.uri)
+            assert result.returncode == 0, result.stderr
+            assert PASSWORD not in result.stdout + result.stderr
+        port = server.port
+    unreachable = f"mongodb://operator:{PASSWORD}@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"
+    failed = mongolock("list", uri=unreachable)
+    assert failed.returncode == 3
+    assert "cannot reach MongoDB" in failed.stderr and "operator:***@" in failed.stderr
+    assert PASSWORD not in failed.stdout + failed.stderr
+    demo_failed = mongolock("demo", "--uri", "mongodb://operator:" + PASSWORD + "@bad host:1/")
+    assert PASSWORD not in demo_failed.stdout + demo_failed.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "uri", "code", "message"),
+    [
+        (["list"], None, 2, "no MongoDB URI"),
+        (["list"], "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200", 3, "cannot reach MongoDB at 127.0.0.1:1"),
+        (["list"], "not-a-uri", 3, "invalid MongoDB URI"),
+        (["list", "--collection", "no_such_collection"], "SESSION", 4, "no collection mongolock.no_such_collection"),
+        (["inspect", "ghost", "--collection", "present"], "SESSION", 4, "no lock named 'ghost'"),
+        (["release", "ghost"], "SESSION", 5, "refusing to release"),
+        (["demo", "--workers", "0"], None, 2, "--workers must be at least 1"),
+    ],
+)
+def test_user_errors_give_a_message_and_an_exit_code(
+    mongodb_uri: str, arguments: list[str], uri: str | None, code: int, message: str
+) -> None:
+    if uri == "SESSION":
+        uri = mongodb_uri
+        asyncio.run(hold(mongodb_uri, "mongolock", "present", f"x-{uuid.uuid4().hex[:6]}", "x"))
+    result = mongolock(*arguments, uri=uri)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_redact_uri() -> None:
+    assert redact_uri("mongodb://u:p@h:1/db?x=1") == "mongodb://u:***@h:1/db?x=1"
+    assert redact_uri("mongodb+srv://u@h/") == "mongodb+srv://u@h/"
+    assert redact_uri("mongodb://h1:1,h2:2/") == "mongodb://h1:1,h2:2/"
