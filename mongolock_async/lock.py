@@ -261,6 +261,8 @@ class AsyncMongoLock:
             raise LockNotOwnedError(self._name, "the lease expired or another owner holds it now")
         lease.heartbeat_interval = interval
         lease.confirm(sent_at, new_ttl)
+        if interval is not None:
+            keeper_for_running_loop().keep(lease)  # the keeper re-reads the (maybe shorter) interval
 
     async def locked(self) -> bool:
         """Whether anyone holds a live lease on this name, judged by the server."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
@@ -108,3 +112,48 @@ async def test_async_context_manager() -> None:
         workdir = server.storage_path
     assert not server.running
     assert workdir is not None and not workdir.exists()
+
+
+def server_pid_of_child(script: str) -> tuple[subprocess.Popen[str], int]:
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line, child.stderr.read() if child.stderr else ""
+    return child, int(line)
+
+
+def wait_until_gone(pid: int, seconds: float = 15.0) -> bool:
+    give_up_at = time.monotonic() + seconds
+    while time.monotonic() < give_up_at:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A killed server may linger as a zombie of init for a moment; /proc tells.
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+START_AND_REPORT = (
+    "from mongolock_async.testing import EmbeddedMongo\n"
+    "server = EmbeddedMongo(); server.start(); print(server.pid, flush=True)\n"
+)
+
+
+def test_no_orphan_when_the_owner_process_is_killed() -> None:
+    child, server_pid = server_pid_of_child(START_AND_REPORT + "import time; time.sleep(120)\n")
+    child.kill()
+    child.wait()
+    assert wait_until_gone(server_pid), "the embedded server outlived the SIGKILLed process that started it"
+
+
+def test_no_orphan_when_the_owner_process_fails() -> None:
+    child, server_pid = server_pid_of_child(START_AND_REPORT + "raise RuntimeError('a failing test')\n")
+    child.wait(timeout=60)
+    assert child.returncode != 0
+    assert wait_until_gone(server_pid), "the embedded server outlived the failing process that started it"

@@ -219,3 +219,12 @@ async def test_renewal_is_one_round_trip_per_tick_for_many_leases(
     for lock in locks:
         assert await lock.release()
     assert not keeper_for_running_loop().running
+
+
+async def test_extend_to_a_shorter_ttl_renews_at_the_shorter_interval(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "shrunk", ttl=30.0, heartbeat=True)  # renews every 10 s
+    async with lock:
+        await lock.extend(ttl=1.5)  # now every 0.5 s, or the lease would be lost after about 1.35 s
+        await asyncio.sleep(3.0)
+        assert not lock.lost.is_set(), lock.lost_error
+        assert await lock.owned()
