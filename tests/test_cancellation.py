@@ -7,6 +7,7 @@ while a request is in flight.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 import anyio
@@ -22,6 +23,15 @@ async def block_next(collection: Any, command: str) -> None:
     await set_fail_point(collection, {"times": 1}, failCommands=[command], blockConnection=True, blockTimeMS=BLOCK_MS)
 
 
+async def cancel_while_blocked(operation: Coroutine[Any, Any, Any]) -> None:
+    """Start ``operation``, cancel it while its blocked request is in flight, expect only the cancel."""
+    task = asyncio.create_task(operation)
+    await asyncio.sleep(BLOCK_MS / 3000)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def assert_not_held_by(collection: Any, lock: AsyncMongoLock, name: str) -> None:
     assert lock.fencing_token is None
     contender = AsyncMongoLock(collection, name, ttl=30.0)
@@ -32,11 +42,7 @@ async def assert_not_held_by(collection: Any, lock: AsyncMongoLock, name: str) -
 async def test_cancel_during_the_acquire_request(private_collection: Any) -> None:
     lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
     await block_next(private_collection, "findAndModify")
-    task = asyncio.create_task(lock.acquire())
-    await asyncio.sleep(BLOCK_MS / 3000)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_while_blocked(lock.acquire())
     doc = await private_collection.find_one({"_id": "job"})
     assert doc is not None and doc["fence"] > 0, "the blocked acquire did reach the server"
     assert doc["owner"] is None and doc.get("releasedAt") is not None, "and was released after the cancel"
@@ -81,11 +87,7 @@ async def test_cancel_during_the_release_request(private_collection: Any) -> Non
     lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
     assert await lock.acquire()
     await block_next(private_collection, "update")
-    task = asyncio.create_task(lock.release())
-    await asyncio.sleep(BLOCK_MS / 3000)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_while_blocked(lock.release())
     doc = await private_collection.find_one({"_id": "job"})
     assert doc["owner"] is None, "release ran to completion despite the cancel"
     await assert_not_held_by(private_collection, lock, "job")
