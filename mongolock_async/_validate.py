@@ -51,6 +51,11 @@ def optional_timeout(value: object, argument: str = "timeout") -> float | None:
     return seconds(value, argument, allow_zero=True)
 
 
+def timeout_needs_blocking(blocking: bool, timeout: float | None) -> None:
+    if not blocking and timeout is not None:
+        raise ValueError("timeout cannot be combined with blocking=False (a non-blocking acquire tries once)")
+
+
 def flag(value: object, argument: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{argument} must be a bool, not {type(value).__name__}")

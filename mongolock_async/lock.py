@@ -75,6 +75,7 @@ class AsyncMongoLock:
         self._ttl = _validate.ttl(ttl)
         self._blocking = _validate.flag(blocking, "blocking")
         self._timeout = _validate.optional_timeout(timeout)
+        _validate.timeout_needs_blocking(self._blocking, self._timeout)
         self._label = _validate.optional_label(label)
         if safety_margin is not None:
             safety_margin = _validate.seconds(safety_margin, "safety_margin", allow_zero=True)
@@ -148,7 +149,11 @@ class AsyncMongoLock:
         and the cancellation propagates.
         """
         blocking = self._blocking if blocking is None else _validate.flag(blocking, "blocking")
-        timeout = self._timeout if timeout is None else _validate.optional_timeout(timeout)
+        if timeout is None:
+            timeout = self._timeout if blocking else None
+        else:
+            timeout = _validate.optional_timeout(timeout)
+            _validate.timeout_needs_blocking(blocking, timeout)
         if self._acquiring or (self._lease is not None and self._lease.lost_error is None):
             raise LockAlreadyHeldError(self._name)
         self._forget_lease()

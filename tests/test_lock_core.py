@@ -110,6 +110,16 @@ async def test_extend_starts_a_new_lease_from_now(lock_collection: Any) -> None:
     assert await lock.release()
 
 
+async def test_non_blocking_call_on_a_handle_with_a_default_timeout(lock_collection: Any) -> None:
+    holder = AsyncMongoLock(lock_collection, "job", ttl=30.0)
+    patient = AsyncMongoLock(lock_collection, "job", ttl=30.0, timeout=10.0)
+    assert await holder.acquire()
+    started = time.monotonic()
+    assert not await patient.acquire(blocking=False)
+    assert time.monotonic() - started < 10.0, "a non-blocking call must not use the default timeout"
+    assert await holder.release()
+
+
 async def test_a_handle_is_not_reentrant(lock_collection: Any) -> None:
     lock = AsyncMongoLock(lock_collection, "single", ttl=30.0)
     assert await lock.acquire()

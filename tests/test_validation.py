@@ -27,6 +27,7 @@ BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"timeout": -0.5}, ValueError, "timeout"),
     ({"timeout": "1"}, TypeError, "timeout"),
     ({"blocking": 1}, TypeError, "blocking"),
+    ({"blocking": False, "timeout": 1.0}, ValueError, "timeout"),
     ({"label": 7}, TypeError, "label"),
     ({"write_concern": {"w": 1}}, TypeError, "write_concern"),
     ({"write_concern": WriteConcern(w=0)}, ValueError, "write_concern"),
@@ -61,6 +62,8 @@ async def test_bad_call_arguments(counted_collection: Any, command_counter: Comm
         await lock.acquire(timeout=-1)
     with pytest.raises(TypeError, match="blocking"):
         await lock.acquire(blocking="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        await lock.acquire(blocking=False, timeout=1.0)
     with pytest.raises(TypeError, match="idle_after"):
         await ensure_idle_cleanup_index(counted_collection, idle_after=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="idle_after"):
