@@ -166,7 +166,7 @@ class AsyncMongoLock:
     async def _acquire(self, blocking: bool, timeout: float | None) -> bool:
         give_up_at = None if timeout is None else time.monotonic() + timeout
         backoff = Backoff(self._retry_base, self._retry_cap)
-        with release_signal(self._key) as released:
+        with release_signal(self._store, self._name) as released:
             while True:
                 released.clear()
                 state = await self._attempt()

@@ -253,6 +253,21 @@ class LockStore:
         )
         return name
 
+    async def watch_releases(self) -> ReleaseStream:
+        """Open a change stream of this collection's writes (needs a replica set or sharded cluster)."""
+        # Renewals update only expiresAt/renewedAt; let through only what can free a lock.
+        pipeline = [
+            {
+                "$match": {
+                    "$or": [
+                        {"operationType": {"$in": ["replace", "delete"]}},
+                        {"updateDescription.updatedFields.owner": {"$type": "null"}},
+                    ]
+                }
+            }
+        ]
+        return ReleaseStream(await _maybe_await(self._collection.watch(pipeline)))
+
     async def estimated_server_time(self) -> datetime | None:
         """The server's current time, estimated from a recent ``hello`` and the monotonic clock.
 
@@ -270,6 +285,30 @@ class LockStore:
             sample = (server_time.replace(tzinfo=None), (sent + received) / 2)
             self._clock_sample = sample
         return sample[0] + timedelta(seconds=time.monotonic() - sample[1])
+
+
+class ReleaseStream:
+    """A change stream on the lock collection that reports names whose lease was released."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    async def next_released(self) -> str | None:
+        """The next lock name released or deleted by anyone; None for any other change."""
+        change = await self._stream.next()
+        key = (change.get("documentKey") or {}).get("_id")
+        operation = change.get("operationType")
+        if operation == "delete":
+            return key if isinstance(key, str) else None
+        if operation == "update":
+            fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+            released = "owner" in fields and fields["owner"] is None
+        else:
+            released = (change.get("fullDocument") or {}).get("owner", "") is None
+        return key if released and isinstance(key, str) else None
+
+    async def close(self) -> None:
+        await self._stream.close()
 
 
 def _server_now_plus(ttl_ms: int | str) -> dict[str, Any]:

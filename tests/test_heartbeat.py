@@ -228,3 +228,20 @@ async def test_extend_to_a_shorter_ttl_renews_at_the_shorter_interval(lock_colle
         await asyncio.sleep(3.0)
         assert not lock.lost.is_set(), lock.lost_error
         assert await lock.owned()
+
+
+async def test_nothing_is_renewed_once_nothing_is_held(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    released = AsyncMongoLock(counted_collection, "released", ttl=1.5, heartbeat=0.2)
+    stolen = AsyncMongoLock(counted_collection, "stolen", ttl=1.5, heartbeat=0.2)
+    assert await released.acquire() and await stolen.acquire()
+    await asyncio.sleep(0.5)
+    assert command_counter.count("update") >= 2, "the heartbeat was renewing"
+    assert await released.release()
+    await counted_collection.update_one({"_id": "stolen"}, {"$set": {"owner": "intruder"}})
+    await asyncio.wait_for(stolen.lost.wait(), 5)
+    command_counter.names.clear()
+    await asyncio.sleep(0.8)  # four intervals
+    assert command_counter.count("update", "find") == 0, command_counter.names
+    assert await keeper_tasks() == []

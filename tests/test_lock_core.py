@@ -22,8 +22,8 @@ from tests.conftest import CommandCounter
 
 async def test_one_of_two_wins_and_the_loser_waits_for_the_release(lock_collection: Any) -> None:
     holder = AsyncMongoLock(lock_collection, "report", ttl=30.0)
-    # Backoff this long could never wake the waiter in time: only the release signal can.
-    waiter = AsyncMongoLock(lock_collection, "report", ttl=30.0, retry_base=20.0, retry_cap=20.0)
+    # A backoff delay uniform in [0, 3600] s hardly ever wakes the waiter in time: the release signal must.
+    waiter = AsyncMongoLock(lock_collection, "report", ttl=30.0, retry_base=3600.0, retry_cap=3600.0)
     assert await holder.acquire()
     assert not await waiter.acquire(blocking=False)
     started = time.monotonic()
