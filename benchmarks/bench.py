@@ -3,7 +3,7 @@
 1. Renewing N leases: one batched ``update_many`` (what the heartbeat does) vs one ``update_one``
    per lease (what a per-lock heartbeat would do).
 2. An uncontended acquire + release cycle: PyMongo's AsyncMongoClient vs Motor.
-3. Hand-off to a waiter in the same process: release wake-up vs backoff alone.
+3. Hand-off to a waiter: woken by a release in the same process, by a change stream, or by backoff.
 
     python benchmarks/bench.py [--uri URI] [--leases 200] [--rounds 5] [--cycles 300]
 
@@ -77,24 +77,30 @@ async def cycle(uri: str, driver: str, cycles: int) -> float:
         await close_client(client)
 
 
-async def handoff(collection: Any, rounds: int, *, backoff_only: bool) -> float:
-    """Median seconds from a holder's release to the waiter holding the lock."""
+async def handoff(collection: Any, rounds: int, how: str) -> float:
+    """Median seconds from the moment the lock becomes free to the waiter holding it.
+
+    ``how``: "release" (a handle in this process releases: in-process wake-up), "foreign" (the owner
+    is cleared directly, as another process's release looks: change stream), "expire" (the lease's
+    expiry is moved to now, which no signal announces: backoff alone).
+    """
     samples = []
     for index in range(rounds):
-        name = f"handoff-{backoff_only}-{index}"
+        name = f"handoff-{how}-{index}"
         holder = AsyncMongoLock(collection, name, ttl=30.0)
         waiter = AsyncMongoLock(collection, name, ttl=30.0, retry_base=0.05, retry_cap=1.0)
         assert await holder.acquire()
         waiting = asyncio.create_task(waiter.acquire(timeout=30))
         await asyncio.sleep(0.3)
-        if backoff_only:
-            # Released by another process in effect: clear the owner directly, so no wake-up is sent.
-            await collection.update_one({"_id": name}, {"$set": {"owner": None}})
-        released = time.perf_counter()
-        if not backoff_only:
+        freed = time.perf_counter()
+        if how == "release":
             assert await holder.release()
+        elif how == "foreign":
+            await collection.update_one({"_id": name}, {"$set": {"owner": None}})
+        else:
+            await collection.update_one({"_id": name}, [{"$set": {"expiresAt": "$$NOW"}}])
         assert await waiting
-        samples.append(time.perf_counter() - released)
+        samples.append(time.perf_counter() - freed)
         await waiter.release()
     return statistics.median(samples)
 
@@ -120,11 +126,13 @@ async def main(uri: str, leases: int, rounds: int, cycles: int, *, embedded: boo
             f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
             f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {cycles})"
         )
-        signalled = await handoff(collection, rounds, backoff_only=False)
-        polled = await handoff(collection, rounds, backoff_only=True)
+        released, foreign, expired = [
+            await handoff(collection, rounds, how) for how in ("release", "foreign", "expire")
+        ]
         print(
-            f"hand-off to a waiter: release wake-up {signalled * 1000:7.1f} ms | backoff alone "
-            f"{polled * 1000:7.1f} ms | ratio {polled / signalled:5.1f}x  (medians of {rounds})"
+            f"hand-off to a waiter: same-process release {released * 1000:6.1f} ms | other-process release "
+            f"(change stream) {foreign * 1000:6.1f} ms | expiry, backoff alone {expired * 1000:6.1f} ms | "
+            f"backoff/stream {expired / foreign:4.1f}x  (medians of {rounds})"
         )
         await client.drop_database("bench")
     finally:
