@@ -24,13 +24,14 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import Any
 
 from pymongo import AsyncMongoClient
+from pymongo.write_concern import WriteConcern
 
 from .cli import EXIT_FAILED, UserError, redact_uri
 from .demo_worker import INVENTORY, JOB_LOCK, JOB_RUNS, LOCKS, SALES
+from .store import LockStore
 
 
 @dataclass
@@ -300,25 +301,26 @@ async def crash_and_takeover(
     successor_done = asyncio.create_task(successor.follow(on_event))
     await successor.wait_for("ready")
     await asyncio.sleep(ttl / 2)
-    lease = await database[LOCKS].find_one({"_id": JOB_LOCK})
     os.kill(doomed.process.pid, signal.SIGKILL)
     killed_at = time.time()
+    await doomed_done
+    store = LockStore(database[LOCKS], WriteConcern(w="majority"))
+    (lease,) = await store.report([JOB_LOCK])  # read after the kill: no renewal can follow it
     view.event(
         f"SIGKILLed doomed (pid {doomed.process.pid}) mid-job; "
-        f"its lease runs until {lease['expiresAt']:%H:%M:%S.%f} UTC"
+        f"its lease runs until {lease.state.expires_at:%H:%M:%S.%f} UTC"
     )
-    await doomed_done
     second = await successor.wait_for("started")
-    taken = await database[LOCKS].find_one({"_id": JOB_LOCK})
+    (taken,) = await store.report([JOB_LOCK])
     await successor_done
-    expired_at = lease["expiresAt"].replace(tzinfo=UTC).timestamp()
     view.event(
         f"takeover {second['t'] - killed_at:.2f} s after the kill; "
         f"fencing tokens {first['fence']} -> {second['fence']} (+{second['fence'] - first['fence']})"
     )
+    assert lease.state.expires_at is not None and taken.acquired_at is not None
     checks.record(
         view,
         "the successor took over only after the lease expired (server time)",
-        taken["acquiredAt"].replace(tzinfo=UTC).timestamp() >= expired_at,
+        taken.acquired_at >= lease.state.expires_at,
     )
     checks.record(view, "the successor's fencing token is higher", second["fence"] > first["fence"])

@@ -15,8 +15,10 @@ import time
 from typing import Any
 
 from pymongo import AsyncMongoClient
+from pymongo.write_concern import WriteConcern
 
 from . import AsyncMongoLock, LockLostError, LockTimeoutError
+from .store import LockStore
 
 LOCKS = "locks"
 INVENTORY = "inventory"
@@ -84,8 +86,9 @@ async def job(uri: str, database_name: str, worker: str, ttl: float, job_seconds
                 await database[JOB_RUNS].update_one({"_id": run.inserted_id}, {"$set": {"finished": True}})
             emit("finished", worker=worker)
         except LockTimeoutError:
-            doc = await database[LOCKS].find_one({"_id": JOB_LOCK}) or {}
-            emit("skipped", worker=worker, holder=doc.get("holder"), fence=doc.get("fence"))
+            holder = await LockStore(database[LOCKS], WriteConcern(w="majority")).read(JOB_LOCK)
+            assert holder is not None
+            emit("skipped", worker=worker, holder=dict(holder.holder), fence=holder.fencing_token)
         except LockLostError as error:
             emit("lost", worker=worker, reason=error.reason)
     finally:
