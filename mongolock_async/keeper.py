@@ -1,9 +1,10 @@
 """The heartbeat: one task per event loop renews every lease held with ``heartbeat`` on.
 
 Each tick costs one ``update_many`` per collection, however many leases are held. A renewal that
-fails is retried with backoff until the earliest local deadline among the leases it covers; a lease
-whose deadline passes unrenewed, or that the server shows as no longer ours, is marked lost (which
-cancels its protected block). The task exists only while there is something to renew.
+fails, for any reason, is retried with backoff until the earliest local deadline among the leases it
+covers; a lease whose deadline passes unrenewed, or that the server shows as no longer ours, is
+marked lost (which cancels its protected block). The task exists only while there is something to
+renew.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import weakref
 from collections import defaultdict
 
 import anyio
-from pymongo.errors import PyMongoError
 
 from .lease import Lease
 from .store import LockStore
@@ -85,7 +85,7 @@ class LeaseKeeper:
                 try:
                     matched = await store.renew_all(pairs)
                     live = None if matched == len(pairs) else await store.live_owners(pairs)
-                except PyMongoError as error:
+                except Exception as error:  # whatever failed, the deadline decides, and the reason says it
                     last_error = f"{type(error).__name__}: {error}"
                     await anyio.sleep(min(backoff.next_delay(), max(0.0, earliest_deadline - time.monotonic())))
                     continue
