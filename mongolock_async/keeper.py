@@ -66,6 +66,10 @@ class LeaseKeeper:
             async with anyio.create_task_group() as tg:
                 for leases in groups.values():
                     tg.start_soon(self._renew_group, leases[0].store, leases)
+            for lease in [lease for lease in self._leases.values() if lease.lost_error is not None]:
+                self._leases.pop(lease.owner, None)  # a lost lease is never renewed again
+        if self._task is asyncio.current_task():
+            self._task = None
 
     async def _renew_group(self, store: LockStore, leases: list[Lease]) -> None:
         backoff = Backoff(base=_RETRY_BASE, cap=max(lease.heartbeat_interval or 0.0 for lease in leases) / 2)
