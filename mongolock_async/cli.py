@@ -24,7 +24,7 @@ from pymongo.write_concern import WriteConcern
 from . import _validate
 from .store import LockReport, LockStore
 
-EXIT_FAILED, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED = 1, 3, 4, 5
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED = 1, 2, 3, 4, 5
 DEFAULT_DATABASE = "mongolock"
 DEFAULT_COLLECTION = "locks"
 
@@ -124,17 +124,14 @@ async def _operate(arguments: argparse.Namespace) -> int:
         try:
             _validate.lock_name(arguments.name)
         except (TypeError, ValueError) as error:
-            raise UserError(f"invalid lock name: {error}", 2) from None
+            raise UserError(f"invalid lock name: {error}", EXIT_USAGE) from None
     client = _connect(arguments.uri)
     try:
         store = await _lock_store(client, arguments)
         if arguments.command == "list":
             return _print_reports(await store.report(), arguments.json)
         if arguments.command == "inspect":
-            reports = await store.report([arguments.name])
-            if not reports:
-                raise UserError(f"no lock named {arguments.name!r} in {store.full_name}", EXIT_MISSING)
-            return _print_reports(reports, arguments.json, detailed=True)
+            return _print_reports([await _report_of(store, arguments.name)], arguments.json, detailed=True)
         return await _force_release(store, arguments)
     except ServerSelectionTimeoutError:
         hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
@@ -143,7 +140,7 @@ async def _operate(arguments: argparse.Namespace) -> int:
         ) from None
     except OperationFailure as error:
         raise UserError(
-            f"MongoDB refused the command: {error.details.get('errmsg', error.code) if error.details else error.code}",
+            f"MongoDB refused the command: {(error.details or {}).get('errmsg', error.code)}",
             EXIT_FAILED,
         ) from None
     finally:
@@ -152,9 +149,12 @@ async def _operate(arguments: argparse.Namespace) -> int:
 
 def _connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
     if not uri:
-        raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", 2)
+        raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
     if not uri.startswith(("mongodb://", "mongodb+srv://")):
-        raise UserError(f"invalid MongoDB URI {redact_uri(uri)!r}: it must start with mongodb:// or mongodb+srv://", 3)
+        raise UserError(
+            f"invalid MongoDB URI {redact_uri(uri)!r}: it must start with mongodb:// or mongodb+srv://",
+            EXIT_UNREACHABLE,
+        )
     try:
         return AsyncMongoClient(uri, serverSelectionTimeoutMS=5_000, connectTimeoutMS=5_000)
     except (InvalidURI, ConfigurationError, ValueError):
@@ -171,14 +171,19 @@ async def _lock_store(client: AsyncMongoClient[dict[str, Any]], arguments: argpa
     return LockStore(database[arguments.collection], WriteConcern(w="majority"))
 
 
-async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int:
-    reports = await store.report([arguments.name])
+async def _report_of(store: LockStore, name: str) -> LockReport:
+    reports = await store.report([name])
     if not reports:
-        raise UserError(f"no lock named {arguments.name!r} in {store.full_name}", EXIT_MISSING)
-    if reports[0].remaining_ms is None:
+        raise UserError(f"no lock named {name!r} in {store.full_name}", EXIT_MISSING)
+    return reports[0]
+
+
+async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int:
+    report = await _report_of(store, arguments.name)
+    if report.remaining_ms is None:
         print(f"{arguments.name!r} is free; nothing to release.")
         return 0
-    print(f"About to break this lease:\n  {_describe(reports[0])}")
+    print(f"About to break this lease:\n  {_describe(report)}")
     if not arguments.yes:
         if not sys.stdin.isatty():
             raise UserError("not a terminal, so cannot ask for confirmation: add --yes", EXIT_FAILED)

@@ -29,7 +29,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.write_concern import WriteConcern
 
-from .cli import EXIT_FAILED, UserError, redact_uri
+from .cli import EXIT_FAILED, EXIT_USAGE, UserError, redact_uri
 from .demo_worker import INVENTORY, JOB_LOCK, JOB_RUNS, LOCKS, SALES
 from .store import LockStore
 
@@ -116,9 +116,9 @@ def make_view(plain: bool) -> View:
 def run_demo(arguments: argparse.Namespace) -> int:
     for option in ("workers", "tasks", "items", "stock", "schedulers"):
         if getattr(arguments, option) < 1:
-            raise UserError(f"--{option} must be at least 1", 2)
+            raise UserError(f"--{option} must be at least 1", EXIT_USAGE)
     if arguments.ttl <= 0.3 or arguments.job_ttls <= 0:
-        raise UserError("--ttl must be above 0.3 s and --job-ttls positive", 2)
+        raise UserError("--ttl must be above 0.3 s and --job-ttls positive", EXIT_USAGE)
     return asyncio.run(_demo(arguments))
 
 
