@@ -167,3 +167,30 @@ def test_redact_uri() -> None:
     assert redact_uri("mongodb://u:p@h:1/db?x=1") == "mongodb://u:***@h:1/db?x=1"
     assert redact_uri("mongodb+srv://u@h/") == "mongodb+srv://u@h/"
     assert redact_uri("mongodb://h1:1,h2:2/") == "mongodb://h1:1,h2:2/"
+
+
+@pytest.mark.parametrize(("answer", "code", "held_after"), [("y", 0, False), ("n", 1, True)])
+def test_release_force_asks_on_a_terminal(
+    mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]], answer: str, code: int, held_after: bool
+) -> None:
+    database, collection, _ = held_locks
+    where = ("--db", database, "--collection", collection)
+    controller, terminal = os.openpty()
+    try:
+        os.write(controller, f"{answer}\n".encode())
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
+        result = subprocess.run(
+            [sys.executable, "-m", "mongolock_async", "release", "alpha", "--force", "--uri", mongodb_uri, *where],
+            stdin=terminal,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "About to break this lease" in result.stdout
+    detail = json.loads(mongolock("inspect", "alpha", "--json", *where, uri=mongodb_uri).stdout)
+    assert detail["held"] is held_after
