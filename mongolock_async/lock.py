@@ -79,8 +79,8 @@ class AsyncMongoLock:
         self._label = _validate.optional_label(label)
         if safety_margin is not None:
             safety_margin = _validate.seconds(safety_margin, "safety_margin", allow_zero=True)
-        if safety_margin is not None and safety_margin >= self._ttl:
-            raise ValueError(f"safety_margin ({safety_margin:g} s) must be smaller than ttl ({self._ttl:g} s)")
+            if safety_margin >= self._ttl:
+                raise ValueError(f"safety_margin ({safety_margin:g} s) must be smaller than ttl ({self._ttl:g} s)")
         self._safety_margin = safety_margin
         if not isinstance(heartbeat, bool):
             heartbeat = _validate.seconds(heartbeat, "heartbeat")
