@@ -255,13 +255,14 @@ class LockStore:
 
     async def watch_releases(self) -> ReleaseStream:
         """Open a change stream of this collection's writes (needs a replica set or sharded cluster)."""
-        # Renewals update only expiresAt/renewedAt; let through only what can free a lock.
+        # Renewals update only expiresAt/renewedAt; the server lets through only what can free a lock.
         pipeline = [
             {
                 "$match": {
                     "$or": [
-                        {"operationType": {"$in": ["replace", "delete"]}},
-                        {"updateDescription.updatedFields.owner": {"$type": "null"}},
+                        {"operationType": "delete"},
+                        {"operationType": "update", "updateDescription.updatedFields.owner": {"$type": "null"}},
+                        {"operationType": "replace", "fullDocument.owner": {"$type": "null"}},
                     ]
                 }
             }
@@ -293,19 +294,13 @@ class ReleaseStream:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    async def next_released(self) -> str | None:
-        """The next lock name released or deleted by anyone; None for any other change."""
-        change = await self._stream.next()
-        key = (change.get("documentKey") or {}).get("_id")
-        operation = change.get("operationType")
-        if operation == "delete":
-            return key if isinstance(key, str) else None
-        if operation == "update":
-            fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
-            released = "owner" in fields and fields["owner"] is None
-        else:
-            released = (change.get("fullDocument") or {}).get("owner", "") is None
-        return key if released and isinstance(key, str) else None
+    async def next_released(self) -> str:
+        """The name of the next lock released or deleted by anyone."""
+        while True:
+            change = await self._stream.next()
+            name = (change.get("documentKey") or {}).get("_id")
+            if isinstance(name, str):
+                return name
 
     async def close(self) -> None:
         await self._stream.close()

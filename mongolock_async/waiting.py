@@ -95,9 +95,7 @@ class ReleaseWatcher:
             # Motor opens the stream lazily, so "not supported here" may only show at the first change.
             stream = await self._store.watch_releases()
             while True:
-                name = await stream.next_released()
-                if name is not None:
-                    announce_release((self._store.full_name, name))
+                announce_release((self._store.full_name, await stream.next_released()))
         except PyMongoError as error:
             logger.debug("no change stream on %s (%s); waiters use backoff", self._store.full_name, error)
             self._retry_at = time.monotonic() + _STREAM_RETRY_AFTER
