@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import ConfigurationError, InvalidURI, OperationFailure, ServerSelectionTimeoutError
+from pymongo.errors import ConfigurationError, OperationFailure, ServerSelectionTimeoutError
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
@@ -50,9 +50,13 @@ def redact_uri(uri: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}" if ":" in credentials else f"{user}@{hosts}"))
 
 
+def _add_uri_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="MongoDB URI (env MONGODB_URI)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
-    connection.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="MongoDB URI (env MONGODB_URI)")
+    _add_uri_option(connection)
     connection.add_argument(
         "--db",
         default=os.environ.get("MONGOLOCK_DB", DEFAULT_DATABASE),
@@ -72,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Flash sale, run-once job, crash and takeover: several OS processes, checked at the end. "
         "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
     )
-    demo.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="MongoDB URI (env MONGODB_URI)")
+    _add_uri_option(demo)
     demo.add_argument("--workers", type=int, default=4, help="processes in the flash sale (default 4)")
     demo.add_argument("--tasks", type=int, default=6, help="buyer tasks per process (default 6)")
     demo.add_argument("--items", type=int, default=3, help="products on sale (default 3)")
@@ -157,7 +161,7 @@ def _connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
         )
     try:
         return AsyncMongoClient(uri, serverSelectionTimeoutMS=5_000, connectTimeoutMS=5_000)
-    except (InvalidURI, ConfigurationError, ValueError):
+    except (ConfigurationError, ValueError):  # InvalidURI is a ConfigurationError
         # The driver's message may quote the URI, credentials included: say only what is safe.
         raise UserError(f"invalid MongoDB URI: {redact_uri(uri)}", EXIT_UNREACHABLE) from None
 

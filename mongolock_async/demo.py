@@ -211,13 +211,11 @@ async def flash_sale(uri: str, database: Any, arguments: argparse.Namespace, vie
     )
     await database[INVENTORY].insert_many([{"_id": f"item-{i + 1}", "stock": stock} for i in range(items)])
     sold = 0
-    per_item: Counter[str] = Counter()
 
     def on_event(event: dict[str, Any]) -> None:
         nonlocal sold
         if event["event"] == "sold":
             sold += 1
-            per_item[event["item"]] += 1
             view.progress("units sold", sold, total)
         elif event["event"] == "done":
             view.event(f"{event['worker']} (pid {event['pid']}) done: bought {event['bought']}")
