@@ -22,7 +22,8 @@ from pymongo.errors import ConfigurationError, OperationFailure, ServerSelection
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
-from .store import LockReport, LockStore
+from .documents import LockReport
+from .store import LockStore
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED = 1, 2, 3, 4, 5
 DEFAULT_DATABASE = "mongolock"
@@ -210,6 +211,8 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
 
 def _report_as_dict(report: LockReport) -> dict[str, Any]:
     state = report.state
+    if state is None:
+        return {"name": report.name, "error": str(report.error)}
     return {
         "name": state.name,
         "held": report.remaining_ms is not None,
@@ -218,14 +221,17 @@ def _report_as_dict(report: LockReport) -> dict[str, Any]:
         "holder": dict(state.holder) if report.remaining_ms is not None else None,
         "ttl_ms": state.ttl_ms,
         "expires_at": _iso(state.expires_at),
-        "acquired_at": _iso(report.acquired_at),
-        "renewed_at": _iso(report.renewed_at),
-        "released_at": _iso(report.released_at),
+        "acquired_at": _iso(state.acquired_at),
+        "renewed_at": _iso(state.renewed_at),
+        "released_at": _iso(state.released_at),
+        "waiting": len(state.queue),
     }
 
 
 def _describe(report: LockReport) -> str:
     state = report.state
+    if state is None:
+        return f"{report.name!r}: unreadable ({report.error})"
     if report.remaining_ms is None:
         return f"{state.name}: free (last fencing token {state.fencing_token})"
     holder = state.holder
@@ -251,4 +257,4 @@ def _print_reports(reports: list[LockReport], as_json: bool, *, detailed: bool =
 
 
 def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat() + "Z"
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")

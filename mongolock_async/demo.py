@@ -303,22 +303,23 @@ async def crash_and_takeover(
     killed_at = time.time()
     await doomed_done
     store = LockStore(database[LOCKS], WriteConcern(w="majority"))
-    (lease,) = await store.report([JOB_LOCK])  # read after the kill: no renewal can follow it
+    lease = await store.read(JOB_LOCK)  # read after the kill: no renewal can follow it
+    assert lease is not None and lease.expires_at is not None
     view.event(
         f"SIGKILLed doomed (pid {doomed.process.pid}) mid-job; "
-        f"its lease runs until {lease.state.expires_at:%H:%M:%S.%f} UTC"
+        f"its lease runs until {lease.expires_at:%H:%M:%S.%f} UTC"
     )
     second = await successor.wait_for("started")
-    (taken,) = await store.report([JOB_LOCK])
+    taken = await store.read(JOB_LOCK)
     await successor_done
     view.event(
         f"takeover {second['t'] - killed_at:.2f} s after the kill; "
         f"fencing tokens {first['fence']} -> {second['fence']} (+{second['fence'] - first['fence']})"
     )
-    assert lease.state.expires_at is not None and taken.acquired_at is not None
+    assert taken is not None and taken.acquired_at is not None
     checks.record(
         view,
         "the successor took over only after the lease expired (server time)",
-        taken.acquired_at >= lease.state.expires_at,
+        taken.acquired_at >= lease.expires_at,
     )
     checks.record(view, "the successor's fencing token is higher", second["fence"] > first["fence"])

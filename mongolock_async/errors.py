@@ -44,6 +44,19 @@ class LockAlreadyHeldError(LockError, RuntimeError):
         )
 
 
+class LockDataError(LockError):
+    """A lock document holds a value this library never writes: edited by hand or by another tool.
+
+    The library refuses to act on such a document rather than guess: no acquisition, renewal or
+    hand-off happens on it. ``mongolock release NAME --force`` resets it.
+    """
+
+    def __init__(self, name: object, field: str, detail: str) -> None:
+        self.name = name
+        self.field = field
+        super().__init__(f"lock {name!r}: field {field!r} {detail}; reset it with `mongolock release --force`")
+
+
 class LockLostError(LockError):
     """The lease ended while its holder still relied on it.
 

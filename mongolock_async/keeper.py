@@ -1,104 +1,222 @@
-"""The heartbeat: one task per event loop renews every lease held with ``heartbeat`` on.
+"""The heartbeat: one task per event loop renews every lease held with ``heartbeat`` on, and keeps
+this process's places in the locks' queues alive.
 
-Each tick costs one ``update_many`` per collection, however many leases are held. A renewal that
-fails, for any reason, is retried with backoff until the earliest local deadline among the leases it
-covers; a lease whose deadline passes unrenewed, or that the server shows as no longer ours, is
-marked lost (which cancels its protected block). The task exists only while there is something to
-renew.
+Each lease is renewed when its own interval has passed since its last confirmed renewal; leases
+due within half an interval ride along, so a tick renews many leases at once. Renewals are sent per
+collection in chunks of at most :data:`RENEWAL_CHUNK` leases, earliest local deadline first, one
+request per chunk: the server's work per lease stays flat however many are held, and no single
+write holds the server long enough to stall other requests. Each request is bounded by the driver's
+operation timeout to the earliest deadline it covers. A failed renewal is retried with backoff; a
+lease whose deadline passes unrenewed is lost by its own timer (:mod:`.lease`), with the last
+failure as the reason. A lease the server shows as no longer ours is marked lost at once.
+
+The task exists only while there is something to renew.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import random
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, Protocol, TypeVar
 
-import anyio
+from pymongo.errors import PyMongoError
 
 from .lease import Lease
-from .store import LockStore
-from .waiting import Backoff
+from .queues import LocalQueue
+from .store import LockStore, bounded
 
+RENEWAL_CHUNK = 100
+"""Leases renewed per request (see benchmarks/README.md for the measurement behind it)."""
 _RETRY_BASE = 0.05
 
 
+class _Stored(Protocol):
+    @property
+    def store(self) -> LockStore: ...
+
+
+_T = TypeVar("_T", bound=_Stored)
+
+
 class LeaseKeeper:
-    """Renews the heartbeat leases of one event loop."""
+    """Renews the heartbeat leases and queue places of one event loop."""
 
     def __init__(self) -> None:
-        self._leases: dict[str, Lease] = {}
+        self._leases: dict[Lease, float] = {}
+        """Heartbeat leases and when each is next due."""
+        self._places: dict[LocalQueue, float] = {}
+        """Queues whose place on the server this process keeps alive, and when each is next due."""
+        self._failures: dict[Lease, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
     @property
     def running(self) -> bool:
-        """Whether the renewal task exists (it does exactly while leases are kept)."""
+        """Whether the renewal task exists (while something is kept, and until a renewal in flight ends)."""
         return self._task is not None and not self._task.done()
 
+    @property
+    def has_work(self) -> bool:
+        """Whether any lease or queue place is kept."""
+        return bool(self._leases or self._places)
+
     def keep(self, lease: Lease) -> None:
-        """Renew ``lease`` from now on, until :meth:`drop`."""
-        self._leases[lease.owner] = lease
-        if not self.running:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="mongolock-keeper")
-        self._changed.set()
+        """Renew ``lease`` from now on, every ``heartbeat_interval``, until :meth:`drop`."""
+        assert lease.heartbeat_interval is not None
+        self._leases[lease] = time.monotonic() + lease.heartbeat_interval
+        self._wake()
 
     def drop(self, lease: Lease) -> None:
-        """Stop renewing ``lease``; stop the task when nothing is left."""
-        self._leases.pop(lease.owner, None)
-        if not self._leases and self._task is not None:
-            self._task.cancel()
-            self._task = None
+        """Stop renewing ``lease``."""
+        self._leases.pop(lease, None)
+        self._failures.pop(lease, None)
+        self._stop_if_idle()
+
+    def keep_place(self, queue: LocalQueue) -> None:
+        """Keep ``queue``'s place on the server alive while it has waiters."""
+        if queue not in self._places:
+            self._places[queue] = time.monotonic() + _place_interval(queue)
+            self._wake()
+
+    def drop_place(self, queue: LocalQueue) -> None:
+        self._places.pop(queue, None)
+        self._stop_if_idle()
+
+    def _wake(self) -> None:
+        if not self.running:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="mongolock-keeper", context=contextvars.Context()
+            )
+        self._changed.set()
+
+    def _stop_if_idle(self) -> None:
+        # Never cancel the task: a renewal in flight completes (bounded by its operation timeout).
+        if not self._leases and not self._places:
+            self._changed.set()
 
     async def _run(self) -> None:
-        last_tick = time.monotonic()
-        while self._leases:
-            interval = min(lease.heartbeat_interval or lease.ttl for lease in self._leases.values())
-            with anyio.move_on_after(last_tick + interval - time.monotonic()):
-                # A newly kept lease with a shorter interval shortens this wait.
-                await self._changed.wait()
-                self._changed.clear()
-                continue
-            last_tick = time.monotonic()
-            groups: dict[tuple[int, str, str], list[Lease]] = defaultdict(list)
-            for lease in self._leases.values():
-                groups[lease.store.group_key].append(lease)
-            async with anyio.create_task_group() as tg:
-                for leases in groups.values():
-                    tg.start_soon(self._renew_group, leases[0].store, leases)
-            for lease in [lease for lease in self._leases.values() if lease.lost_error is not None]:
-                self._leases.pop(lease.owner, None)  # a lost lease is never renewed again
-        if self._task is asyncio.current_task():
-            self._task = None
-
-    async def _renew_group(self, store: LockStore, leases: list[Lease]) -> None:
-        backoff = Backoff(base=_RETRY_BASE, cap=max(lease.heartbeat_interval or 0.0 for lease in leases) / 2)
-        last_error = "no reply from the server"
-        while True:
-            now = time.monotonic()
-            for lease in leases:
-                if lease.deadline <= now:
-                    lease.mark_lost(f"the lease could not be renewed before its local deadline ({last_error})")
-            leases = [lease for lease in leases if lease.believed_held]
-            if not leases:
-                return
-            pairs = [(lease.name, lease.owner) for lease in leases]
-            earliest_deadline = min(lease.deadline for lease in leases)
-            sent_at = time.monotonic()
-            with anyio.move_on_after(earliest_deadline - sent_at):
-                try:
-                    matched = await store.renew_all(pairs)
-                    live = None if matched == len(pairs) else await store.live_owners(pairs)
-                except Exception as error:  # whatever failed, the deadline decides, and the reason says it
-                    last_error = f"{type(error).__name__}: {error}"
-                    await anyio.sleep(min(backoff.next_delay(), max(0.0, earliest_deadline - time.monotonic())))
+        try:
+            while self._leases or self._places:
+                self._forget_finished()
+                now = time.monotonic()
+                due_at = min([*self._leases.values(), *self._places.values()], default=now)
+                if due_at > now:
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), due_at - now)
                     continue
-                for lease in leases:
-                    if live is None or lease.owner in live:
-                        lease.confirm(sent_at)
-                    else:
-                        lease.mark_lost("the server shows the lease expired or held by another owner")
-                return
+                leases = [lease for lease, at in self._leases.items() if at <= now + _batching(lease)]
+                places = [queue for queue, at in self._places.items() if at <= now + _place_interval(queue) / 2]
+                async with asyncio.TaskGroup() as group:
+                    # Collections are renewed side by side; the chunks of one, one after another.
+                    for store, lease_chunks in _chunks_by_collection(leases, key=lambda lease: lease.deadline):
+                        group.create_task(self._in_turn(self._renew, store, lease_chunks))
+                    for store, place_chunks in _chunks_by_collection(places, key=_place_interval):
+                        group.create_task(self._in_turn(self._refresh_places, store, place_chunks))
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    @staticmethod
+    async def _in_turn(send: Any, store: LockStore, chunks: list[list[Any]]) -> None:
+        for chunk in chunks:
+            await send(store, chunk)
+
+    def _forget_finished(self) -> None:
+        for lease in [lease for lease in self._leases if lease.ended or lease.lost_error is not None]:
+            self.drop(lease)
+        for queue in [queue for queue in self._places if not queue.waiters or not queue.slot_queued]:
+            self.drop_place(queue)
+
+    async def _renew(self, store: LockStore, leases: list[Lease]) -> None:
+        """Renew one chunk; confirm what the write renewed, lose what the server says is not ours."""
+        earliest = min(lease.deadline for lease in leases)
+        sent_at = time.monotonic()
+        try:
+            with bounded(earliest - sent_at):
+                renewed = await store.renew([(lease.name, lease.owner, _ms(lease.ttl)) for lease in leases])
+        except PyMongoError as error:
+            reason = f"{type(error).__name__}: {error}"
+            if getattr(error, "timeout", False):
+                reason = f"the renewal did not complete before the local deadline ({reason})"
+            for lease in leases:
+                lease.renewal_error = reason
+                failures = self._failures[lease] = self._failures.get(lease, 0) + 1
+                retry = random.uniform(0, min((lease.heartbeat_interval or lease.ttl) / 2, _RETRY_BASE * 2**failures))
+                if lease in self._leases:
+                    self._leases[lease] = min(time.monotonic() + retry, lease.deadline)
+            return
+        for lease in leases:
+            if lease.ended or lease.lost_error is not None:
+                continue
+            if lease.name in renewed:
+                lease.confirm(sent_at)
+                self._failures.pop(lease, None)
+                if lease in self._leases and lease.heartbeat_interval is not None:
+                    self._leases[lease] = sent_at + lease.heartbeat_interval
+            else:
+                lease.mark_lost("the server shows the lease expired or held by another owner")
+                self.drop(lease)
+
+    async def _refresh_places(self, store: LockStore, queues: list[LocalQueue]) -> None:
+        """Push back the expiry of this process's places; a head whose place is gone queues again."""
+        places = [(queue, queue.slot, queue.waiters[0].ttl_ms) for queue in queues if queue.slot and queue.waiters]
+        if not places:
+            return
+        sent_at = time.monotonic()
+        try:
+            with bounded(min(_place_interval(queue) for queue, _, _ in places)):
+                alive = await store.refresh_places([(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places])
+        except PyMongoError:
+            alive = set()  # the heads try the server themselves
+        for queue, slot, _ in places:
+            if queue in self._places:
+                self._places[queue] = sent_at + _place_interval(queue)
+            if queue.slot != slot:
+                continue  # the place changed meanwhile
+            if alive is None:
+                queue.slot_written_at = max(queue.slot_written_at, sent_at)  # it was there when this arrived
+            elif queue.name not in alive:
+                queue.slot_queued = False
+                queue.wake_head()
+
+
+def _batching(lease: Lease) -> float:
+    return 0.5 * (lease.heartbeat_interval or 0.0)
+
+
+def _place_interval(queue: LocalQueue) -> float:
+    """A place lives for its waiter's TTL; refresh it three times as often."""
+    head = queue.head
+    return (head.ttl_ms if head is not None else 3000) / 3000
+
+
+def _chunks_by_collection(items: Iterable[_T], *, key: Any) -> list[tuple[LockStore, list[list[_T]]]]:
+    """Items grouped by the collection (and write concern) they are written to, each group sorted
+    by ``key`` and cut into chunks of :data:`RENEWAL_CHUNK`."""
+    groups: dict[tuple[int, str, str], list[_T]] = defaultdict(list)
+    stores: dict[tuple[int, str, str], LockStore] = {}
+    for item in items:
+        store = item.store
+        group = (id(store.client), store.full_name, repr(store.write_concern.document))
+        groups[group].append(item)
+        stores[group] = store
+    result = []
+    for group, members in groups.items():
+        members.sort(key=key)
+        chunks = [members[start : start + RENEWAL_CHUNK] for start in range(0, len(members), RENEWAL_CHUNK)]
+        result.append((stores[group], chunks))
+    return result
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 _keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeaseKeeper] = weakref.WeakKeyDictionary()
@@ -111,3 +229,4 @@ def keeper_for_running_loop() -> LeaseKeeper:
     if keeper is None:
         keeper = _keepers[loop] = LeaseKeeper()
     return keeper
+

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
-
 from .errors import LockLostError
 from .store import LockStore
 
@@ -22,13 +20,43 @@ logger = logging.getLogger("mongolock_async")
 _callback_tasks: set[asyncio.Task[Any]] = set()
 
 
+class BodyGuard:
+    """Cancels the task running an ``async with`` body when its lease is lost, like ``asyncio.timeout``.
+
+    A plain ``Task.cancel()`` marks the task at once, so the body's very next step raises
+    ``CancelledError`` even if that step was already scheduled (after a process pause, the body's
+    timer and the lease's deadline timer fire in the same loop iteration). ``uncancel`` counting
+    tells this cancellation apart from one requested by anyone else.
+    """
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._cancelling = self._task.cancelling() if self._task is not None else 0
+        self.fired = False
+        self.closed = False
+
+    def fire(self) -> None:
+        if not self.fired and not self.closed and self._task is not None and not self._task.done():
+            self.fired = True
+            self._task.cancel(msg="mongolock_async: the lease was lost")
+
+    def close(self, exc_type: type[BaseException] | None) -> bool:
+        """The block has ended: fire no more. Returns whether it ended by our cancellation alone,
+        which the caller turns into :class:`LockLostError`."""
+        self.closed = True
+        if not self.fired or self._task is None:
+            return False
+        return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+
+
 @dataclass(eq=False, slots=True)
 class Lease:
     """A lease this process holds (or held) on ``name``.
 
     ``deadline`` is the local monotonic time until which the lease is known to be valid: the time
     the acquire or renew request was *sent*, plus the TTL, minus the safety margin. The server's
-    expiry is counted from when it *received* the request, so it is always later.
+    expiry is counted from when it *received* the request, so it is always later. A loop timer
+    fires at the deadline; if no renewal moved it by then, the lease is lost.
     """
 
     store: LockStore
@@ -44,28 +72,72 @@ class Lease:
     on_lost: Callable[[LockLostError], None]
     lost_error: LockLostError | None = None
     ended: bool = False
-    cancel_scope: anyio.CancelScope | None = field(default=None)
+    body: BodyGuard | None = None
+    renewal_error: str | None = None
+    """Why the last renewal attempt failed, for the loss reason."""
+    _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property
     def believed_held(self) -> bool:
         return not self.ended and self.lost_error is None and time.monotonic() < self.deadline
 
+    def arm(self) -> None:
+        """(Re)start the deadline timer; ``time.monotonic`` is the asyncio loop's clock."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(self.deadline, self._deadline_passed)
+
     def confirm(self, sent_at: float, ttl: float | None = None) -> None:
         """Record a renewal the server applied to a request sent at monotonic ``sent_at``."""
+        if self.ended or self.lost_error is not None:
+            return
         if ttl is not None:
             self.ttl = ttl
         self.deadline = local_deadline(sent_at, self.ttl, self.safety_margin)
+        self.renewal_error = None
+        self.arm()
+
+    def end(self) -> None:
+        """The holder is done with the lease (released, or forgotten): stop watching its deadline."""
+        self.ended = True
+        self.body = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def mark_lost(self, reason: str) -> None:
         """Signal loss once: set the event, cancel the protected block, call the callback."""
         if self.ended or self.lost_error is not None:
             return
         self.lost_error = LockLostError(self.name, reason, datetime.now(UTC))
-        logger.warning("%s", self.lost_error)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.body is not None:
+            # The block raises the error itself: log at debug only, so it is not reported twice.
+            logger.debug("%s", self.lost_error)
+            self.body.fire()
+        else:
+            logger.warning("%s", self.lost_error)
         self.lost.set()
-        if self.cancel_scope is not None:
-            self.cancel_scope.cancel()
         self.on_lost(self.lost_error)
+
+    def _deadline_passed(self) -> None:
+        self._timer = None
+        if time.monotonic() < self.deadline:  # confirmed meanwhile
+            self.arm()
+            return
+        if self.heartbeat_interval is None:
+            reason = (
+                f"the lease reached its local deadline (ttl {self.ttl:g} s) without renewal; "
+                "use heartbeat=True for work that can outlast the TTL"
+            )
+        else:
+            reason = (
+                "the lease could not be renewed before its local deadline "
+                f"({self.renewal_error or 'no renewal completed in time'})"
+            )
+        self.mark_lost(reason)
 
 
 def default_safety_margin(ttl: float) -> float:

@@ -7,21 +7,24 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-import anyio
 from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._shield import run_shielded
+from .documents import LockState
 from .errors import LockAlreadyHeldError, LockLostError, LockNotOwnedError, LockTimeoutError
 from .keeper import keeper_for_running_loop
-from .lease import Lease, call_on_lost, default_safety_margin, local_deadline, logger
-from .store import LockState, LockStore
-from .waiting import Backoff, announce_release, release_signal
+from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
+from .queues import Grant
+from .store import LockStore
+from .waiting import AcquireRequest, hand_over, spawn, wait_for_lease
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
 
@@ -49,9 +52,14 @@ class AsyncMongoLock:
       lease (default: 10 % of the TTL, at most 1 s).
     - ``on_lost``: called once (sync, or async in its own task) with this handle when a held lease
       is lost.
-    - ``retry_base``/``retry_cap``: the jittered exponential backoff of a blocking acquire, in
-      seconds. A waiter also wakes when the holder's lease expires, or at once when a handle in this
-      process releases the name.
+    - ``fair``: first come, first served across processes. Waiting processes take places in a
+      queue stored with the lock and every release hands the lease to the oldest place. Off by
+      default: then a release prefers a waiting task of its own process (one request for both),
+      for at most a few hand-offs in a row while other processes wait. Within one process, waiting
+      tasks are always served in arrival order. See docs/design.md for the trade-offs.
+    - ``retry_base``/``retry_cap``: the jittered exponential backoff of a blocking acquire where
+      no change stream reports releases (a standalone server), in seconds. A waiter also wakes when
+      the holder's lease expires, and at once when the lock is released or handed to it.
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class AsyncMongoLock:
         heartbeat: bool | float = False,
         safety_margin: float | None = None,
         on_lost: OnLost | None = None,
+        fair: bool = False,
         retry_base: float = 0.05,
         retry_cap: float = 1.0,
     ) -> None:
@@ -89,14 +98,14 @@ class AsyncMongoLock:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable, not {type(on_lost).__name__}")
         self._on_lost = on_lost
+        self._fair = _validate.flag(fair, "fair")
         self._retry_base = _validate.seconds(retry_base, "retry_base")
         self._retry_cap = _validate.seconds(retry_cap, "retry_cap", minimum=self._retry_base)
         self._store = LockStore(collection, _validate.write_concern(write_concern))
-        self._key = (self._store.full_name, self._name)
         self._lease: Lease | None = None
+        self._orphan_guard: weakref.finalize[Any, Any] | None = None
         self._acquiring = False
         self._lost = asyncio.Event()
-        self._body_scope: anyio.CancelScope | None = None
 
     def __repr__(self) -> str:
         state = "held" if self._lease is not None and self._lease.believed_held else "not held"
@@ -140,13 +149,15 @@ class AsyncMongoLock:
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock; return True if this handle now holds it.
 
-        ``blocking=False`` tries once. A blocking acquire waits up to ``timeout`` seconds (the
-        handle's default when None) and returns False past it; one request already on its way is
-        allowed to finish, so the wait can overrun by one round trip.
+        ``blocking=False`` tries once. A blocking acquire queues behind the other tasks of this
+        process that wait for the same name (first come, first served) and waits up to ``timeout``
+        seconds (the handle's default when None), returning False past it; one request already on
+        its way is allowed to finish, so the wait can overrun by one round trip.
 
-        Raises :class:`LockAlreadyHeldError` if this handle already holds or is acquiring the lock.
-        If the caller is cancelled, the request in flight completes, any lease it took is released,
-        and the cancellation propagates.
+        Raises :class:`LockAlreadyHeldError` if this handle already holds or is acquiring the lock,
+        and :class:`LockDataError` if the lock's document was corrupted by hand or another tool.
+        If the caller is cancelled, the request in flight completes, any lease it took is handed
+        on, and the cancellation propagates.
         """
         blocking = self._blocking if blocking is None else _validate.flag(blocking, "blocking")
         if timeout is None:
@@ -159,95 +170,92 @@ class AsyncMongoLock:
         self._forget_lease()
         self._acquiring = True
         try:
-            return await self._acquire(blocking, timeout)
+            give_up_at = None if timeout is None else time.monotonic() + timeout
+            while True:
+                grant = await (self._wait(give_up_at) if blocking else self._try_once())
+                if grant is None:
+                    return False
+                if self._hold(grant):
+                    return True
+                # The answer came too late to leave any time under the lease: pass it on, go on waiting.
+                await hand_over(self._store, self._name, grant.owner, fair=self._fair, grace=self._ttl)
+                if not blocking:
+                    return False
         finally:
             self._acquiring = False
 
-    async def _acquire(self, blocking: bool, timeout: float | None) -> bool:
-        give_up_at = None if timeout is None else time.monotonic() + timeout
-        backoff = Backoff(self._retry_base, self._retry_cap)
-        with release_signal(self._store, self._name) as released:
-            while True:
-                released.clear()
-                state = await self._attempt()
-                if state is None:
-                    return True
-                if not blocking:
-                    return False
-                delay = min(backoff.next_delay(), await self._until_expiry(state))
-                if give_up_at is not None:
-                    left = give_up_at - time.monotonic()
-                    if left <= 0:
-                        return False
-                    delay = min(delay, left)
-                with anyio.move_on_after(delay):
-                    await released.wait()
-
-    async def _attempt(self) -> LockState | None:
-        """One acquire request. None if it took the lock; else the document showing the holder."""
-        owner = secrets.token_hex(16)
+    def _request(self) -> AcquireRequest:
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": self._label}
-        sent_at = time.monotonic()
-
-        async def release_if_taken(state: LockState) -> None:
-            if state.owner == owner:
-                await self._store.release(self._name, owner)
-
-        state = await run_shielded(
-            self._store.try_acquire(self._name, owner, _ms(self._ttl), holder),
-            grace=self._ttl,
-            on_cancelled=release_if_taken,
-        )
-        if state.owner != owner:
-            return state
-        deadline = local_deadline(sent_at, self._ttl, self._safety_margin)
-        if time.monotonic() >= deadline:
-            # The answer came too late to leave any time under the lease: treat it as not taken.
-            await self._release_quietly(owner)
-            return state
-        self._lost = asyncio.Event()
-        self._lease = Lease(
+        return AcquireRequest(
             store=self._store,
             name=self._name,
-            owner=owner,
-            fencing_token=state.fencing_token,
+            ttl=self._ttl,
+            holder=holder,
+            fair=self._fair,
+            retry_base=self._retry_base,
+            retry_cap=self._retry_cap,
+            fresh_for=default_safety_margin(self._ttl) if self._safety_margin is None else self._safety_margin,
+        )
+
+    async def _wait(self, give_up_at: float | None) -> Grant | None:
+        return await wait_for_lease(self._request(), give_up_at)
+
+    async def _try_once(self) -> Grant | None:
+        """One acquire request, without queueing."""
+        request = self._request()
+        owner = secrets.token_hex(16)
+
+        async def hand_on_if_taken(state: LockState) -> None:
+            if state.owner == owner:
+                await hand_over(self._store, self._name, owner, fair=self._fair, grace=self._ttl)
+
+        sent_at = time.monotonic()
+        state = await run_shielded(
+            self._store.try_acquire(self._name, owner, request.ttl_ms, request.holder, fair=self._fair),
+            grace=self._ttl,
+            on_cancelled=hand_on_if_taken,
+        )
+        return Grant(owner, state.fencing_token, sent_at, request.ttl_ms) if state.owner == owner else None
+
+    def _hold(self, grant: Grant) -> bool:
+        """Make ``grant`` this handle's lease; False if its local deadline has already passed."""
+        deadline = local_deadline(grant.sent_at, min(self._ttl, grant.ttl_ms / 1000), self._safety_margin)
+        if time.monotonic() >= deadline:
+            return False
+        self._lost = asyncio.Event()
+        handle = weakref.ref(self)
+        lease = Lease(
+            store=self._store,
+            name=self._name,
+            owner=grant.owner,
+            fencing_token=grant.fencing_token,
             ttl=self._ttl,
             safety_margin=self._safety_margin,
             deadline=deadline,
             heartbeat_interval=_heartbeat_interval(self._heartbeat, self._ttl, self._safety_margin),
             lost=self._lost,
-            on_lost=self._signal_lost,
+            on_lost=lambda error: _signal_lost(handle),
         )
-        if self._lease.heartbeat_interval is not None:
-            keeper_for_running_loop().keep(self._lease)
-        return None
-
-    async def _until_expiry(self, state: LockState) -> float:
-        """Seconds until the holder's lease expires on the server's clock (estimated), or inf."""
-        if state.expires_at is None:
-            return float("inf")
-        try:
-            server_now = await self._store.estimated_server_time()
-        except PyMongoError:
-            return float("inf")
-        if server_now is None:
-            return float("inf")
-        return max(0.0, (state.expires_at.replace(tzinfo=None) - server_now).total_seconds())
+        lease.arm()
+        self._lease = lease
+        # A handle dropped while holding must not keep its lease alive (or held) for ever.
+        self._orphan_guard = weakref.finalize(self, _abandoned, lease, asyncio.get_running_loop(), self._fair)
+        if lease.heartbeat_interval is not None:
+            keeper_for_running_loop().keep(lease)
+        return True
 
     async def release(self) -> bool:
         """Give the lock up. True if this ended our live lease; False if we held nothing live.
 
-        Never raises for a lease that expired or was taken over. The request runs shielded: a
-        cancellation waits for it (up to the TTL, after which the lease has expired anyway) and then
-        propagates.
+        If another task of this process waits for the lock, the lease passes to it in the same
+        write. Never raises for a lease that expired or was taken over. The request runs shielded:
+        a cancellation waits for it (up to the TTL, after which the lease has expired anyway) and
+        then propagates.
         """
         lease = self._forget_lease()
         if lease is None:
             return False
-        try:
-            return await run_shielded(self._store.release(self._name, lease.owner), grace=lease.ttl)
-        finally:
-            announce_release(self._key)
+        return await hand_over(self._store, self._name, lease.owner, fair=self._fair, grace=lease.ttl)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Start a new lease of ``ttl`` seconds (default: the current TTL) from now, server time.
@@ -267,7 +275,7 @@ class AsyncMongoLock:
         lease.heartbeat_interval = interval
         lease.confirm(sent_at, new_ttl)
         if interval is not None:
-            keeper_for_running_loop().keep(lease)  # the keeper re-reads the (maybe shorter) interval
+            keeper_for_running_loop().keep(lease)  # rescheduled at the (maybe shorter) interval
 
     async def locked(self) -> bool:
         """Whether anyone holds a live lease on this name, judged by the server."""
@@ -278,18 +286,15 @@ class AsyncMongoLock:
         lease = self._lease
         if lease is None or not lease.believed_held:
             return False
-        return await self._store.is_held_by(self._name, lease.owner) and lease.believed_held
+        return await self._store.is_held(self._name, lease.owner) and lease.believed_held
 
     async def __aenter__(self) -> AsyncMongoLock:
         if not await self.acquire():
             raise LockTimeoutError(self._name, self._timeout if self._blocking else None)
         lease = self._lease
         assert lease is not None
-        if lease.heartbeat_interval is not None:
-            # Entered here and exited in __aexit__, in the same task: the keeper cancels it on loss.
-            scope = anyio.CancelScope()
-            scope.__enter__()
-            self._body_scope = lease.cancel_scope = scope
+        # Entered here and checked in __aexit__, in the same task: loss cancels the block.
+        lease.body = BodyGuard()
         return self
 
     async def __aexit__(
@@ -297,13 +302,13 @@ class AsyncMongoLock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         lease = self._lease
-        cancelled_by_loss = False
-        if self._body_scope is not None:
-            scope, self._body_scope = self._body_scope, None
-            cancelled_by_loss = bool(scope.__exit__(exc_type, exc, traceback))
-        if lease is not None and lease.lost_error is None and time.monotonic() >= lease.deadline:
+        if lease is None:
+            return
+        cancelled_by_loss = lease.body is not None and lease.body.close(exc_type)
+        if lease.lost_error is None and time.monotonic() >= lease.deadline:
+            # The deadline timer could not run: the event loop was blocked past the deadline.
             lease.mark_lost(
                 f"the block ran past the lease's local deadline (ttl {lease.ttl:g} s) without renewal; "
                 + (
@@ -312,40 +317,65 @@ class AsyncMongoLock:
                     else "use heartbeat=True for work that can outlast the TTL"
                 )
             )
-        lost_error = lease.lost_error if lease is not None else None
+        lost_error = lease.lost_error
         if lost_error is not None:
             # Lost means expired or taken over: nothing of ours is left on the server to release.
             self._forget_lease()
             if exc_type is None or cancelled_by_loss:
                 raise lost_error
-            return False
+            return
         try:
-            await self.release()
+            released = await self.release()
         except PyMongoError:
             if exc_type is None:
                 raise
             logger.exception("releasing %r failed while the block raised; the lease will expire", self._name)
-        return False
+            return
+        if not released:
+            error = LockLostError(
+                self._name,
+                "the lease was gone when the block ended (released by force, or expired and taken over)",
+                datetime.now(UTC),
+            )
+            if exc_type is None:
+                raise error
+            logger.warning("%s (the block raised %s, which propagates)", error, exc_type.__name__)
 
     def _forget_lease(self) -> Lease | None:
         """Detach the current lease from this handle and the heartbeat; return it."""
         lease, self._lease = self._lease, None
+        if self._orphan_guard is not None:
+            self._orphan_guard.detach()
+            self._orphan_guard = None
         if lease is not None:
-            lease.ended = True
-            lease.cancel_scope = None
+            lease.end()
             if lease.heartbeat_interval is not None:
                 keeper_for_running_loop().drop(lease)
         return lease
 
-    async def _release_quietly(self, owner: str) -> None:
-        try:
-            await run_shielded(self._store.release(self._name, owner), grace=self._ttl)
-        except PyMongoError:
-            logger.warning("could not release an abandoned acquire of %r; it expires within its ttl", self._name)
 
-    def _signal_lost(self, error: LockLostError) -> None:
-        if self._on_lost is not None:
-            call_on_lost(self._on_lost, self)
+def _signal_lost(handle: weakref.ref[AsyncMongoLock]) -> None:
+    lock = handle()
+    if lock is not None and lock._on_lost is not None:
+        call_on_lost(lock._on_lost, lock)
+
+
+def _abandoned(lease: Lease, loop: asyncio.AbstractEventLoop, fair: bool) -> None:
+    """A handle was garbage-collected while holding ``lease``: stop renewing it and release it."""
+    if lease.ended or lease.lost_error is not None or loop.is_closed():
+        return
+    logger.warning(
+        "an AsyncMongoLock handle for %r was garbage-collected while holding the lock; "
+        "its lease is no longer renewed and is released",
+        lease.name,
+    )
+
+    def end_it() -> None:
+        lease.end()
+        keeper_for_running_loop().drop(lease)
+        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, grace=lease.ttl))
+
+    loop.call_soon_threadsafe(end_it)
 
 
 def _heartbeat_interval(heartbeat: bool | float, ttl: float, safety_margin: float | None) -> float | None:

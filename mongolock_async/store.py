@@ -3,213 +3,256 @@
 One document per lock name::
 
     {_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
-     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt}
+     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, handedOffAt,
+     queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
 
 Time is always the server's: expiry is written and compared with ``$$NOW`` inside the query, never
 with a client clock. ``$$NOW`` goes through ``{$toDate: {$toLong: "$$NOW"}}``, which is the identity
 on MongoDB and works around an embedded test server that compares raw ``$$NOW`` with stored dates
-wrongly.
+wrongly. Array fields are read with ``$map``/``$filter`` rather than ``"$queue.t"`` paths, which
+that server does not resolve.
 
 Release clears ``owner`` instead of deleting the document, so ``fence`` survives. Fencing tokens are
 ``max(previous + 1, server clock in microseconds)``: the floor keeps them increasing even after an
-idle document was purged and re-created (a purge needs at least one idle second, in which the floor
-grows by a million).
+idle document was purged and re-created (a purge needs at least an hour of idleness, in which the
+floor grows by 3.6e9).
+
+``queue`` holds one *place* per waiting process: the owner token the lease is handed to when the
+place's turn comes. Places expire (``exp``) unless their process refreshes them; expired or
+malformed places are ignored and pruned by the next write. A release hands the lease straight to
+the next place in the same write, so a hand-off costs no extra request and no race.
+
+Every pipeline first checks that the fields it relies on have the types this library writes
+(``_sane``); on a document edited into another shape it changes nothing, and the caller raises
+:class:`LockDataError` from :class:`LockState` parsing.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import re
+import secrets
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC
 from typing import Any
 
-from pymongo import ReadPreference, ReturnDocument
-from pymongo.errors import DuplicateKeyError
+import pymongo
+from bson.codec_options import DatetimeConversion
+from pymongo import ReadPreference, ReturnDocument, UpdateOne
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.write_concern import WriteConcern
 
+from .documents import MAX_FENCE, LockReport, LockState
+from .errors import LockDataError
+
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
-_EPOCH = datetime(1970, 1, 1)
-_LEASE_IS_LIVE: dict[str, Any] = {"$gt": [{"$ifNull": ["$expiresAt", _EPOCH]}, SERVER_NOW]}
 IDLE_CLEANUP_INDEX = "mongolock_idle_cleanup"
+# The longest lease a handle may ask for. A stored expiry further ahead than this (plus a day for
+# clock differences) was not written by this library, and a lease that never expires is refused.
+MAX_TTL_MS = 366 * 86_400_000
+_EXPIRY_HORIZON_MS = MAX_TTL_MS + 86_400_000
 # Racing upserts of a new name can fail with a duplicate key; the retry then finds the document.
 _UPSERT_RACE_RETRIES = 10
-# How long a measurement of the server's clock is trusted for wait scheduling (never for safety).
-_CLOCK_SAMPLE_TTL = 60.0
+
+_NOW = "$_now"  # in pipelines, after the first stage has computed it once
+_TEMPORARY = [
+    "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed", "_remote"
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
-class LockState:
-    """A lock document as a waiter or an operator sees it."""
+class ForcedRelease:
+    """A lease broken by :meth:`LockStore.force_release`, as it was (read leniently: it may be corrupt)."""
 
     name: str
     owner: str | None
-    expires_at: datetime | None
-    fencing_token: int
-    ttl_ms: int | None
     holder: Mapping[str, Any]
-
-    @classmethod
-    def from_document(cls, doc: Mapping[str, Any]) -> LockState:
-        return cls(
-            name=doc["_id"],
-            owner=doc.get("owner"),
-            expires_at=doc.get("expiresAt"),
-            fencing_token=int(doc.get("fence") or 0),
-            ttl_ms=doc.get("ttlMs"),
-            holder=doc.get("holder") or {},
-        )
+    fencing_token: int | None
 
 
 @dataclass(frozen=True, slots=True)
-class LockReport:
-    """A lock document with the server's view of its remaining lease, for operators."""
+class PlaceRequest:
+    """What a waiting process asks to be handed: its token, the lease length and who it is.
 
-    state: LockState
-    remaining_ms: int | None
-    """Milliseconds until the lease expires on the server's clock; None when the lock is free."""
-    acquired_at: datetime | None
-    renewed_at: datetime | None
-    released_at: datetime | None
+    ``follower`` is the place for the process's next waiting task: whichever write gives this
+    place the lease queues the follower last in the same write, so the process stays in line
+    without another request.
+    """
+
+    token: str
+    ttl_ms: int
+    holder: Mapping[str, Any]
+    follower: PlaceRequest | None = None
 
 
 class LockStore:
     """The lock collection, with the write concern and read preference the promises need.
 
     ``collection`` is a PyMongo ``AsyncCollection`` or a Motor collection: only the awaitable
-    methods the two share are used.
+    methods the two share are used. Dates are decoded as aware UTC datetimes, and dates outside
+    Python's range as ``DatetimeMS`` (so a corrupt document yields a clear error, not an
+    ``OverflowError`` inside the driver).
     """
 
     def __init__(self, collection: Any, write_concern: WriteConcern) -> None:
-        self._collection = collection.with_options(write_concern=write_concern, read_preference=ReadPreference.PRIMARY)
-        self.full_name: str = collection.full_name
-        # Leases that can be renewed together by one update_many share this key.
-        self.group_key: tuple[int, str, str] = (
-            id(collection.database.client),
-            self.full_name,
-            repr(write_concern.document),
+        codec_options = collection.codec_options.with_options(
+            document_class=dict, tz_aware=True, tzinfo=UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO
         )
-        self._clock_sample: tuple[datetime, float] | None = None
+        self._collection = collection.with_options(
+            codec_options=codec_options, write_concern=write_concern, read_preference=ReadPreference.PRIMARY
+        )
+        self.client: Any = collection.database.client
+        self.full_name: str = collection.full_name
+        self.write_concern = write_concern
 
-    async def try_acquire(self, name: str, owner: str, ttl_ms: int, holder: Mapping[str, Any]) -> LockState:
+    # -- acquire, release, renew ------------------------------------------------------------------
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl_ms: int,
+        holder: Mapping[str, Any],
+        *,
+        enqueue: bool = False,
+        fair: bool = False,
+        follower: PlaceRequest | None = None,
+        session: Any = None,
+    ) -> LockState:
         """Take ``name`` for ``owner`` if it is free or expired; return the document either way.
 
-        One round trip: an upserting ``findAndModify`` whose pipeline decides on the server.
+        One round trip: an upserting ``findAndModify`` whose pipeline decides on the server. If the
+        lease was handed to ``owner`` (its place's turn came), this claims it: the expiry restarts
+        from now and the fencing token stays the one issued at the hand-off. ``enqueue`` adds (or
+        refreshes) ``owner``'s place in the queue when the lock is not taken; ``fair`` refuses a free
+        lock while an older place waits. ``follower`` (see :class:`PlaceRequest`) is queued in the
+        same write when the lock is taken, and recorded with the place when it is not.
         """
-        take = "$_take"
-        pipeline = [
-            {
-                "$set": {
-                    "_take": {
-                        "$or": [
-                            {"$eq": [{"$ifNull": ["$owner", None]}, None]},
-                            {"$not": [_LEASE_IS_LIVE]},
-                        ]
-                    }
-                }
-            },
-            {
-                "$set": {
-                    "owner": {"$cond": [take, {"$literal": owner}, "$owner"]},
-                    "expiresAt": {"$cond": [take, _server_now_plus(ttl_ms), "$expiresAt"]},
-                    "fence": {
-                        "$cond": [
-                            take,
-                            {
-                                "$max": [
-                                    {"$add": [{"$toLong": {"$ifNull": ["$fence", 0]}}, 1]},
-                                    {"$multiply": [{"$toLong": "$$NOW"}, 1000]},
-                                ]
-                            },
-                            "$fence",
-                        ]
-                    },
-                    "ttlMs": {"$cond": [take, ttl_ms, "$ttlMs"]},
-                    "holder": {"$cond": [take, {"$literal": dict(holder)}, "$holder"]},
-                    "acquiredAt": {"$cond": [take, SERVER_NOW, "$acquiredAt"]},
-                    "renewedAt": {"$cond": [take, SERVER_NOW, "$renewedAt"]},
-                }
-            },
-            {"$unset": "_take"},
-        ]
+        place = PlaceRequest(owner, ttl_ms, holder, follower)
+        pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
         for _ in range(_UPSERT_RACE_RETRIES):
             try:
                 doc = await self._collection.find_one_and_update(
-                    {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER
+                    {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER, session=session
                 )
-            except DuplicateKeyError:
+            except DuplicateKeyError as error:
+                if (error.details or {}).get("keyPattern", {"_id": 1}) != {"_id": 1}:
+                    raise  # another unique index of the user's: not the upsert race
                 continue
             if doc is not None:  # the embedded server may return None on the same race
                 return LockState.from_document(doc)
         raise RuntimeError(f"acquire of {name!r} kept racing with concurrent upserts")
 
-    async def release(self, name: str, owner: str) -> bool:
-        """End ``owner``'s lease on ``name``; True only if it was still live."""
-        result = await self._collection.update_one(
-            _live_lease(name, owner),
-            [{"$set": {"owner": None, "expiresAt": SERVER_NOW, "releasedAt": SERVER_NOW}}],
+    async def release(
+        self,
+        name: str,
+        owner: str,
+        *,
+        successor: PlaceRequest | None = None,
+        fair: bool = False,
+        successor_first: bool = True,
+    ) -> LockState | None:
+        """End ``owner``'s live lease on ``name`` and hand it on; None if it was not live.
+
+        In the same write the lease goes to the next place in the queue, or to ``successor`` (a task
+        of this process waiting for it), or nobody. Default order: ``successor`` first while
+        ``successor_first``, else the oldest place of another process, else ``successor``. With
+        ``fair``: the oldest place, ``successor`` queued at the end. The place that gets the lease
+        leaves the queue and its follower joins it at the end. Returns the document after the write.
+        """
+        doc = await self._collection.find_one_and_update(
+            {"_id": name, "owner": owner},
+            _release_pipeline(owner, successor, fair=fair, successor_first=successor_first),
+            return_document=ReturnDocument.AFTER,
         )
-        return bool(result.matched_count)
+        if doc is None:
+            return None
+        state = LockState.from_document(doc)
+        return None if state.owner == owner else state  # still ours: it had expired, nothing was released
+
+    async def leave(self, name: str, tokens: Sequence[str], *, fair: bool) -> None:
+        """Withdraw the places holding ``tokens``; if the lease was handed to one of them meanwhile,
+        hand it on (or release it)."""
+        await self._collection.update_one(
+            {"_id": name, "$or": [{"owner": {"$in": list(tokens)}}, {"queue.t": {"$in": list(tokens)}}]},
+            _release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens),
+        )
 
     async def extend(self, name: str, owner: str, ttl_ms: int) -> bool:
         """Give ``owner``'s live lease a new expiry ``ttl_ms`` from now; False if it is not live."""
-        result = await self._collection.update_one(
-            _live_lease(name, owner),
-            [
-                {
-                    "$set": {
-                        "expiresAt": _server_now_plus(ttl_ms),
-                        "ttlMs": ttl_ms,
-                        "renewedAt": SERVER_NOW,
-                    }
-                }
-            ],
-        )
-        return bool(result.matched_count)
+        result = await self._collection.update_one({"_id": name, "owner": owner}, _renewal(ttl_ms, _stamp()))
+        return bool(result.modified_count)
 
-    async def renew_all(self, leases: Sequence[tuple[str, str]]) -> int:
-        """Renew every live lease among ``(name, owner)`` pairs by its own ``ttlMs``.
+    async def renew(self, leases: Sequence[tuple[str, str, int]]) -> set[str]:
+        """Renew each live lease among ``(name, owner, ttl_ms)``; return the names this write renewed.
 
-        One ``update_many`` for all of them; returns how many matched. Owner tokens are unique per
-        acquisition, so matching names and owners as two sets cannot renew a foreign lease.
+        One request: an unordered batch of single-document updates, each matching its own name and
+        owner by equality (the ``_id`` index), so the server's work per lease does not depend on how
+        many are sent. Every renewed document is stamped with a value unique to this request; when
+        fewer were renewed than sent, the renewed ones are found by that stamp, so a lease is
+        confirmed only by the write that renewed it, never by a later read.
         """
-        result = await self._collection.update_many(
-            _live_leases(leases),
-            [
-                {
-                    "$set": {
-                        "expiresAt": _server_now_plus("$ttlMs"),
-                        "renewedAt": SERVER_NOW,
-                    }
-                }
-            ],
-        )
-        return int(result.matched_count)
+        tick = _stamp()
+        requests = [
+            UpdateOne({"_id": name, "owner": owner}, _renewal(ttl_ms, tick)) for name, owner, ttl_ms in leases
+        ]
+        try:
+            result = await self._collection.bulk_write(requests, ordered=False)
+            renewed = result.modified_count
+        except BulkWriteError as error:
+            if error.details.get("writeConcernErrors"):
+                raise
+            renewed = -1  # some statements failed: find out which renewals were applied
+        if renewed == len(leases):
+            return {name for name, _, _ in leases}
+        cursor = self._collection.find({"_id": {"$in": [name for name, _, _ in leases]}, "renewal": tick}, {"_id": 1})
+        return {doc["_id"] for doc in await cursor.to_list(None)}
 
-    async def live_owners(self, leases: Sequence[tuple[str, str]]) -> set[str]:
-        """The owner tokens among ``leases`` whose lease is still live on the server."""
-        cursor = self._collection.find(_live_leases(leases), {"owner": 1})
-        return {doc["owner"] for doc in await cursor.to_list(None)}
+    async def refresh_places(self, places: Sequence[tuple[str, str, int]]) -> set[str] | None:
+        """Push back the expiry of each queue place ``(name, token, ttl_ms)``.
 
-    async def is_held(self, name: str) -> bool:
-        """Whether anyone holds a live lease on ``name``."""
-        doc = await self._collection.find_one(
-            {"_id": name, "owner": {"$ne": None}, "$expr": _LEASE_IS_LIVE}, {"_id": 1}
-        )
-        return doc is not None
+        One request, like :meth:`renew`. Returns None if every place was there to be refreshed,
+        else the names that still hold one: a place that is gone (expired and pruned, or its turn
+        came) is missing, and its waiter must queue again.
+        """
+        requests = [
+            UpdateOne({"_id": name, "queue.t": token}, _refresh_place(token, ttl_ms)) for name, token, ttl_ms in places
+        ]
+        result = await self._collection.bulk_write(requests, ordered=False)
+        if result.matched_count == len(places):
+            return None
+        tokens = {token for _, token, _ in places}
+        cursor = self._collection.find({"_id": {"$in": [name for name, _, _ in places]}}, {"queue": 1})
+        return {
+            doc["_id"]
+            for doc in await cursor.to_list(None)
+            if isinstance(doc.get("queue"), list)
+            and any(isinstance(entry, Mapping) and entry.get("t") in tokens for entry in doc["queue"])
+        }
 
-    async def is_held_by(self, name: str, owner: str) -> bool:
-        """Whether ``owner`` holds a live lease on ``name``."""
-        return await self._collection.find_one(_live_lease(name, owner), {"_id": 1}) is not None
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def is_held(self, name: str, owner: str | None = None) -> bool:
+        """Whether anyone (or ``owner``) holds a live lease on ``name``, on the server's clock."""
+        match: dict[str, Any] = {"_id": name, "owner": {"$type": "string"} if owner is None else owner}
+        pipeline = [{"$match": match}, {"$project": {"live": _LEASE_LIVE}}]
+        cursor = await _maybe_await(self._collection.aggregate(pipeline))
+        return any(doc.get("live") is True for doc in await cursor.to_list(None))
 
     async def read(self, name: str) -> LockState | None:
         """The document for ``name`` as stored, or None if there is none."""
         doc = await self._collection.find_one({"_id": name})
         return None if doc is None else LockState.from_document(doc)
 
-    async def report(self, names: Iterable[str] | None = None) -> list[LockReport]:
-        """Lock documents (all, or those named) with their remaining lease on the server's clock."""
-        match: dict[str, Any] = {} if names is None else {"_id": {"$in": list(names)}}
+    async def report(self, names: Iterable[str] | None = None, *, prefix: str | None = None) -> list[LockReport]:
+        """Lock documents (all, those named, or those whose name starts with ``prefix``) with their
+        remaining lease on the server's clock. A corrupt document is reported with its error."""
+        match: dict[str, Any] = {}
+        if names is not None:
+            match["_id"] = {"$in": list(names)}
+        elif prefix:
+            match["_id"] = {"$gte": prefix, "$lt": prefix + "\U0010ffff"}
         pipeline = [
             {"$match": match},
             {"$sort": {"_id": 1}},
@@ -217,7 +260,7 @@ class LockStore:
                 "$addFields": {
                     "_remainingMs": {
                         "$cond": [
-                            {"$and": [{"$ne": [{"$ifNull": ["$owner", None]}, None]}, _LEASE_IS_LIVE]},
+                            _LEASE_LIVE,
                             {"$subtract": ["$expiresAt", SERVER_NOW]},
                             None,
                         ]
@@ -226,104 +269,445 @@ class LockStore:
             },
         ]
         cursor = await _maybe_await(self._collection.aggregate(pipeline))
-        return [
-            LockReport(
-                state=LockState.from_document(doc),
-                remaining_ms=None if doc.get("_remainingMs") is None else int(doc["_remainingMs"]),
-                acquired_at=doc.get("acquiredAt"),
-                renewed_at=doc.get("renewedAt"),
-                released_at=doc.get("releasedAt"),
-            )
-            for doc in await cursor.to_list(None)
-        ]
+        reports = []
+        for doc in await cursor.to_list(None):
+            remaining = doc.pop("_remainingMs", None)
+            try:
+                state = LockState.from_document(doc)
+            except LockDataError as error:
+                reports.append(LockReport(name=doc.get("_id"), state=None, remaining_ms=None, error=error))
+                continue
+            reports.append(LockReport(name=state.name, state=state, remaining_ms=_int_or_none(remaining)))
+        return reports
 
-    async def force_release(self, name: str) -> LockState | None:
-        """Break whatever live lease ``name`` has, whoever owns it; return the lease that was broken."""
+    # -- operators --------------------------------------------------------------------------------
+
+    async def force_release(self, name: str) -> ForcedRelease | None:
+        """Break whatever lease ``name`` has, whoever owns it; return what was broken.
+
+        Also repairs a document whose lock fields were corrupted (they are reset; ``fence`` is kept
+        when it is a valid token, else restarted from the server clock's floor). The broken lease is
+        recorded in the document's ``forcedRelease`` field for the record. None if there was no live
+        lease and nothing to repair.
+        """
+        stamp = _stamp()
+        broken = "$_break"
         doc = await self._collection.find_one_and_update(
-            {"_id": name, "owner": {"$ne": None}, "$expr": _LEASE_IS_LIVE},
-            [{"$set": {"owner": None, "expiresAt": SERVER_NOW, "releasedAt": SERVER_NOW}}],
-            return_document=ReturnDocument.BEFORE,
+            {"_id": name},
+            [
+                {"$set": {"_break": {"$or": [{"$not": [_SANE]}, _LEASE_LIVE]}}},
+                {
+                    "$set": {
+                        "forcedRelease": {
+                            "$cond": [
+                                broken,
+                                {
+                                    "by": stamp,
+                                    "at": SERVER_NOW,
+                                    "owner": "$owner",
+                                    "holder": "$holder",
+                                    "fence": "$fence",
+                                },
+                                "$forcedRelease",
+                            ]
+                        },
+                        "owner": {"$cond": [broken, None, "$owner"]},
+                        "expiresAt": {"$cond": [broken, SERVER_NOW, "$expiresAt"]},
+                        "releasedAt": {"$cond": [broken, SERVER_NOW, "$releasedAt"]},
+                        "fence": {"$cond": [{"$or": [{"$not": [broken]}, _FENCE_OK]}, "$fence", {"$literal": 0}]},
+                        "queue": {"$cond": [{"$or": [{"$not": [broken]}, {"$isArray": "$queue"}]}, "$queue", []]},
+                    }
+                },
+                {"$unset": "_break"},
+            ],
+            return_document=ReturnDocument.AFTER,
         )
-        return None if doc is None else LockState.from_document(doc)
+        record = (doc or {}).get("forcedRelease")
+        if not isinstance(record, Mapping) or record.get("by") != stamp:
+            return None
+        owner, holder, fence = record.get("owner"), record.get("holder"), record.get("fence")
+        return ForcedRelease(
+            name=name,
+            owner=owner if isinstance(owner, str) else None,
+            holder=holder if isinstance(holder, Mapping) else {},
+            fencing_token=fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
+        )
 
     async def ensure_idle_cleanup_index(self, idle_after: int) -> str:
-        """Create the TTL index that deletes lock documents idle for ``idle_after`` seconds."""
+        """Create (or change) the TTL index that deletes lock documents idle for ``idle_after`` seconds."""
+        for index in await (await _maybe_await(self._collection.list_indexes())).to_list(None):
+            if index.get("name") == IDLE_CLEANUP_INDEX and index.get("expireAfterSeconds") != idle_after:
+                await self._collection.database.command(
+                    {
+                        "collMod": self._collection.name,
+                        "index": {"name": IDLE_CLEANUP_INDEX, "expireAfterSeconds": idle_after},
+                    }
+                )
         name: str = await self._collection.create_index(
             "expiresAt", expireAfterSeconds=idle_after, name=IDLE_CLEANUP_INDEX
         )
         return name
 
-    async def watch_releases(self) -> ReleaseStream:
-        """Open a change stream of this collection's writes (needs a replica set or sharded cluster)."""
-        # Renewals update only expiresAt/renewedAt; the server lets through only what can free a lock.
+    # -- wake-ups ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Any]:
+        """A client session, to learn the ``operationTime`` of a request sent in it."""
+        session = await _maybe_await(self.client.start_session(causal_consistency=False))
+        try:
+            yield session
+        finally:
+            await _maybe_await(session.end_session())
+
+    async def watch(self, *, token_prefix: str, max_await_ms: int, start_at: Any = None) -> Any:
+        """Open a change stream of the writes that can end a wait: releases, deletions, and
+        hand-offs to this process's places (whose owner tokens start with ``token_prefix``).
+
+        Renewals, claims, queue updates, acquisitions and other processes' hand-offs are filtered
+        out on the server, so a hand-off wakes only the process it goes to. Pipeline-style updates
+        arrive as ``update`` events listing the changed fields, or as ``replace`` events where the
+        server logs full documents (mongodb/mongo jstests/change_streams/pipeline_style_updates.js);
+        replacements are all let through. Needs a replica set or a sharded cluster.
+        """
         pipeline = [
             {
                 "$match": {
                     "$or": [
-                        {"operationType": "delete"},
+                        {"operationType": {"$nin": ["insert", "update", "replace"]}},
                         {"operationType": "update", "updateDescription.updatedFields.owner": {"$type": "null"}},
-                        {"operationType": "replace", "fullDocument.owner": {"$type": "null"}},
+                        {
+                            "operationType": "update",
+                            "updateDescription.updatedFields.handedOffAt": {"$exists": True},
+                            "updateDescription.updatedFields.owner": {"$regex": f"^{re.escape(token_prefix)}"},
+                        },
+                        {"operationType": "replace"},
                     ]
                 }
             }
         ]
-        return ReleaseStream(await _maybe_await(self._collection.watch(pipeline)))
-
-    async def estimated_server_time(self) -> datetime | None:
-        """The server's current time, estimated from a recent ``hello`` and the monotonic clock.
-
-        Used only to decide how long a waiter sleeps, never to judge expiry. None if the server's
-        ``hello`` reply carries no clock.
-        """
-        sample = self._clock_sample
-        if sample is None or time.monotonic() - sample[1] > _CLOCK_SAMPLE_TTL:
-            sent = time.monotonic()
-            reply = await self._collection.database.client.admin.command("hello")
-            received = time.monotonic()
-            server_time = reply.get("localTime")
-            if not isinstance(server_time, datetime):
-                return None
-            sample = (server_time.replace(tzinfo=None), (sent + received) / 2)
-            self._clock_sample = sample
-        return sample[0] + timedelta(seconds=time.monotonic() - sample[1])
+        return await _maybe_await(
+            self._collection.watch(pipeline, max_await_time_ms=max_await_ms, start_at_operation_time=start_at)
+        )
 
 
-class ReleaseStream:
-    """A change stream on the lock collection that reports names whose lease was released."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    async def next_released(self) -> str:
-        """The name of the next lock released or deleted by anyone."""
-        while True:
-            change = await self._stream.next()
-            name = (change.get("documentKey") or {}).get("_id")
-            if isinstance(name, str):
-                return name
-
-    async def close(self) -> None:
-        await self._stream.close()
+# -- expressions ----------------------------------------------------------------------------------
 
 
-def _server_now_plus(ttl_ms: int | str) -> dict[str, Any]:
-    return {"$dateAdd": {"startDate": SERVER_NOW, "unit": "millisecond", "amount": ttl_ms}}
+def _type_in(expression: str, *types: str) -> dict[str, Any]:
+    return {"$in": [{"$type": expression}, list(types)]}
 
 
-def _live_lease(name: str, owner: str) -> dict[str, Any]:
-    return {"_id": name, "owner": owner, "$expr": _LEASE_IS_LIVE}
+def _server_plus(start: Any, ttl_ms: Any) -> dict[str, Any]:
+    return {"$dateAdd": {"startDate": start, "unit": "millisecond", "amount": ttl_ms}}
 
 
-def _live_leases(leases: Sequence[tuple[str, str]]) -> dict[str, Any]:
+# A live lease, judged without the pipelines' temporary fields (in reads and single-stage updates).
+_LEASE_LIVE: dict[str, Any] = {
+    "$and": [
+        {"$eq": [{"$type": "$owner"}, "string"]},
+        {"$eq": [{"$type": "$expiresAt"}, "date"]},
+        {"$gt": ["$expiresAt", SERVER_NOW]},
+    ]
+}
+_FENCE_OK: dict[str, Any] = {
+    "$or": [
+        _type_in("$fence", "missing", "null"),
+        {"$and": [_type_in("$fence", "int", "long"), {"$gte": ["$fence", 0]}, {"$lt": ["$fence", MAX_FENCE]}]},
+    ]
+}
+# The fields a decision depends on have the types this library writes. Expressions on a corrupt
+# document would otherwise fail on the server, or worse, succeed with a wrong answer (a date of
+# year 9999 would be a lease that never expires).
+_SANE: dict[str, Any] = {
+    "$and": [
+        _type_in("$owner", "missing", "null", "string"),
+        {
+            "$or": [
+                {"$and": [_type_in("$expiresAt", "missing", "null"), {"$ne": [{"$type": "$owner"}, "string"]}]},
+                {
+                    "$and": [
+                        {"$eq": [{"$type": "$expiresAt"}, "date"]},
+                        {"$lte": ["$expiresAt", _server_plus(SERVER_NOW, _EXPIRY_HORIZON_MS)]},
+                    ]
+                },
+            ]
+        },
+        _FENCE_OK,
+        _type_in("$queue", "missing", "null", "array"),
+    ]
+}
+_LIVE: dict[str, Any] = {
+    "$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]
+}
+_NEXT_FENCE: dict[str, Any] = {
+    "$max": [
+        {"$add": [{"$toLong": {"$ifNull": ["$fence", 0]}}, 1]},
+        {"$multiply": [{"$toLong": _NOW}, 1000]},
+    ]
+}
+
+
+def _live_places(excluding: str | None = None) -> dict[str, Any]:
+    """The queue's well-formed, unexpired places, oldest first (optionally without one token)."""
+    conditions: list[Any] = [
+        {"$eq": [{"$type": "$$this.t"}, "string"]},
+        {"$eq": [{"$type": "$$this.exp"}, "date"]},
+        {"$in": [{"$type": "$$this.ttlMs"}, ["int", "long"]]},
+        {"$gte": ["$$this.ttlMs", 1]},
+        {"$lte": ["$$this.ttlMs", MAX_TTL_MS]},
+        {"$gt": ["$$this.exp", _NOW]},
+    ]
+    if excluding is not None:
+        conditions.append({"$ne": ["$$this.t", excluding]})
     return {
-        "_id": {"$in": sorted({name for name, _ in leases})},
-        "owner": {"$in": [owner for _, owner in leases]},
-        "$expr": _LEASE_IS_LIVE,
+        "$filter": {
+            "input": {"$cond": [{"$isArray": "$queue"}, "$queue", {"$literal": []}]},
+            "cond": {"$and": conditions},
+        }
     }
 
 
+def _without(places: Any, token: Any) -> dict[str, Any]:
+    """``places`` without the one holding ``token`` (a literal string or an expression)."""
+    if isinstance(token, str) and not token.startswith("$"):
+        token = {"$literal": token}
+    return {"$filter": {"input": places, "cond": {"$ne": ["$$this.t", token]}}}
+
+
+def _tokens(places: Any) -> dict[str, Any]:
+    return {"$map": {"input": places, "in": "$$this.t"}}
+
+
+def _new_place(place: PlaceRequest) -> dict[str, Any]:
+    written: dict[str, Any] = {
+        "t": {"$literal": place.token},
+        "ttlMs": {"$literal": place.ttl_ms},
+        "holder": {"$literal": dict(place.holder)},
+        "at": _NOW,
+        "exp": _server_plus(_NOW, place.ttl_ms),
+    }
+    if place.follower is not None:
+        written["n"] = {"$literal": place.follower.token}
+        written["nttl"] = {"$literal": place.follower.ttl_ms}
+    return written
+
+
+def _follow_up(handee: str) -> dict[str, Any]:
+    """The place for the follower recorded in ``handee`` (a place expression), as a 0- or 1-element array."""
+    ttl = f"{handee}.nttl"
+    well_formed = {
+        "$and": [
+            {"$eq": [{"$type": f"{handee}.n"}, "string"]},
+            {"$in": [{"$type": ttl}, ["int", "long"]]},
+            {"$gte": [ttl, 1]},
+            {"$lte": [ttl, MAX_TTL_MS]},
+        ]
+    }
+    place = {"t": f"{handee}.n", "ttlMs": ttl, "holder": f"{handee}.holder", "at": _NOW, "exp": _server_plus(_NOW, ttl)}
+    return {"$cond": [well_formed, [place], {"$literal": []}]}
+
+
+def _first_or_null(array: Any) -> dict[str, Any]:
+    return {"$ifNull": [{"$first": [array]}, None]}
+
+
+def _acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
+    owner, ttl_ms, holder = place.token, place.ttl_ms, place.holder
+    me = {"$literal": owner}
+    my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
+    got_it = {"$or": ["$_claim", "$_take"]}
+    if enqueue:
+        waiting_queue: Any = {
+            "$cond": [
+                {"$in": [me, _tokens("$_q")]},
+                {
+                    "$map": {
+                        "input": "$_q",
+                        "in": {
+                            "$cond": [
+                                {"$eq": ["$$this.t", me]},
+                                _new_place(place),
+                                "$$this",
+                            ]
+                        },
+                    }
+                },
+                {"$concatArrays": ["$_q", [_new_place(place)]]},
+            ]
+        }
+    else:
+        waiting_queue = "$queue"
+    taken_queue: Any = _without("$_q", me)
+    if place.follower is not None:
+        follower = place.follower
+        taken_queue = {"$concatArrays": [_without(taken_queue, follower.token), [_new_place(follower)]]}
+    return [
+        {"$set": {"_now": SERVER_NOW}},
+        {"$set": {"_sane": _SANE, "_q": _live_places()}},
+        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}}},
+        # Places ahead of ours: all live places if we have none yet.
+        {
+            "$set": {
+                "_ahead": {
+                    "$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]
+                }
+                if fair
+                else 0
+            }
+        },
+        {
+            "$set": {
+                "_claim": {"$and": ["$_live", "$_mine"]},
+                "_take": {"$and": ["$_sane", {"$not": ["$_live"]}, {"$eq": ["$_ahead", 0]}]},
+            }
+        },
+        {
+            "$set": {
+                "owner": {"$cond": [got_it, me, "$owner"]},
+                "expiresAt": {"$cond": [got_it, _server_plus(_NOW, ttl_ms), "$expiresAt"]},
+                "fence": {"$cond": ["$_take", _NEXT_FENCE, "$fence"]},
+                "ttlMs": {"$cond": [got_it, ttl_ms, "$ttlMs"]},
+                "holder": {"$cond": [got_it, {"$literal": dict(holder)}, "$holder"]},
+                "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
+                "renewedAt": {"$cond": [got_it, _NOW, "$renewedAt"]},
+                "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": [got_it, taken_queue, waiting_queue]}]},
+            }
+        },
+        {"$unset": _TEMPORARY},
+    ]
+
+
+def _release_pipeline(
+    owner: str | None,
+    successor: PlaceRequest | None,
+    *,
+    fair: bool,
+    successor_first: bool,
+    leaving: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Release ``owner``'s lease and hand it on. With ``leaving`` instead (a process withdrawing its
+    places), the places are removed, and the lease is handed on only if it was handed to one of them."""
+    mine = {"$in": ["$owner", list(leaving)]} if leaving else {"$eq": ["$owner", {"$literal": owner}]}
+    successor_token = None if successor is None else {"$literal": successor.token}
+    # Candidates for the lease: live places (ours removed), with the successor queued last.
+    candidates: Any = "$_q"
+    handee: Any
+    if successor is None:
+        handee = _first_or_null("$_q")
+    else:
+        successor_place = _new_place(successor)
+        # The successor's place is rewritten where it stands (its length is the successor's), or queued last.
+        candidates = {
+            "$cond": [
+                {"$in": [successor.token, _tokens("$_q")]},
+                {
+                    "$map": {
+                        "input": "$_q",
+                        "in": {"$cond": [{"$eq": ["$$this.t", successor.token]}, successor_place, "$$this"]},
+                    }
+                },
+                {"$concatArrays": ["$_q", [successor_place]]},
+            ]
+        }
+        others = _without("$_q", successor.token)
+        if fair:
+            handee = _first_or_null(candidates)
+        elif successor_first:
+            handee = successor_place
+        else:
+            handee = {"$ifNull": [{"$first": [others]}, successor_place]}
+    # The handee leaves the queue; its follower (if any) joins it last.
+    remaining = {"$concatArrays": [_without(_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
+    live_places: Any = _live_places(excluding=owner)
+    for token in leaving:
+        live_places = _without(live_places, token)
+    return [
+        {"$set": {"_now": SERVER_NOW}},
+        {"$set": {"_sane": _SANE, "_q": live_places}},
+        {"$set": {"_own": {"$and": [_LIVE, mine]}, "_c": candidates}},
+        {"$set": {"_h": {"$cond": ["$_own", handee, None]}}},
+        {
+            "$set": {
+                "_handed": {"$ne": ["$_h", None]},
+                "_remote": {"$and": [{"$ne": ["$_h", None]}, {"$ne": ["$_h.t", successor_token]}]},
+            }
+        },
+        {
+            "$set": {
+                "owner": {"$cond": ["$_own", {"$cond": ["$_handed", "$_h.t", None]}, "$owner"]},
+                "expiresAt": {
+                    "$cond": ["$_own", {"$cond": ["$_handed", _server_plus(_NOW, "$_h.ttlMs"), _NOW]}, "$expiresAt"]
+                },
+                "fence": {"$cond": ["$_handed", _NEXT_FENCE, "$fence"]},
+                "ttlMs": {"$cond": ["$_handed", "$_h.ttlMs", "$ttlMs"]},
+                "holder": {"$cond": ["$_handed", "$_h.holder", "$holder"]},
+                "acquiredAt": {"$cond": ["$_handed", _NOW, "$acquiredAt"]},
+                "renewedAt": {"$cond": ["$_handed", _NOW, "$renewedAt"]},
+                "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
+                "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "queue": {
+                    "$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]
+                },
+            }
+        },
+        {"$unset": _TEMPORARY},
+    ]
+
+
+def _renewal(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
+    """A new expiry ``ttl_ms`` from now, for a document already matched by name and owner, if its
+    lease is still live; else no change at all (so the write does not count as modified)."""
+    live = "$_live"
+    return [
+        {"$set": {"_live": _LEASE_LIVE}},
+        {
+            "$set": {
+                "expiresAt": {"$cond": [live, _server_plus(SERVER_NOW, ttl_ms), "$expiresAt"]},
+                "ttlMs": {"$cond": [live, ttl_ms, "$ttlMs"]},
+                "renewedAt": {"$cond": [live, SERVER_NOW, "$renewedAt"]},
+                "renewal": {"$cond": [live, {"$literal": stamp}, "$renewal"]},
+            }
+        },
+        {"$unset": "_live"},
+    ]
+
+
+def _stamp() -> str:
+    return secrets.token_hex(8)
+
+
+def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "$set": {
+                "queue": {
+                    "$map": {
+                        "input": "$queue",
+                        "in": {
+                            "$cond": [
+                                {"$eq": ["$$this.t", {"$literal": token}]},
+                                {"$mergeObjects": ["$$this", {"exp": _server_plus(SERVER_NOW, ttl_ms)}]},
+                                "$$this",
+                            ]
+                        },
+                    }
+                }
+            }
+        }
+    ]
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 async def _maybe_await(value: Any) -> Any:
-    # PyMongo's AsyncCollection.aggregate is a coroutine; Motor's returns a cursor directly.
+    # PyMongo's async API returns coroutines where Motor returns cursors or sessions directly.
     if hasattr(value, "__await__"):
         return await value
     return value
+
+
+def bounded(seconds: float | None) -> contextlib.AbstractContextManager[None]:
+    """The driver's client-side operation timeout for the requests sent inside the block."""
+    return contextlib.nullcontext() if seconds is None else pymongo.timeout(max(seconds, 0.001))

@@ -1,134 +1,260 @@
-"""How a blocked acquire waits: release wake-ups and jittered exponential backoff.
+"""How blocked acquires wait, and how a release hands the lease to the next waiter.
 
-A waiter wakes at once when a handle in this process releases the name, and, where the deployment
-has change streams, when any process releases it: one change stream per collection and event loop,
-open while someone waits. Without change streams the waiter relies on backoff and on the holder's
-expiry time.
+The tasks of one process (strictly: one event loop) that wait for one name queue in arrival order
+(:mod:`.queues`), and only the first of them, the *head*, talks to the server. Its failed attempt
+also takes a *place* for the process in the queue stored with the lock (see :mod:`.store`); the
+place carries the owner token the lease is handed to when its turn comes. The process's batched
+heartbeat keeps the place alive (:mod:`.keeper`); if the process dies, the place expires.
+
+A release by a handle of this process passes the lease to the head in the same write (a *local
+hand-off*: one request for the release and the next acquisition). So that one process cannot keep
+a hot lock to itself, at most :data:`LOCAL_STREAK` local hand-offs happen in a row while another
+process has a place; then the lease goes to that place. With ``fair=True`` every release hands to
+the oldest place, whichever process it belongs to, and a free lock is not taken past an older place.
+
+A head learns that it was handed the lease by another process through the collection's change
+stream (:mod:`.watcher`), or else when its backoff ends; it then *claims* the lease with its next
+attempt, which restarts the expiry from that request's send time, so its local deadline is sound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-import random
 import time
-import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from pymongo.errors import PyMongoError
-
-from .store import LockStore
+from ._backoff import Backoff
+from ._shield import run_shielded
+from .documents import LockState
+from .keeper import keeper_for_running_loop
+from .queues import Grant, LocalQueue, Waiter, existing_queue, join, remove
+from .store import LockStore, PlaceRequest
+from .watcher import ReleaseWatcher, watcher_for
 
 logger = logging.getLogger("mongolock_async")
-# After a change stream failed to open or broke, waiters of that collection use backoff alone this long.
-_STREAM_RETRY_AFTER = 30.0
 
-# (collection full name, lock name)
-LockKey = tuple[str, str]
+LOCAL_STREAK = 8
+"""Local hand-offs in a row after which another process's place gets the lease (default mode)."""
 
-_waiters: dict[LockKey, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+_background: set[asyncio.Task[Any]] = set()
 
 
-@contextmanager
-def release_signal(store: LockStore, name: str) -> Iterator[asyncio.Event]:
-    """An event set whenever ``name`` is released, registered for the ``with`` block.
+@dataclass(frozen=True, slots=True)
+class AcquireRequest:
+    """What a blocking acquire asks for, and how it waits."""
 
-    Register before the first attempt, so a release between an attempt and the wait is not missed.
+    store: LockStore
+    name: str
+    ttl: float
+    holder: Mapping[str, Any]
+    fair: bool
+    retry_base: float
+    retry_cap: float
+    fresh_for: float
+    """The handle's safety margin: a hand-off seen by the change stream within this long of the
+    place's last write is taken without a claim (the lease then ends at most this much earlier)."""
+
+    @property
+    def ttl_ms(self) -> int:
+        return max(1, round(self.ttl * 1000))
+
+
+async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> Grant | None:
+    """Queue behind this process's other waiters and wait for the lease; None past ``give_up_at``.
+
+    The head tries at once; others wait for their turn. If the caller is cancelled, a lease this
+    produced is handed on and only the cancellation propagates.
     """
-    key = (store.full_name, name)
-    loop = asyncio.get_running_loop()
-    entry = (loop, asyncio.Event())
-    _waiters.setdefault(key, set()).add(entry)
-    watcher = _watcher_for(loop, store)
-    watcher.interested(+1)
+    watcher = watcher_for(request.store)
+    waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for)
+    queue = join(request.store, request.name, waiter, token_prefix=watcher.token_prefix)
+    backoff = Backoff(request.retry_base, request.retry_cap)
+    keeper = keeper_for_running_loop()
+    attempted = False
+    attempt_at: float | None = None  # the head's next attempt when no news comes first
     try:
-        yield entry[1]
+        while waiter.grant is None:
+            waiter.wake.clear()
+            at_head = queue.head is waiter and not queue.handing_over
+            now = time.monotonic()
+            # Try the server when at the head without a place there, with news, or when it is time.
+            must_attempt = at_head and (
+                waiter.news or not queue.slot_queued or (attempt_at is not None and now >= attempt_at)
+            )
+            if give_up_at is not None and now >= give_up_at and (attempted or not must_attempt):
+                return None
+            if must_attempt:
+                delay = await _attempt(queue, waiter, request, watcher, backoff)
+                attempted = True
+                attempt_at = None if delay is None else time.monotonic() + delay
+            elif not at_head:
+                attempt_at = None
+            elif attempt_at is None:
+                attempt_at = now + _sleep_without_news(watcher, request, backoff)
+            if waiter.grant is not None:
+                break
+            if at_head and queue.slot_queued:
+                keeper.keep_place(queue)
+            await _sleep_until(waiter, attempt_at, give_up_at)
+        return waiter.grant
+    except asyncio.CancelledError:
+        if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
+            spawn(hand_over(request.store, request.name, waiter.grant.owner, fair=request.fair, grace=request.ttl))
+        raise
     finally:
-        watcher.interested(-1)
-        entries = _waiters.get(key)
-        if entries is not None:
-            entries.discard(entry)
-            if not entries:
-                del _waiters[key]
+        if remove(queue, waiter):
+            keeper_for_running_loop().drop_place(queue)
+            if queue.slot_queued:
+                # Nobody here wants the places any more: withdraw them, and if the lease was handed
+                # to one meanwhile, pass that on. In the background: giving up returns at once.
+                spawn(_withdraw(queue.store, queue.name, queue.tokens(), fair=request.fair))
 
 
-def announce_release(key: LockKey) -> None:
-    """Wake every waiter of this process that waits for ``key``, whichever event loop it runs on."""
-    current = _running_loop()
-    for loop, event in list(_waiters.get(key, ())):
-        if loop is current:
-            event.set()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(event.set)
+async def _attempt(
+    queue: LocalQueue, waiter: Waiter, request: AcquireRequest, watcher: ReleaseWatcher, backoff: Backoff
+) -> float | None:
+    """The head's attempt: take, claim, or queue a place. Returns how long to sleep if not taken."""
+    waiter.news = False
+    place = queue.head_place()
+    token = place.token
+    covered = watcher.covers_new_requests()
+    sent_at = time.monotonic()
 
+    async def hand_on_if_taken(result: tuple[LockState, Any]) -> None:
+        if result[0].owner == token:
+            # Taken for a task that is gone: it leaves the queue, and the lease goes to the next.
+            if queue.slot == token:
+                queue.queued(place.follower, sent_at)
+            remove(queue, waiter)
+            await hand_over(request.store, request.name, token, fair=request.fair, grace=request.ttl)
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
+    queue.head_attempting = True
     try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
+        state, operation_time = await run_shielded(
+            _send_attempt(request, place, with_session=not covered),
+            grace=request.ttl,
+            on_cancelled=hand_on_if_taken,
+        )
+    finally:
+        queue.head_attempting = False
+    if waiter.grant is not None or queue.slot != token:
+        return None  # a release of this process handed it the lease while this was in flight
+    if state.owner == token:
+        queue.streak = 0
+        queue.grant_head(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
         return None
+    queue.queued(place, sent_at)
+    if not covered and not watcher.cover_from(request.store, operation_time):
+        return 0.0  # the stream starts after this attempt: a release in between could be missed
+    written = state.place_of(token)
+    until_expiry = None
+    if state.expires_at is not None and written is not None and written.refreshed_at is not None:
+        until_expiry = max(0.0, (state.expires_at - written.refreshed_at).total_seconds())
+    return _sleep_without_news(watcher, request, backoff, until_expiry)
 
 
-class ReleaseWatcher:
-    """A change stream on one collection, open while at least one waiter of this loop waits on it."""
+async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_session: bool) -> tuple[LockState, Any]:
+    """One acquire request; in a session when the change stream must start at its operationTime."""
+    store = request.store
+    arguments = (request.name, place.token, place.ttl_ms, place.holder)
+    options: dict[str, Any] = {"enqueue": True, "fair": request.fair, "follower": place.follower}
+    if not with_session:
+        return await store.try_acquire(*arguments, **options), None
+    async with store.session() as session:
+        state = await store.try_acquire(*arguments, session=session, **options)
+        return state, session.operation_time
 
-    def __init__(self, store: LockStore) -> None:
-        self._store = store
-        self._waiting = 0
-        self._task: asyncio.Task[None] | None = None
-        self._retry_at = 0.0
 
-    def interested(self, delta: int) -> None:
-        self._waiting += delta
-        if self._waiting > 0 and self._task is None and time.monotonic() >= self._retry_at:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="mongolock-release-watcher")
-        elif self._waiting == 0 and self._task is not None:
-            self._task.cancel()
-            self._task = None
+def _sleep_without_news(
+    watcher: ReleaseWatcher, request: AcquireRequest, backoff: Backoff, until_expiry: float | None = None
+) -> float:
+    """How long a head sleeps unless woken: while the change stream reports releases and
+    hand-offs, until the holder's expiry (at most a TTL); else jittered backoff, never past the expiry."""
+    delay = max(request.retry_cap, request.ttl) if watcher.streaming else backoff.next_delay()
+    return delay if until_expiry is None else min(delay, until_expiry)
 
-    async def _run(self) -> None:
-        stream = None
+
+async def _sleep_until(waiter: Waiter, wake_at: float | None, give_up_at: float | None) -> None:
+    """Sleep until woken, ``wake_at`` or ``give_up_at``, whichever comes first."""
+    until = min((moment for moment in (wake_at, give_up_at) if moment is not None), default=None)
+    delay = None if until is None else until - time.monotonic()
+    if (delay is not None and delay <= 0) or waiter.wake.is_set():
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(waiter.wake.wait(), delay)
+
+
+async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, grace: float) -> bool:
+    """Release ``owner``'s lease on ``name``, handing it to the next waiter in the same write.
+
+    The lease goes to this process's head waiter when there is one (within the streak limit, or in
+    its turn with ``fair``), else to the oldest place of another process, else nobody. Returns
+    whether the lease was still live. A cancellation waits for the request (up to ``grace``
+    seconds) and then propagates.
+    """
+    while True:
+        queue = existing_queue(store, name)
+        successor = None
+        if queue is not None and queue.waiters:
+            # Named even while the head's own attempt is in flight: both carry the same tokens,
+            # and whichever reply comes first gives the lease (the other finds the slot moved on).
+            successor = queue.head_place()
+            queue.handing_over += 1
+        sent_at = time.monotonic()
         try:
-            # Motor opens the stream lazily, so "not supported here" may only show at the first change.
-            stream = await self._store.watch_releases()
-            while True:
-                announce_release((self._store.full_name, await stream.next_released()))
-        except PyMongoError as error:
-            logger.debug("no change stream on %s (%s); waiters use backoff", self._store.full_name, error)
-            self._retry_at = time.monotonic() + _STREAM_RETRY_AFTER
-            if self._task is asyncio.current_task():
-                self._task = None
+            state = await run_shielded(
+                store.release(
+                    name,
+                    owner,
+                    successor=successor,
+                    fair=fair,
+                    successor_first=queue is not None and queue.streak < LOCAL_STREAK,
+                ),
+                grace=grace,
+            )
         finally:
-            if stream is not None:
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(stream.close())
+            if successor is not None and queue is not None:
+                queue.handing_over -= 1
+        if queue is None or state is None:
+            if state is None and queue is not None:
+                queue.wake_head()  # not ours any more (expired): the lock may be free
+            return state is not None
+        if successor is None:
+            if state.owner is None:
+                queue.wake_head()  # free: a head that came meanwhile takes it
+            return True
+        if state.owner == successor.token:
+            if queue.slot != successor.token:
+                return True  # the head's own attempt claimed it first, and has it
+            grant = Grant(successor.token, state.fencing_token, sent_at, successor.ttl_ms)
+            if queue.grant_head(grant, follower=successor.follower):
+                queue.streak += 1
+                return True
+            owner = successor.token  # handed to our place, but its waiters are gone: pass it on
+            continue
+        queue.streak = 0
+        if queue.slot == successor.token:
+            queue.queued(successor, sent_at)  # the lease went elsewhere; our successor's place is queued
+        queue.wake_head(news=False)  # it skipped its turn while this release was in flight
+        return True
 
 
-_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str, str], ReleaseWatcher]] = (
-    weakref.WeakKeyDictionary()
-)
+async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: bool) -> None:
+    try:
+        await store.leave(name, tokens, fair=fair)
+    except Exception as error:  # best effort: the place expires by itself
+        logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, error)
 
 
-def _watcher_for(loop: asyncio.AbstractEventLoop, store: LockStore) -> ReleaseWatcher:
-    watchers = _watchers.setdefault(loop, {})
-    watcher = watchers.get(store.group_key)
-    if watcher is None:
-        watcher = watchers[store.group_key] = ReleaseWatcher(store)
-    return watcher
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Exponential backoff with full jitter: the n-th delay is uniform in [0, min(cap, base * 2**n)]."""
-
-    base: float
-    cap: float
-    attempt: int = field(default=0)
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * 2 ** min(self.attempt, 32))
-        self.attempt += 1
-        return random.uniform(0, ceiling)
+def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """Run ``coroutine`` in the background, in a fresh context so that no caller's
+    ``pymongo.timeout`` applies to it, and keep it referenced until it ends."""
+    task = asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task

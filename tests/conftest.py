@@ -13,25 +13,70 @@ from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_cl
 pytest_plugins = ["mongolock_async.testing.pytest_plugin"]
 
 
-class CommandCounter(monitoring.CommandListener):
-    """Records the name of every command a client starts (PyMongo command monitoring)."""
+class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListener):
+    """Records every command a client starts (command monitoring), how many change-stream
+    ``getMore``s returned events, and the connections the pool opened and closed (CMAP)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.commands: list[dict[str, Any]] = []
+        self.events_delivered = 0
+        """``getMore`` replies that carried at least one change event (the embedded server also
+        answers idle ones early with empty batches whenever anything is written; MongoDB waits)."""
+        self.connections_created = 0
+        self.connections_closed = 0
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         self.names.append(event.command_name)
         self.commands.append(dict(event.command))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
+        if event.command_name == "getMore" and event.reply.get("cursor", {}).get("nextBatch"):
+            self.events_delivered += 1
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
 
     def count(self, *names: str) -> int:
         return sum(1 for name in self.names if name in names)
+
+    def clear(self) -> None:
+        self.names.clear()
+        self.commands.clear()
+        self.events_delivered = self.connections_created = self.connections_closed = 0
+
+    def connection_created(self, event: monitoring.ConnectionCreatedEvent) -> None:
+        self.connections_created += 1
+
+    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None:
+        self.connections_closed += 1
+
+    def pool_created(self, event: monitoring.PoolCreatedEvent) -> None:
+        pass
+
+    def pool_ready(self, event: monitoring.PoolReadyEvent) -> None:
+        pass
+
+    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None:
+        pass
+
+    def pool_closed(self, event: monitoring.PoolClosedEvent) -> None:
+        pass
+
+    def connection_ready(self, event: monitoring.ConnectionReadyEvent) -> None:
+        pass
+
+    def connection_check_out_started(self, event: monitoring.ConnectionCheckOutStartedEvent) -> None:
+        pass
+
+    def connection_check_out_failed(self, event: monitoring.ConnectionCheckOutFailedEvent) -> None:
+        pass
+
+    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
+        pass
+
+    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
+        pass
 
 
 @pytest.fixture

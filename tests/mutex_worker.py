@@ -1,10 +1,11 @@
 """One OS process of the mutual-exclusion test: TASKS tasks contend for one lock until a deadline.
 
-Each task records (enter, exit) of every critical section with CLOCK_MONOTONIC, which all processes
-of one machine share, and the process prints them as JSON lines. ``broken`` swaps in a lock that
-checks and then sets in two round trips, the classic race, so the test can show its detector works.
+Each task records (enter, exit, fencing token) of every critical section with CLOCK_MONOTONIC,
+which all processes of one machine share, and the process prints them as JSON lines, then one last
+line with its command counts. ``fair`` uses ``fair=True``; ``broken`` swaps in a lock that checks and
+then sets in two round trips, the classic race, so the test can show its detector works.
 
-    python tests/mutex_worker.py URI DATABASE COLLECTION {real|broken} TASKS SECONDS START_AT
+    python tests/mutex_worker.py URI DATABASE COLLECTION {real|fair|broken} TASKS SECONDS START_AT
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 
 from mongolock_async import AsyncMongoLock
 
@@ -30,6 +31,8 @@ class CheckThenSetLock:
         self.collection = collection
         self.owner = owner
 
+    fencing_token = 0
+
     async def __aenter__(self) -> None:
         while True:
             doc = await self.collection.find_one({"_id": LOCK_NAME})
@@ -42,35 +45,58 @@ class CheckThenSetLock:
         await self.collection.update_one({"_id": LOCK_NAME, "owner": self.owner}, {"$set": {"owner": None}})
 
 
+class Commands(monitoring.CommandListener):
+    """Counts the requests a process sends, and change-stream getMores that carried events."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        self.events_delivered = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.sent[event.command_name] = self.sent.get(event.command_name, 0) + 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.command_name == "getMore" and event.reply.get("cursor", {}).get("nextBatch"):
+            self.events_delivered += 1
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
 async def contend(
-    collection: Any, kind: str, task_id: str, stop_at: float, sections: list[tuple[float, float]]
+    collection: Any, kind: str, task_id: str, stop_at: float, sections: list[tuple[float, float, int]]
 ) -> None:
     while time.monotonic() < stop_at:
-        if kind == "real":
-            lock: Any = AsyncMongoLock(collection, LOCK_NAME, ttl=10.0, retry_base=0.005, retry_cap=0.05)
+        if kind == "broken":
+            lock: Any = CheckThenSetLock(collection, task_id)
         else:
-            lock = CheckThenSetLock(collection, task_id)
+            lock = AsyncMongoLock(
+                collection, LOCK_NAME, ttl=10.0, fair=kind == "fair", retry_base=0.005, retry_cap=0.05
+            )
         async with lock:
             entered = time.monotonic()
             await asyncio.sleep(random.uniform(0.0005, 0.003))
-            sections.append((entered, time.monotonic()))
+            sections.append((entered, time.monotonic(), lock.fencing_token))
 
 
 async def main(
     uri: str, database: str, collection_name: str, kind: str, tasks: int, seconds: float, start_at: float
 ) -> None:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    commands = Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[commands])
     collection = client[database][collection_name]
     await client.admin.command("ping")
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-    sections: list[tuple[float, float]] = []
+    commands.sent.clear()
+    sections: list[tuple[float, float, int]] = []
     stop_at = time.monotonic() + seconds
     await asyncio.gather(
         *(contend(collection, kind, f"{sys.argv[0]}-{index}", stop_at, sections) for index in range(tasks))
     )
     await client.close()
-    for entered, left in sections:
-        print(json.dumps([entered, left]))
+    for section in sections:
+        print(json.dumps(section))
+    print(json.dumps({"sent": commands.sent, "events_delivered": commands.events_delivered}))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ async def test_cancel_while_waiting_for_the_holder(private_collection: Any) -> N
 async def test_cancel_during_the_release_request(private_collection: Any) -> None:
     lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
     assert await lock.acquire()
-    await block_next(private_collection, "update")
+    await block_next(private_collection, "findAndModify")
     await cancel_while_blocked(lock.release())
     doc = await private_collection.find_one({"_id": "job"})
     assert doc["owner"] is None, "release ran to completion despite the cancel"
@@ -99,7 +99,7 @@ async def test_cancel_in_the_body_releases_shielded(private_collection: Any) -> 
 
     async def work() -> None:
         async with lock:
-            await block_next(private_collection, "update")  # the release on exit will be slow
+            await block_next(private_collection, "findAndModify")  # the release on exit will be slow
             entered.set()
             await asyncio.sleep(60)
 

@@ -1,17 +1,35 @@
-"""Waiters wake on releases by other processes (change streams) and fall back to backoff without them."""
+"""Waiting at scale: the uncontended path, local FIFO queues and hand-offs, places in the lock's
+queue across processes (default and fair), and the change stream that wakes waiters.
+
+"Another process" is a second client here: queues, places and change streams are per client, so a
+second client in the same event loop is seen by the lock exactly like another process.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mongolock_async import AsyncMongoLock
+from mongolock_async import watcher as watcher_module
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter
+from mongolock_async.waiting import LOCAL_STREAK
+from tests.conftest import CommandCounter, set_fail_point
+
+PATIENT = {"retry_base": 3600.0, "retry_cap": 3600.0}
+"""A waiter that never polls in a test's lifetime: only a release signal can wake it."""
+QUEUE_WORKER = Path(__file__).with_name("queue_worker.py")
 
 
 async def foreign_release(collection: Any, name: str) -> None:
@@ -19,24 +37,273 @@ async def foreign_release(collection: Any, name: str) -> None:
     await collection.update_one({"_id": name}, {"$set": {"owner": None}})
 
 
-async def test_a_release_elsewhere_wakes_the_waiter(lock_collection: Any) -> None:
-    holder = AsyncMongoLock(lock_collection, "shared", ttl=60.0)
-    # Backoff (uniform in [0, 3600] s) or the holder's expiry (60 s) would hardly wake it within 10 s.
-    waiter = AsyncMongoLock(lock_collection, "shared", ttl=60.0, retry_base=3600.0, retry_cap=3600.0)
-    assert await holder.acquire()
-    waiting = asyncio.create_task(waiter.acquire(timeout=10))
-    await asyncio.sleep(0.5)  # the waiter has tried once and its change stream is open
-    assert not waiting.done()
-    await foreign_release(lock_collection, "shared")
-    assert await asyncio.wait_for(waiting, 15), "the waiter was not woken by the change stream"
-    assert await waiter.release()
+async def watcher_tasks() -> list[asyncio.Task[Any]]:
     await asyncio.sleep(0)
-    assert not [task for task in asyncio.all_tasks() if task.get_name() == "mongolock-release-watcher"]
+    return [task for task in asyncio.all_tasks() if task.get_name() == "mongolock-release-watcher" and not task.done()]
+
+
+@contextlib.asynccontextmanager
+async def other_process(driver: str, uri: str, collection_name: str) -> AsyncIterator[tuple[Any, CommandCounter]]:
+    """A collection reached through a client of its own (a process of its own, to the lock)."""
+    counter = CommandCounter()
+    client = make_client(driver, uri, event_listeners=[counter])
+    try:
+        yield client[TEST_DATABASE][collection_name], counter
+    finally:
+        await close_client(client)
+
+
+async def test_uncontended_acquire_and_release_is_two_requests_and_nothing_else(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    lock = AsyncMongoLock(counted_collection, "alone", ttl=30.0)
+    async with lock:  # connect and create the document
+        pass
+    command_counter.clear()
+    for _ in range(20):
+        async with lock:
+            pass
+    assert command_counter.names == ["findAndModify"] * 40, command_counter.names
+    assert command_counter.connections_created == command_counter.connections_closed == 0
+    assert await watcher_tasks() == []
+
+
+async def test_a_local_release_hands_over_in_the_same_write(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    holder = AsyncMongoLock(counted_collection, "job", ttl=30.0)
+    waiter = AsyncMongoLock(counted_collection, "job", ttl=30.0, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)  # tried once, queued its place
+    command_counter.clear()
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 5)
+    assert command_counter.count("findAndModify", "update") == 1, command_counter.names
+    doc = await counted_collection.find_one({"_id": "job"})
+    assert doc["owner"] is not None and doc["fence"] == waiter.fencing_token
+    assert holder.fencing_token is None
+    assert await waiter.owned()
+    assert await waiter.release()
+
+
+async def test_waiting_tasks_of_one_process_are_served_in_arrival_order(lock_collection: Any) -> None:
+    holder = AsyncMongoLock(lock_collection, "fifo", ttl=30.0)
+    assert await holder.acquire()
+    served: list[tuple[int, int]] = []
+
+    async def wait_in_line(position: int) -> None:
+        async with AsyncMongoLock(lock_collection, "fifo", ttl=30.0, **PATIENT) as lock:
+            assert lock.fencing_token is not None
+            served.append((position, lock.fencing_token))
+            await asyncio.sleep(0.005)
+
+    tasks = []
+    for position in range(15):
+        tasks.append(asyncio.create_task(wait_in_line(position)))
+        await asyncio.sleep(0.02)  # each joins the queue before the next
+    assert await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert [position for position, _ in served] == list(range(15))
+    tokens = [token for _, token in served]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+async def test_many_waiters_cost_about_one_request_per_acquisition(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        for _ in range(2):
+            async with AsyncMongoLock(counted_collection, "hot", ttl=30.0, **PATIENT):
+                await asyncio.sleep(0.001)
+                done += 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(50))), 120)
+    assert done == 100
+    writes = command_counter.count("findAndModify", "update")
+    # Each release hands over in the same write; only the first head's failed attempt is extra.
+    assert writes <= 1.2 * done, f"{writes} writes for {done} acquisitions"
+    assert command_counter.count("aggregate") <= 1
+
+
+async def test_a_hand_off_to_another_process_reaches_only_that_process(
+    driver: str, mongodb_uri: str, lock_collection: Any
+) -> None:
+    name = lock_collection.name
+    async with (
+        other_process(driver, mongodb_uri, name) as (receiving, received),
+        other_process(driver, mongodb_uri, name) as (bystanding, bystander),
+    ):
+        holder = AsyncMongoLock(lock_collection, "item", ttl=30.0)
+        # A hand-off within the safety margin of the place's last write is taken without a claim.
+        waiter = AsyncMongoLock(receiving, "item", ttl=30.0, safety_margin=5.0, **PATIENT)
+        assert await holder.acquire()
+        # The bystander waits for another lock of the same collection: its stream is open too.
+        other = AsyncMongoLock(lock_collection, "other", ttl=30.0)
+        assert await other.acquire()
+        bystanding_task = asyncio.create_task(AsyncMongoLock(bystanding, "other", ttl=30.0, **PATIENT).acquire())
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        await asyncio.sleep(1.0)  # both queued, both streams open
+        received.clear()
+        bystander.clear()
+        assert await holder.release()
+        assert await asyncio.wait_for(waiting, 10), "the hand-off did not reach the waiting process"
+        assert received.events_delivered == 1
+        assert bystander.events_delivered == 0, "another process was sent the hand-off"
+        # The place was written just before: the hand-off is taken as it is, without a claim.
+        assert received.count("findAndModify", "update") == 0, received.names
+        doc = await lock_collection.find_one({"_id": "item"})
+        assert doc["fence"] == waiter.fencing_token and doc["handedOffAt"] == doc["acquiredAt"]
+        assert await waiter.release()
+        bystanding_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await bystanding_task
+        assert await other.release()
+
+
+async def hot_loop(collection: Any, name: str, label: str, rounds: int, log: list[str], **options: Any) -> None:
+    for _ in range(rounds):
+        async with AsyncMongoLock(collection, name, ttl=30.0, **options):
+            log.append(label)
+            await asyncio.sleep(0.002)
+
+
+async def test_a_busy_process_does_not_keep_a_hot_lock_to_itself(
+    driver: str, mongodb_uri: str, lock_collection: Any
+) -> None:
+    log: list[str] = []
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
+        local = [asyncio.create_task(hot_loop(lock_collection, "hot", "local", 6, log)) for _ in range(6)]
+        while not log:  # noqa: ASYNC110 - polls a plain list the tasks append to
+            await asyncio.sleep(0.001)
+        remote_task = asyncio.create_task(hot_loop(remote, "hot", "remote", 1, log, **PATIENT))
+        await asyncio.wait_for(asyncio.gather(*local, remote_task), 120)
+    first_remote = log.index("remote")
+    # Its place is queued after at most a round trip or two; then LOCAL_STREAK local hand-offs at most.
+    assert first_remote <= LOCAL_STREAK + 4, log
+
+
+async def test_fair_mode_takes_turns_between_processes(driver: str, mongodb_uri: str, lock_collection: Any) -> None:
+    log: list[str] = []
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
+        tasks = [
+            asyncio.create_task(hot_loop(collection, "fair", label, 4, log, fair=True, **PATIENT))
+            for collection, label in [(lock_collection, "a"), (remote, "b")]
+            for _ in range(4)
+        ]
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    assert log.count("a") == log.count("b") == 16
+    middle = "".join(log)[2:-2]  # once both processes queue, the lease alternates
+    assert "aaa" not in middle and "bbb" not in middle, "".join(log)
+
+
+async def test_no_release_is_missed_before_the_stream_starts(driver: str, private_server: EmbeddedMongo) -> None:
+    holder_client = make_client(driver, private_server.uri)
+    counter = CommandCounter()
+    waiter_client = make_client(driver, private_server.uri, event_listeners=[counter])
+    try:
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE]["locks"], "gap", ttl=60.0)
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE]["locks"], "gap", ttl=60.0, **PATIENT)
+        assert await holder.acquire()
+        # The stream opens a second after the failed attempt; the release falls in between.
+        await set_fail_point(
+            holder_client[TEST_DATABASE]["locks"],
+            {"times": 1},
+            failCommands=["aggregate"],
+            blockConnection=True,
+            blockTimeMS=1000,
+        )
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        while counter.count("aggregate") == 0:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.01)
+        assert await holder.release()
+        assert await asyncio.wait_for(waiting, 10), "the release before the stream's start was missed"
+        (aggregate,) = [command for command in counter.commands if "aggregate" in command]
+        assert "startAtOperationTime" in aggregate["pipeline"][0]["$changeStream"]
+        assert await waiter.release()
+    finally:
+        await close_client(holder_client)
+        await close_client(waiter_client)
+
+
+async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
+    mongodb_uri: str, lock_collection: Any
+) -> None:
+    name, place_ttl = "queued", 2.0
+    holder = AsyncMongoLock(lock_collection, name, ttl=30.0, fair=True)
+
+    async def queue_a_process_and_kill_it() -> int:
+        """Start a process that waits for the lock (fair), and SIGKILL it once its place is queued."""
+        worker = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
+            [sys.executable, str(QUEUE_WORKER), mongodb_uri, TEST_DATABASE, lock_collection.name, name, str(place_ttl)],
+            cwd=QUEUE_WORKER.parent.parent,
+        )
+        try:
+            for _ in range(200):
+                doc = await lock_collection.find_one({"_id": name})
+                if any(place["holder"]["pid"] == worker.pid for place in doc.get("queue", [])):
+                    return worker.pid
+                await asyncio.sleep(0.05)
+            pytest.fail("the worker never took a place")
+        finally:
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+    # While the dead process's place is live, a release hands the lease to it: the queue is honoured.
+    assert await holder.acquire()
+    dead = await queue_a_process_and_kill_it()
+    assert await holder.release()
+    doc = await lock_collection.find_one({"_id": name})
+    assert doc["owner"] is not None and doc["holder"]["pid"] == dead
+    assert (doc["expiresAt"] - doc["acquiredAt"]).total_seconds() == pytest.approx(place_ttl, abs=0.01)
+    # ... and nobody claims it: the next waiter gets it when that lease expires, no later.
+    newcomer = AsyncMongoLock(lock_collection, name, ttl=30.0, fair=True)
+    assert await newcomer.acquire(timeout=place_ttl + 10)
+    taken = await lock_collection.find_one({"_id": name})
+    assert taken["acquiredAt"] >= doc["expiresAt"]
+    assert await newcomer.release()
+
+    # Once the place has expired unrefreshed, it no longer counts: the release goes to a live waiter.
+    assert await holder.acquire()
+    await queue_a_process_and_kill_it()
+    await asyncio.sleep(place_ttl + 0.5)
+    waiter = AsyncMongoLock(lock_collection, name, ttl=30.0, fair=True, **PATIENT)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 5)
+    assert await waiter.release()
+
+
+async def test_the_stream_lingers_then_closes_without_dropping_a_connection(
+    counted_collection: Any, command_counter: CommandCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watcher_module, "LINGER", 1.0)
+    holder = AsyncMongoLock(counted_collection, "linger", ttl=30.0)
+    waiter = AsyncMongoLock(counted_collection, "linger", ttl=30.0, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    await foreign_release(counted_collection, "linger")
+    assert await asyncio.wait_for(waiting, 10)
+    assert await waiter.release()
+    assert len(await watcher_tasks()) == 1, "closed at once: the next contention would open it again"
+    command_counter.clear()
+    for _ in range(50):
+        if not await watcher_tasks():
+            break
+        await asyncio.sleep(0.1)
+    assert await watcher_tasks() == [], "still open long after its linger time"
+    assert command_counter.count("killCursors") == 1
+    assert command_counter.connections_closed == 0, "closing the stream tore down a pooled connection"
 
 
 async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_counter: CommandCounter) -> None:
     holder = AsyncMongoLock(counted_collection, "busy", ttl=6.0, heartbeat=0.2)
-    waiter = AsyncMongoLock(counted_collection, "busy", ttl=6.0, retry_base=3600.0, retry_cap=3600.0)
+    waiter = AsyncMongoLock(counted_collection, "busy", ttl=6.0, **PATIENT)
     assert await holder.acquire()
     waiting = asyncio.create_task(waiter.acquire(timeout=20))
     await asyncio.sleep(0.3)
@@ -50,6 +317,114 @@ async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_cou
     assert command_counter.count("findAndModify") == attempts_before + 1
     await asyncio.wait_for(holder.lost.wait(), 5)  # and the holder notices it lost the lease
     assert await waiter.release()
+
+
+async def watch_then_break(
+    driver: str,
+    server: EmbeddedMongo,
+    break_it: Any,
+    *,
+    reopens: bool = True,
+    client_options: dict[str, Any] | None = None,
+) -> None:
+    """A waiter of one process must still be woken by a release through the change stream after
+    ``break_it`` broke it (the watcher reopens it: ``reopens``), or tried to."""
+    counter = CommandCounter()
+    waiter_client = make_client(driver, server.uri, event_listeners=[counter], **(client_options or {}))
+    other_client = make_client(driver, server.uri)
+    try:
+        mine = waiter_client[TEST_DATABASE]["locks"]
+        theirs = other_client[TEST_DATABASE]["locks"]
+        holder = AsyncMongoLock(theirs, "first", ttl=60.0)
+        assert await holder.acquire()
+        waiting = asyncio.create_task(AsyncMongoLock(mine, "first", ttl=60.0, **PATIENT).acquire(timeout=30))
+        await asyncio.sleep(0.5)
+        assert counter.count("aggregate") == 1
+        await break_it(theirs)
+        for _ in range(100 if reopens else 0):
+            if counter.count("aggregate") >= 2:
+                break
+            await asyncio.sleep(0.1)
+        if reopens:  # by the watcher (and for a resumable error, by the driver first)
+            assert counter.count("aggregate") >= 2, "the stream was not reopened"
+        else:
+            assert counter.count("aggregate") == 1, "the stream failed and had to be reopened"
+        await asyncio.sleep(0.5)
+        if not waiting.done():
+            await holder.release()
+        assert await asyncio.wait_for(waiting, 10)
+        # A fresh contention after the break is reported by the reopened stream.
+        second = AsyncMongoLock(theirs, "second", ttl=60.0)
+        assert await second.acquire()
+        waiter = AsyncMongoLock(mine, "second", ttl=60.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=30))
+        await asyncio.sleep(0.5)
+        assert await second.release()
+        assert await asyncio.wait_for(waiting, 10), "the reopened stream did not report the release"
+        assert await waiter.release()
+    finally:
+        await set_fail_point(other_client[TEST_DATABASE]["locks"], "off")
+        await close_client(waiter_client)
+        await close_client(other_client)
+
+
+async def drop_collection(collection: Any) -> None:
+    await collection.drop()
+
+
+async def rename_collection(collection: Any) -> None:
+    await collection.rename("locks_renamed")
+
+
+def fail_get_more(**failure: Any) -> Any:
+    async def arm(collection: Any) -> None:
+        await set_fail_point(collection, {"times": 2}, failCommands=["getMore"], **failure)
+
+    return arm
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        drop_collection,
+        rename_collection,
+        fail_get_more(errorCode=237),  # CursorKilled: the stream ends, not resumable
+        fail_get_more(errorCode=11601),  # Interrupted: not resumable
+        fail_get_more(errorCode=43, errorLabels=["ResumableChangeStreamError"]),  # CursorNotFound, twice
+        fail_get_more(closeConnection=True),  # network error, twice
+    ],
+    ids=["invalidate-drop", "invalidate-rename", "cursor-killed", "interrupted", "resumable-twice", "network"],
+)
+async def test_the_watcher_survives(driver: str, private_server: EmbeddedMongo, break_it: Any) -> None:
+    await watch_then_break(driver, private_server, break_it)
+
+
+async def test_the_watcher_works_within_the_clients_operation_timeout(
+    driver: str, private_server: EmbeddedMongo
+) -> None:
+    async def idle(collection: Any) -> None:
+        await asyncio.sleep(2.0)  # several getMores under a 0.6 s client timeout: none may fail
+
+    # timeoutMS is shorter than the watcher's usual getMore wait: it waits less instead of failing.
+    await watch_then_break(driver, private_server, idle, reopens=False, client_options={"timeoutMS": 600})
+
+
+async def test_without_a_stream_waiters_poll(driver: str, private_server: EmbeddedMongo) -> None:
+    client = make_client(driver, private_server.uri)
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        await set_fail_point(collection, "alwaysOn", failCommands=["aggregate"], errorCode=40573)
+        holder = AsyncMongoLock(collection, "polled", ttl=60.0)
+        waiter = AsyncMongoLock(collection, "polled", ttl=60.0, retry_base=0.05, retry_cap=0.2)
+        assert await holder.acquire()
+        waiting = asyncio.create_task(waiter.acquire(timeout=10))
+        await asyncio.sleep(0.5)
+        await foreign_release(collection, "polled")
+        assert await asyncio.wait_for(waiting, 15)
+        assert await waiter.release()
+    finally:
+        await set_fail_point(client[TEST_DATABASE]["locks"], "off")
+        await close_client(client)
 
 
 async def test_without_change_streams_waiters_use_backoff(driver: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -66,6 +441,26 @@ async def test_without_change_streams_waiters_use_backoff(driver: str, caplog: p
             await foreign_release(collection, "standalone")
             assert await asyncio.wait_for(waiting, 15)
             assert await waiter.release()
-            assert "no change stream" in caplog.text, "the standalone server did offer a change stream"
+            assert "change stream" in caplog.text and "failed" in caplog.text
         finally:
             await close_client(client)
+
+
+async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(lock_collection: Any) -> None:
+    holder = AsyncMongoLock(lock_collection, "race", ttl=30.0)
+    first = AsyncMongoLock(lock_collection, "race", ttl=30.0, **PATIENT)
+    second = AsyncMongoLock(lock_collection, "race", ttl=30.0, **PATIENT)
+    assert await holder.acquire()
+    first_task = asyncio.create_task(first.acquire())
+    await asyncio.sleep(0.3)
+    second_task = asyncio.create_task(second.acquire(timeout=20))
+    await asyncio.sleep(0.3)
+    releasing = asyncio.create_task(holder.release())
+    await asyncio.sleep(0)  # the release is on its way, naming the first waiter
+    first_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first_task
+    assert await releasing
+    assert await asyncio.wait_for(second_task, 10), "the lease was stranded with the cancelled waiter"
+    assert first.fencing_token is None
+    assert await second.release()

@@ -1,0 +1,210 @@
+"""Wake waiting heads when another process releases a lock or hands it to them: change streams.
+
+One change stream per client, collection and event loop, opened only when a blocking acquire has
+to wait, and started at that failed attempt's ``operationTime``, so that a release between the
+attempt and the stream's start is still reported. It stays open :data:`LINGER` seconds after the
+last waiter leaves, so a steady trickle of contention does not open and kill a stream per
+acquisition, and it is closed between two ``getMore``s (each waits at most ``maxAwaitTimeMS``), so
+no pooled connection is torn down mid-request.
+
+Any failure (the collection dropped or renamed, the stream ending, a timeout, resumable errors the
+driver could not resume, non-resumable errors, no replica set) closes it; it is reopened with
+backoff while anyone waits, and waiters rely on their own backoff meanwhile. Every time it opens
+without a start position, all heads are woken to try again, so nothing missed while it was down
+goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import secrets
+import time
+import weakref
+from typing import Any
+
+from pymongo.errors import InvalidOperation, PyMongoError
+
+from ._backoff import Backoff
+from ._weak import WeakIdentityMap
+from .queues import Grant, LocalQueue, queues_on
+from .store import LockStore
+
+logger = logging.getLogger("mongolock_async")
+
+LINGER = 10.0
+"""Seconds a stream stays open after the last waiter of its collection left."""
+_MAX_AWAIT_MS = 1000
+_REOPEN_BASE, _REOPEN_CAP = 0.5, 30.0
+
+
+class ReleaseWatcher:
+    """The change stream of one collection for the waiters of one event loop."""
+
+    def __init__(self, client_id: int, full_name: str) -> None:
+        self.token_prefix = secrets.token_hex(8)
+        """Starts the owner tokens of this loop's places on the collection; the stream lets
+        through only hand-offs to tokens with it."""
+        self._client_id = client_id
+        self._full_name = full_name
+        self._task: asyncio.Task[None] | None = None
+        self._start_at: Any = None
+        self._failing_until = 0.0
+        self._reopen = Backoff(_REOPEN_BASE, _REOPEN_CAP)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def streaming(self) -> bool:
+        """Whether releases and hand-offs are (being) reported: heads need not poll."""
+        return self.running and time.monotonic() >= self._failing_until
+
+    def covers_new_requests(self) -> bool:
+        """Whether a release after a request sent now will be reported."""
+        return self.streaming
+
+    def cover_from(self, store: LockStore, operation_time: Any) -> bool:
+        """Make sure releases from ``operation_time`` on are reported; False if they may not be.
+
+        Starts the stream at ``operation_time`` if it is not running. False means it runs from a
+        later position, and the caller must look at the lock again itself.
+        """
+        if self.running:
+            if self._start_at is None or operation_time is None:
+                return True
+            return bool(self._start_at <= operation_time)
+        if time.monotonic() < self._failing_until:
+            return True  # no stream for now: waiters poll
+        self._start_at = operation_time
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(store), name="mongolock-release-watcher", context=contextvars.Context()
+        )
+        return True
+
+    async def _run(self, store: LockStore) -> None:
+        start_at, idle_since = self._start_at, None
+        max_await_ms = _max_await_ms(store.client)
+        try:
+            while True:
+                stream = None
+                try:
+                    stream = await store.watch(
+                        token_prefix=self.token_prefix, max_await_ms=max_await_ms, start_at=start_at
+                    )
+                    self._failing_until = 0.0
+                    if start_at is None:
+                        self._wake_all()  # (re)opened at "now": what happened before is looked at again
+                    start_at = self._start_at = None
+                    while stream.alive:
+                        change = await stream.try_next()
+                        if change is not None:
+                            self._reopen.attempt = 0
+                            self._dispatch(change)
+                        if self._has_waiters():
+                            idle_since = None
+                        elif idle_since is None:
+                            idle_since = time.monotonic()
+                        elif time.monotonic() - idle_since >= LINGER:
+                            return
+                    logger.debug("change stream on %s ended (invalidated); reopening", self._full_name)
+                except InvalidOperation:
+                    return  # the client was closed
+                except PyMongoError as error:
+                    delay = self._reopen.next_delay() + _REOPEN_BASE
+                    self._failing_until = time.monotonic() + delay
+                    logger.debug(
+                        "change stream on %s failed (%s); waiters poll for %.1f s", self._full_name, error, delay
+                    )
+                    self._wake_all()
+                    if not self._has_waiters():
+                        return
+                    await asyncio.sleep(delay)
+                finally:
+                    if stream is not None:
+                        with contextlib.suppress(BaseException):
+                            await asyncio.shield(stream.close())
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+            self._wake_all()
+
+    def _queues(self) -> list[Any]:
+        return queues_on(self._client_id, self._full_name)
+
+    def _has_waiters(self) -> bool:
+        return any(queue.waiters for queue in self._queues())
+
+    def _wake_all(self) -> None:
+        for queue in self._queues():
+            queue.wake_head()
+
+    def _dispatch(self, change: dict[str, Any]) -> None:
+        operation = change.get("operationType")
+        if operation not in ("update", "replace", "delete"):
+            self._wake_all()  # drop, rename, dropDatabase, invalidate: look at everything again
+            return
+        name = (change.get("documentKey") or {}).get("_id")
+        queue = next((queue for queue in self._queues() if queue.name == name), None)
+        if queue is None:
+            return
+        if operation == "delete":
+            queue.wake_head()
+            return
+        if operation == "update":
+            fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+        else:
+            fields = change.get("fullDocument") or {}
+        if "owner" not in fields:
+            return
+        owner, fence = fields["owner"], fields.get("fence")
+        if owner is None:
+            queue.wake_head()  # released: the head tries
+        elif owner == queue.slot:
+            self._handed_to(queue, owner, fence)
+
+    @staticmethod
+    def _handed_to(queue: LocalQueue, owner: str, fence: object) -> None:
+        """The lease was handed to this process's place. The hand-off came after the place was last
+        written, so the lease runs at least a TTL from that write's send time: if that is recent
+        enough, the head takes it as it is; else (or mid-request) the head claims it, which
+        restarts the expiry from its own send time."""
+        head = queue.head
+        if head is None or queue.head_attempting or queue.handing_over:
+            queue.wake_head()
+            return
+        fresh = time.monotonic() - queue.slot_written_at <= head.fresh_for
+        if not fresh or isinstance(fence, bool) or not isinstance(fence, int):
+            queue.wake_head()
+            return
+        queue.grant_head(Grant(owner, fence, queue.slot_written_at, queue.slot_ttl_ms), follower=queue.slot_follower)
+
+
+_PerLoop = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, ReleaseWatcher]]
+_watchers: WeakIdentityMap[Any, _PerLoop] = WeakIdentityMap()
+
+
+def watcher_for(store: LockStore) -> ReleaseWatcher:
+    """The running loop's watcher of ``store``'s collection, created on first use.
+
+    Keyed weakly by client (identity) and loop: a stopped watcher holds neither, so a client that
+    is closed and dropped leaves nothing behind.
+    """
+    per_loop = _watchers.setdefault(store.client, weakref.WeakKeyDictionary)
+    watchers = per_loop.setdefault(asyncio.get_running_loop(), {})
+    watcher = watchers.get(store.full_name)
+    if watcher is None:
+        watcher = watchers[store.full_name] = ReleaseWatcher(id(store.client), store.full_name)
+    return watcher
+
+
+def _max_await_ms(client: Any) -> int:
+    """``maxAwaitTimeMS`` for the stream's getMores: short enough to end well within the client's
+    own operation timeout (``timeoutMS``), which would otherwise cut every idle getMore off."""
+    timeout = getattr(getattr(client, "options", None), "timeout", None)
+    if isinstance(timeout, int | float) and timeout > 0:
+        return max(1, min(_MAX_AWAIT_MS, int(timeout * 500)))
+    return _MAX_AWAIT_MS
