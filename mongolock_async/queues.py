@@ -49,6 +49,8 @@ class Waiter:
     handle's safety margin (see :func:`.waiting.wait_for_lease`)."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     news: bool = False
+    uncovered: bool = False
+    """Its last attempt failed and no change stream covers the time since: try again in a session."""
     grant: Grant | None = None
 
 

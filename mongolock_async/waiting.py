@@ -80,27 +80,31 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     try:
         while waiter.grant is None:
             waiter.wake.clear()
-            at_head = queue.head is waiter and not queue.handing_over
             now = time.monotonic()
-            # Try the server when at the head without a place there, with news, or when it is time.
-            must_attempt = at_head and (
-                waiter.news or not queue.slot_queued or (attempt_at is not None and now >= attempt_at)
+            is_head = queue.head is waiter
+            if not is_head:
+                attempt_at = None
+            # A release of this process in flight may hand the head the lease: it waits for that.
+            can_attempt = is_head and not queue.handing_over
+            must_attempt = can_attempt and (
+                waiter.news
+                or waiter.uncovered
+                or not queue.slot_queued
+                or (attempt_at is not None and now >= attempt_at)
             )
             if give_up_at is not None and now >= give_up_at and (attempted or not must_attempt):
                 return None
             if must_attempt:
-                delay = await _attempt(queue, waiter, request, watcher, backoff)
+                delay = await _attempt(queue, waiter, request, watcher, backoff, first=not attempted)
                 attempted = True
                 attempt_at = None if delay is None else time.monotonic() + delay
-            elif not at_head:
-                attempt_at = None
-            elif attempt_at is None:
+            elif can_attempt and attempt_at is None:
                 attempt_at = now + _sleep_without_news(watcher, request, backoff)
             if waiter.grant is not None:
                 break
-            if at_head and queue.slot_queued:
+            if is_head and queue.slot_queued:
                 keeper.keep_place(queue)
-            await _sleep_until(waiter, attempt_at, give_up_at)
+            await _sleep_until(waiter, attempt_at if can_attempt else None, give_up_at)
         return waiter.grant
     except asyncio.CancelledError:
         if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
@@ -116,13 +120,26 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
 
 
 async def _attempt(
-    queue: LocalQueue, waiter: Waiter, request: AcquireRequest, watcher: ReleaseWatcher, backoff: Backoff
+    queue: LocalQueue,
+    waiter: Waiter,
+    request: AcquireRequest,
+    watcher: ReleaseWatcher,
+    backoff: Backoff,
+    *,
+    first: bool,
 ) -> float | None:
-    """The head's attempt: take, claim, or queue a place. Returns how long to sleep if not taken."""
+    """The head's attempt: take, claim, or queue a place. Returns how long to sleep if not taken.
+
+    When no change stream reports releases yet, the attempt runs in a session, whose
+    ``operationTime`` is where the stream starts. Except the first of an acquire: it most often
+    takes a free lock, and a session would only slow that down; if it fails, the next attempt
+    follows at once, in a session.
+    """
     waiter.news = False
     place = queue.head_place()
     token = place.token
     covered = watcher.covers_new_requests()
+    with_session = not covered and not first
     sent_at = time.monotonic()
 
     async def hand_on_if_taken(result: tuple[LockState, Any]) -> None:
@@ -136,7 +153,7 @@ async def _attempt(
     queue.head_attempting = True
     try:
         state, operation_time = await run_shielded(
-            _send_attempt(request, place, with_session=not covered),
+            _send_attempt(request, place, with_session=with_session),
             grace=request.ttl,
             on_cancelled=hand_on_if_taken,
         )
@@ -149,8 +166,10 @@ async def _attempt(
         queue.grant_head(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
         return None
     queue.queued(place, sent_at)
-    if not covered and not watcher.cover_from(request.store, operation_time):
-        return 0.0  # the stream starts after this attempt: a release in between could be missed
+    # Unless a stream reports releases from before this attempt on, one could go unnoticed.
+    waiter.uncovered = not covered and (not with_session or not watcher.cover_from(request.store, operation_time))
+    if waiter.uncovered:
+        return 0.0
     written = state.place_of(token)
     until_expiry = None
     if state.expires_at is not None and written is not None and written.refreshed_at is not None:
