@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo
+.PHONY: test lint demo bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,3 +22,10 @@ lint: $(STAMP)
 ## The demo, on an embedded MongoDB server it starts and stops itself.
 demo: $(STAMP)
 	$(VENV)/bin/mongolock demo
+
+## Benchmarks (not part of the tests): installs redis-py and Debian's redis-server for the peer.
+bench: $(STAMP)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	command -v redis-server >/dev/null || (apt-get install -y -q redis-server || \
+		(apt-get update -q && apt-get install -y -q redis-server))
+	$(PYTHON) benchmarks/bench.py

@@ -1,153 +1,334 @@
-"""Side-by-side benchmarks, reported as ratios measured in one run on one server.
+"""Side-by-side benchmarks, reported as ratios measured in one run on one machine.
 
-1. Renewing N leases: one batched ``update_many`` (what the heartbeat does) vs one ``update_one``
-   per lease (what a per-lock heartbeat would do).
-2. An uncontended acquire + release cycle: PyMongo's AsyncMongoClient vs Motor.
-3. Hand-off to a waiter: woken by a release in the same process, by a change stream, or by backoff.
+1. Uncontended acquire + release: the library against a raw copy of the same two requests sent
+   straight through the driver, interleaved; and connections created per acquisition.
+2. A hot lock: 1 to 256 tasks over 1 and 4 processes take one lock in turn (2 ms bodies), with
+   mongolock (default and ``fair=True``) and redis-py's asyncio Lock on a local Redis (its default
+   0.1 s polling, and 5 ms polling): acquisitions/s, server round trips per acquisition, wait
+   p50/p99, per-task min/max acquisitions, connections created.
+3. Cross-process hand-off latency: two processes, one task each, alternating.
+4. PyMongo's async client against Motor, uncontended.
 
-    python benchmarks/bench.py [--uri URI] [--leases 200] [--rounds 5] [--cycles 300]
+    python benchmarks/bench.py [--uri URI] [--redis-server PATH] [--seconds 5] [--cycles 300]
 
-Without ``--uri``/``MONGODB_URI`` it starts the embedded server. It prints the environment first.
+Without ``--uri``/``MONGODB_URI`` it starts the embedded server; Redis is started (and stopped) on a
+free port from ``redis-server``. It prints the environment first.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
+import json
 import os
 import platform
+import secrets
+import shutil
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
-from pymongo.write_concern import WriteConcern
+from hot_lock_worker import Requests  # benchmarks/ is on sys.path when this runs as a script
+from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoLock
-from mongolock_async.store import LockStore
+from mongolock_async.store import PlaceRequest, _acquire_pipeline, _release_pipeline
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
+WORKER = Path(__file__).resolve().with_name("hot_lock_worker.py")
+ROUND_TRIPS = ("findAndModify", "update", "find", "aggregate", "killCursors", "insert", "delete")
+BACKENDS = ("mongolock", "mongolock-fair", "redis", "redis-fast")
 
-async def timed(action: Callable[[], Awaitable[Any]], rounds: int) -> float:
-    """Median seconds of ``rounds`` runs of ``action``."""
-    samples = []
+
+async def medians(actions: dict[str, Callable[[], Awaitable[Any]]], rounds: int) -> dict[str, float]:
+    """Median seconds per action, the actions interleaved round by round so that noise hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in actions}
     for _ in range(rounds):
-        started = time.perf_counter()
-        await action()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+        for name, action in actions.items():
+            started = time.perf_counter()
+            await action()
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
-async def renewal(collection: Any, leases: int, rounds: int) -> None:
-    store = LockStore(collection, WriteConcern(w="majority"))
-    pairs = [(f"lease-{i}", uuid.uuid4().hex) for i in range(leases)]
-    for name, owner in pairs:
-        await store.try_acquire(name, owner, 600_000, {})
+async def uncontended_against_raw(uri: str, cycles: int) -> None:
+    connections = Requests()
+    client = make_client("pymongo", uri, event_listeners=[connections])
+    try:
+        collection = client["bench"][f"cycle_{uuid.uuid4().hex[:6]}"]
+        lock = AsyncMongoLock(collection, "cycle", ttl=30.0)
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": None}
 
-    async def batched() -> None:
-        assert await store.renew_all(pairs) == leases
+        async def library() -> None:
+            async with lock:
+                pass
 
-    async def one_by_one() -> None:
-        for name, owner in pairs:
-            assert await store.extend(name, owner, 600_000)
+        async def raw() -> None:
+            # The same two requests the library sends, built by the same code, sent directly.
+            owner = secrets.token_hex(16)
+            await collection.find_one_and_update(
+                {"_id": "raw"},
+                _acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=False, fair=False),
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+            await collection.find_one_and_update(
+                {"_id": "raw", "owner": owner},
+                _release_pipeline(owner, None, fair=False, successor_first=True),
+                return_document=ReturnDocument.AFTER,
+            )
 
-    batch, single = await timed(batched, rounds), await timed(one_by_one, rounds)
-    print(
-        f"renew {leases} leases: update_many {batch * 1000:8.1f} ms (1 round trip) | "
-        f"update_one each {single * 1000:8.1f} ms ({leases} round trips) | ratio {single / batch:5.2f}x"
+        await library()
+        await raw()
+        connections.reset()
+        result = await medians({"library": library, "raw": raw}, cycles)
+        print(
+            f"uncontended acquire+release: library {result['library'] * 1000:6.2f} ms | raw same two requests "
+            f"{result['raw'] * 1000:6.2f} ms | library/raw {result['library'] / result['raw']:4.2f}x | "
+            f"connections created after warm-up: {connections.connections_created} in {2 * cycles} cycles  "
+            f"(medians of {cycles})"
+        )
+    finally:
+        await close_client(client)
+
+
+@dataclass
+class Run:
+    backend: str
+    processes: int
+    tasks: int
+    seconds: float
+    results: list[dict[str, Any]]
+    redis_calls: int | None
+
+    @property
+    def acquisitions(self) -> int:
+        return sum(sum(result["counts"]) for result in self.results)
+
+    def row(self) -> str:
+        counts = [count for result in self.results for count in result["counts"]]
+        waits = sorted(wait for result in self.results for wait in result["waits"])
+        acquisitions = max(1, self.acquisitions)
+        if self.redis_calls is not None:
+            trips, extra, created = self.redis_calls / acquisitions, "", "-"
+        else:
+            sent = sum(result["sent"].get(name, 0) for result in self.results for name in ROUND_TRIPS)
+            events = sum(result["events"] for result in self.results)
+            empty = sum(result["empty_get_mores"] for result in self.results)
+            trips = (sent + events) / acquisitions
+            extra = f" (+{empty / acquisitions:4.1f} empty)"
+            created = str(sum(result["connections_created"] for result in self.results))
+        return (
+            f"{self.backend:15} {self.processes:>2} x {self.tasks // self.processes:<3} {self.tasks:>4} tasks | "
+            f"{self.acquisitions / self.seconds:7.1f} acq/s | {trips:5.2f} round trips/acq{extra} | "
+            f"wait p50 {_percentile(waits, 50) * 1000:7.1f} ms p99 {_percentile(waits, 99) * 1000:8.1f} ms | "
+            f"per task min {min(counts):4} max {max(counts):4} | connections created {created}"
+        )
+
+
+def _percentile(values: list[float], percent: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(len(values) * percent / 100))]
+
+
+def run_workers(
+    backend: str, uri: str, processes: int, tasks: int, seconds: float, body_ms: float, library: str | None = None
+) -> list[Any]:
+    """Run the workload in ``processes`` worker processes; ``library`` is another checkout of this
+    library to run instead of this one (a baseline)."""
+    name = f"hot_{uuid.uuid4().hex[:8]}"
+    environment = dict(os.environ)
+    if library is not None:
+        environment["PYTHONPATH"] = library
+    start_at = time.monotonic() + 3.0  # time for every process to start and connect
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), backend, uri, name, str(tasks // processes), str(seconds), str(start_at),
+             str(body_ms)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=library or WORKER.parent.parent,
+            env=environment,
+        )
+        for _ in range(processes)
+    ]  # fmt: skip
+    results = []
+    for worker in workers:
+        out, _ = worker.communicate(timeout=seconds + 120)
+        if worker.returncode != 0:
+            raise RuntimeError(f"a {backend} worker failed (exit {worker.returncode})")
+        results.append(json.loads(out))
+    return results
+
+
+def hot_lock(mongo_uri: str, redis: RedisServer, seconds: float) -> dict[tuple[str, int, int], Run]:
+    runs = {}
+    for processes in (1, 4):
+        for tasks in (1, 4, 16, 64, 256):
+            if tasks < processes:
+                continue
+            for backend in BACKENDS:
+                redis_calls = None
+                uri = redis.uri if backend.startswith("redis") else mongo_uri
+                before = redis.calls() if backend.startswith("redis") else 0
+                results = run_workers(backend, uri, processes, tasks, seconds, body_ms=2)
+                if backend.startswith("redis"):
+                    redis_calls = redis.calls() - before
+                run = runs[backend, processes, tasks] = Run(backend, processes, tasks, seconds, results, redis_calls)
+                print(run.row(), flush=True)
+    return runs
+
+
+def hand_off_latency(backend: str, uri: str, seconds: float, library: str | None = None) -> list[float]:
+    """Seconds from one process leaving its critical section to the other entering its own."""
+    results = run_workers(backend, uri, 2, 2, seconds, body_ms=20, library=library)
+    sections = sorted(
+        (entered, left, process) for process, result in enumerate(results) for entered, left in result["sections"]
     )
+    return [
+        later[0] - earlier[1]
+        for earlier, later in itertools.pairwise(sections)
+        if earlier[2] != later[2]
+    ]
 
 
-async def cycle(uri: str, driver: str, cycles: int) -> float:
+async def driver_cycle(uri: str, driver: str, cycles: int) -> float:
     client = make_client(driver, uri)
     try:
         lock = AsyncMongoLock(client["bench"][f"cycle_{uuid.uuid4().hex[:6]}"], "cycle", ttl=30.0)
 
         async def one() -> None:
-            assert await lock.acquire(blocking=False)
-            assert await lock.release()
+            async with lock:
+                pass
 
-        await one()  # connect
-        return await timed(one, cycles)
+        await one()
+        return (await medians({"cycle": one}, cycles))["cycle"]
     finally:
         await close_client(client)
 
 
-async def handoff(collection: Any, rounds: int, how: str) -> float:
-    """Median seconds from the moment the lock becomes free to the waiter holding it.
+class RedisServer:
+    """A throwaway Redis server on a free port, for the peer benchmark."""
 
-    ``how``: "release" (a handle in this process releases: in-process wake-up), "foreign" (the owner
-    is cleared directly, as another process's release looks: change stream), "expire" (the lease's
-    expiry is moved to now, which no signal announces: backoff alone).
-    """
-    samples = []
-    for index in range(rounds):
-        name = f"handoff-{how}-{index}"
-        holder = AsyncMongoLock(collection, name, ttl=30.0)
-        waiter = AsyncMongoLock(collection, name, ttl=30.0, retry_base=0.05, retry_cap=1.0)
-        assert await holder.acquire()
-        waiting = asyncio.create_task(waiter.acquire(timeout=30))
-        await asyncio.sleep(0.3)
-        freed = time.perf_counter()
-        if how == "release":
-            assert await holder.release()
-        elif how == "foreign":
-            await collection.update_one({"_id": name}, {"$set": {"owner": None}})
-        else:
-            await collection.update_one({"_id": name}, [{"$set": {"expiresAt": "$$NOW"}}])
-        assert await waiting
-        samples.append(time.perf_counter() - freed)
-        await waiter.release()
-    return statistics.median(samples)
+    def __init__(self, executable: str) -> None:
+        self._executable = executable
+        self._directory = Path(tempfile.mkdtemp(prefix="mongolock-bench-redis-"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._process = subprocess.Popen(
+            [executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self._directory)],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.uri = f"redis://127.0.0.1:{self.port}/0"
+        self.version = subprocess.run([executable, "--version"], capture_output=True, text=True).stdout.split()[2]
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def calls(self) -> int:
+        """Commands the server has run (INFO commandstats), not counting INFO itself."""
+        import redis
+
+        with redis.Redis.from_url(self.uri) as client:
+            stats = client.info("commandstats")
+        return sum(entry["calls"] for command, entry in stats.items() if command != "cmdstat_info")
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
+        shutil.rmtree(self._directory, ignore_errors=True)
 
 
-async def main(uri: str, leases: int, rounds: int, cycles: int, *, embedded: bool) -> None:
+@contextlib.contextmanager
+def mongodb(uri: str | None) -> Iterator[tuple[str, str]]:
+    if uri:
+        yield uri, "MongoDB"
+        return
+    with EmbeddedMongo() as server:
+        yield server.uri, f"embedded SecantusDB {version('secantusdb')}"
+
+
+async def report_environment(uri: str, server: str, redis: RedisServer) -> None:
     client = make_client("pymongo", uri)
     try:
         info = await client.admin.command("buildInfo")
-        print(
-            f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
-            f"{platform.platform()} | {os.cpu_count()} cores"
-        )
-        server = f"embedded SecantusDB {version('secantusdb')}" if embedded else "MongoDB"
-        print(
-            f"pymongo {version('pymongo')} | motor {version('motor')} | anyio {version('anyio')} | "
-            f"server {server}, reports version {info.get('version')}"
-        )
-        collection = client["bench"][f"locks_{uuid.uuid4().hex[:6]}"]
-        await renewal(collection, leases, rounds)
-        pymongo_cycle = await cycle(uri, "pymongo", cycles)
-        motor_cycle = await cycle(uri, "motor", cycles)
-        print(
-            f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
-            f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {cycles})"
-        )
-        released, foreign, expired = [
-            await handoff(collection, rounds, how) for how in ("release", "foreign", "expire")
-        ]
-        print(
-            f"hand-off to a waiter: same-process release {released * 1000:6.1f} ms | other-process release "
-            f"(change stream) {foreign * 1000:6.1f} ms | expiry, backoff alone {expired * 1000:6.1f} ms | "
-            f"backoff/stream {expired / foreign:4.1f}x  (medians of {rounds})"
-        )
-        await client.drop_database("bench")
     finally:
         await close_client(client)
+    print(
+        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
+        f"{platform.platform()} | {os.cpu_count()} cores"
+    )
+    print(
+        f"mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | motor {version('motor')} | "
+        f"redis-py {version('redis')} | server {server} (reports {info.get('version')}) | redis-server {redis.version}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
+    parser.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each hot-lock run")
+    parser.add_argument("--cycles", type=int, default=300, help="uncontended cycles per variant")
+    parser.add_argument(
+        "--baseline", help="another checkout of this library (e.g. the previous release) to measure side by side"
+    )
+    arguments = parser.parse_args()
+    redis = RedisServer(arguments.redis_server)
+    try:
+        with mongodb(arguments.uri) as (uri, server):
+            asyncio.run(report_environment(uri, server, redis))
+            print("\n== uncontended ==")
+            asyncio.run(uncontended_against_raw(uri, arguments.cycles))
+            print("\n== hot lock: one name, 2 ms bodies; round trips counted by command monitoring / INFO ==")
+            runs = hot_lock(uri, redis, arguments.seconds)
+            print("\n== ratios ==")
+            for processes in (1, 4):
+                base, hot = runs["mongolock", processes, 4], runs["mongolock", processes, 64]
+                print(f"mongolock {processes} process(es): acq/s at 64 tasks / at 4 tasks = "
+                      f"{hot.acquisitions / max(1, base.acquisitions):4.2f}x")  # fmt: skip
+                peer = runs["redis-fast", processes, 64]
+                print(f"mongolock / redis-py (5 ms polling) acq/s at 64 tasks, {processes} process(es): "
+                      f"{hot.acquisitions / max(1, peer.acquisitions):4.2f}x")  # fmt: skip
+            print("\n== cross-process hand-off: 2 processes x 1 task, 20 ms bodies ==")
+            latency = {backend: hand_off_latency(backend, redis.uri if backend.startswith("redis") else uri,
+                                                 arguments.seconds) for backend in BACKENDS}  # fmt: skip
+            if arguments.baseline:
+                latency["baseline"] = hand_off_latency("mongolock", uri, arguments.seconds, arguments.baseline)
+            for backend, samples in latency.items():
+                samples.sort()
+                print(f"{backend:15} p50 {_percentile(samples, 50) * 1000:6.1f} ms | "
+                      f"p99 {_percentile(samples, 99) * 1000:6.1f} ms | {len(samples)} hand-offs")  # fmt: skip
+            for other in ("redis", "baseline"):
+                if latency.get(other):
+                    ratio = statistics.median(latency[other]) / statistics.median(latency["mongolock"])
+                    print(f"{other} p50 / mongolock p50: {ratio:4.2f}x")
+            print("\n== drivers, uncontended ==")
+            pymongo_cycle = asyncio.run(driver_cycle(uri, "pymongo", arguments.cycles))
+            motor_cycle = asyncio.run(driver_cycle(uri, "motor", arguments.cycles))
+            print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
+                  f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
+    finally:
+        redis.close()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
-    parser.add_argument("--leases", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cycles", type=int, default=300)
-    arguments = parser.parse_args()
-    if arguments.uri:
-        asyncio.run(main(arguments.uri, arguments.leases, arguments.rounds, arguments.cycles, embedded=False))
-    else:
-        with EmbeddedMongo() as server:
-            asyncio.run(main(server.uri, arguments.leases, arguments.rounds, arguments.cycles, embedded=True))
+    main()
