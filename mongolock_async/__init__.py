@@ -5,17 +5,27 @@
 ...     await run_report(fencing_token=lock.fencing_token)
 """
 
-from .errors import LockAlreadyHeldError, LockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from .errors import (
+    LockAlreadyHeldError,
+    LockDataError,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    ServerTooOldError,
+)
 from .indexes import ensure_idle_cleanup_index
 from .lock import AsyncMongoLock, OnLost
 
 __all__ = [
     "AsyncMongoLock",
     "LockAlreadyHeldError",
+    "LockDataError",
     "LockError",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
     "OnLost",
+    "ServerTooOldError",
     "ensure_idle_cleanup_index",
 ]

@@ -11,6 +11,9 @@ from pymongo.write_concern import WriteConcern
 MAX_NAME_LENGTH = 1024
 # Expiry is stored with millisecond precision on the server.
 MIN_TTL = 0.001
+# The longest lease (a year and a day): the server computes expiries with $dateAdd, and a stored
+# expiry further ahead is treated as corrupt, never as a lease that never expires.
+MAX_TTL = 366 * 86_400.0
 _COLLECTION_METHODS = ("find_one_and_update", "update_one", "update_many", "find_one", "find", "with_options")
 
 
@@ -23,7 +26,16 @@ def lock_name(name: object) -> str:
         raise ValueError(f"name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}")
     if "\x00" in name:
         raise ValueError("name must not contain NUL characters")
+    _utf8(name, "name")
     return name
+
+
+def _utf8(value: str, argument: str) -> None:
+    # BSON strings are UTF-8: a lone surrogate (say, from a bad decode) cannot be sent.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{argument} must be encodable as UTF-8 ({error.reason} at position {error.start})") from None
 
 
 def seconds(value: object, argument: str, *, minimum: float = 0.0, allow_zero: bool = False) -> float:
@@ -42,7 +54,10 @@ def seconds(value: object, argument: str, *, minimum: float = 0.0, allow_zero: b
 
 
 def ttl(value: object, argument: str = "ttl") -> float:
-    return seconds(value, argument, minimum=MIN_TTL)
+    number = seconds(value, argument, minimum=MIN_TTL)
+    if number > MAX_TTL:
+        raise ValueError(f"{argument} must be at most {MAX_TTL:g} s (a year and a day), got {value!r}")
+    return number
 
 
 def optional_timeout(value: object, argument: str = "timeout") -> float | None:
@@ -63,16 +78,25 @@ def flag(value: object, argument: str) -> bool:
 
 
 def optional_label(value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if not isinstance(value, str):
         raise TypeError(f"label must be a str or None, not {type(value).__name__}")
+    _utf8(value, "label")
     return value
 
 
 def write_concern(value: object) -> WriteConcern:
+    """Only majority-acknowledged writes: a ``w: 1`` acknowledgement can be rolled back when the
+    primary fails over, and a rolled-back acquisition means two holders and a reused fencing token."""
     if not isinstance(value, WriteConcern):
         raise TypeError(f"write_concern must be a pymongo.write_concern.WriteConcern, not {type(value).__name__}")
-    if not value.acknowledged:
-        raise ValueError("write_concern must be acknowledged (w=0 cannot tell whether a lock was taken)")
+    if value.document.get("w") != "majority":
+        raise ValueError(
+            f"write_concern must have w='majority', got {value.document or 'the server default'}: an acquisition "
+            "acknowledged by fewer nodes can be rolled back at a failover, giving two holders and reused fencing "
+            "tokens (j and wtimeout may be set)"
+        )
     return value
 
 

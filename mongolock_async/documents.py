@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import LockDataError
@@ -19,6 +19,8 @@ from .errors import LockDataError
 # Tokens are the server clock in microseconds (about 1.8e15 today); far below this bound, which
 # keeps ``fence + 1`` clear of int64 overflow on the server.
 MAX_FENCE = 2**62
+# No lease is written more than this far ahead (the longest TTL, a year and a day, plus a day).
+EXPIRY_HORIZON = timedelta(days=368)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,11 @@ class LockState:
         expires_at = _date_or_none(doc.get("expiresAt"), name, "expiresAt", strict=True)
         if owner is not None and expires_at is None:
             raise LockDataError(name, "expiresAt", "is missing although the lock has an owner")
+        # The store's pipelines refuse the same on the server's clock; a year of slack makes the
+        # local clock good enough to say why.
+        if expires_at is not None and expires_at > datetime.now(UTC) + EXPIRY_HORIZON:
+            detail = f"is {expires_at:%Y-%m-%d}, more than a year ahead: never written here"
+            raise LockDataError(name, "expiresAt", detail)
         fence = doc.get("fence")
         if fence is None:
             fence = 0

@@ -57,6 +57,10 @@ class LockDataError(LockError):
         super().__init__(f"lock {name!r}: field {field!r} {detail}; reset it with `mongolock release --force`")
 
 
+class ServerTooOldError(LockError):
+    """The MongoDB server is older than 5.0, which the lock's server-side expiry needs."""
+
+
 class LockLostError(LockError):
     """The lease ended while its holder still relied on it.
 

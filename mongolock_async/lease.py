@@ -78,6 +78,12 @@ class Lease:
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property
+    def server_expiry_floor(self) -> float:
+        """A monotonic time before which the server cannot have let the lease expire."""
+        margin = default_safety_margin(self.ttl) if self.safety_margin is None else self.safety_margin
+        return self.deadline + margin
+
+    @property
     def believed_held(self) -> bool:
         return not self.ended and self.lost_error is None and time.monotonic() < self.deadline
 

@@ -23,12 +23,14 @@ from .errors import LockAlreadyHeldError, LockLostError, LockNotOwnedError, Lock
 from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .queues import Grant
-from .store import LockStore
-from .waiting import AcquireRequest, hand_over, spawn, wait_for_lease
+from .store import LockStore, bounded, is_transient
+from .waiting import AcquireRequest, deadline_in, hand_over, spawn, wait_for_lease
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
 
 _MAJORITY = WriteConcern(w="majority")
+# A release is sent even for a lease about to expire; it gets at least this long to complete.
+_MIN_RELEASE_TIME = 1.0
 
 
 class AsyncMongoLock:
@@ -178,7 +180,7 @@ class AsyncMongoLock:
                 if self._hold(grant):
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
-                await hand_over(self._store, self._name, grant.owner, fair=self._fair, grace=self._ttl)
+                await hand_over(self._store, self._name, grant.owner, fair=self._fair, until=deadline_in(self._ttl))
                 if not blocking:
                     return False
         finally:
@@ -207,14 +209,21 @@ class AsyncMongoLock:
 
         async def hand_on_if_taken(state: LockState) -> None:
             if state.owner == owner:
-                await hand_over(self._store, self._name, owner, fair=self._fair, grace=self._ttl)
+                await hand_over(self._store, self._name, owner, fair=self._fair, until=deadline_in(self._ttl))
 
         sent_at = time.monotonic()
-        state = await run_shielded(
-            self._store.try_acquire(self._name, owner, request.ttl_ms, request.holder, fair=self._fair),
-            grace=self._ttl,
-            on_cancelled=hand_on_if_taken,
-        )
+        try:
+            with bounded(self._ttl):
+                state = await run_shielded(
+                    self._store.try_acquire(self._name, owner, request.ttl_ms, request.holder, fair=self._fair),
+                    grace=self._ttl,
+                    on_cancelled=hand_on_if_taken,
+                )
+        except PyMongoError as error:
+            if is_transient(error):
+                # The server may have applied it: release what this token may hold, in the background.
+                spawn(hand_over(self._store, self._name, owner, fair=self._fair, until=deadline_in(self._ttl)))
+            raise
         return Grant(owner, state.fencing_token, sent_at, request.ttl_ms) if state.owner == owner else None
 
     def _hold(self, grant: Grant) -> bool:
@@ -255,7 +264,9 @@ class AsyncMongoLock:
         lease = self._forget_lease()
         if lease is None:
             return False
-        return await hand_over(self._store, self._name, lease.owner, fair=self._fair, grace=lease.ttl)
+        # Worth trying until the lease expires on the server anyway (and for a moment at least).
+        until = max(lease.server_expiry_floor, deadline_in(_MIN_RELEASE_TIME))
+        return await hand_over(self._store, self._name, lease.owner, fair=self._fair, until=until)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Start a new lease of ``ttl`` seconds (default: the current TTL) from now, server time.
@@ -269,7 +280,9 @@ class AsyncMongoLock:
             raise LockNotOwnedError(self._name)
         interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
         sent_at = time.monotonic()
-        if not await self._store.extend(self._name, lease.owner, _ms(new_ttl)):
+        with bounded(lease.server_expiry_floor - sent_at):
+            extended = await self._store.extend(self._name, lease.owner, _ms(new_ttl))
+        if not extended:
             lease.mark_lost("extend found the lease expired or held by another owner")
             raise LockNotOwnedError(self._name, "the lease expired or another owner holds it now")
         lease.heartbeat_interval = interval
@@ -279,14 +292,17 @@ class AsyncMongoLock:
 
     async def locked(self) -> bool:
         """Whether anyone holds a live lease on this name, judged by the server."""
-        return await self._store.is_held(self._name)
+        with bounded(self._ttl):
+            return await self._store.is_held(self._name)
 
     async def owned(self) -> bool:
         """Whether this handle holds the lease: live on the server and before the local deadline."""
         lease = self._lease
         if lease is None or not lease.believed_held:
             return False
-        return await self._store.is_held(self._name, lease.owner) and lease.believed_held
+        with bounded(lease.deadline - time.monotonic()):
+            held = await self._store.is_held(self._name, lease.owner)
+        return held and lease.believed_held
 
     async def __aenter__(self) -> AsyncMongoLock:
         if not await self.acquire():
@@ -373,7 +389,7 @@ def _abandoned(lease: Lease, loop: asyncio.AbstractEventLoop, fair: bool) -> Non
     def end_it() -> None:
         lease.end()
         keeper_for_running_loop().drop(lease)
-        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, grace=lease.ttl))
+        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, until=lease.server_expiry_floor))
 
     loop.call_soon_threadsafe(end_it)
 

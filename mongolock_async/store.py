@@ -40,18 +40,29 @@ from typing import Any
 import pymongo
 from bson.codec_options import DatetimeConversion
 from pymongo import ReadPreference, ReturnDocument, UpdateOne
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import (
+    BulkWriteError,
+    ConnectionFailure,
+    DuplicateKeyError,
+    ExecutionTimeout,
+    PyMongoError,
+    WriteConcernError,
+)
 from pymongo.write_concern import WriteConcern
 
-from .documents import MAX_FENCE, LockReport, LockState
-from .errors import LockDataError
+from ._weak import WeakIdentityMap
+from .documents import EXPIRY_HORIZON, MAX_FENCE, LockReport, LockState
+from .errors import LockDataError, ServerTooOldError
 
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
+# MongoDB 5.0 (wire version 13) brought $dateAdd, which every lease expiry is computed with.
+_MIN_WIRE_VERSION = 13
+_checked_clients: WeakIdentityMap[Any, bool] = WeakIdentityMap()
 IDLE_CLEANUP_INDEX = "mongolock_idle_cleanup"
 # The longest lease a handle may ask for. A stored expiry further ahead than this (plus a day for
 # clock differences) was not written by this library, and a lease that never expires is refused.
-MAX_TTL_MS = 366 * 86_400_000
-_EXPIRY_HORIZON_MS = MAX_TTL_MS + 86_400_000
+MAX_TTL_MS = 366 * 86_400_000  # _validate.MAX_TTL
+_EXPIRY_HORIZON_MS = int(EXPIRY_HORIZON.total_seconds() * 1000)
 # Racing upserts of a new name can fail with a duplicate key; the retry then finds the document.
 _UPSERT_RACE_RETRIES = 10
 
@@ -108,6 +119,19 @@ class LockStore:
 
     # -- acquire, release, renew ------------------------------------------------------------------
 
+    async def check_server(self) -> None:
+        """Refuse a server older than MongoDB 5.0 (``$dateAdd``), once per client, with a clear error."""
+        if _checked_clients.get(self.client):
+            return
+        hello = await self.client.admin.command("hello")
+        wire_version = hello.get("maxWireVersion", 0)
+        if not isinstance(wire_version, int) or wire_version < _MIN_WIRE_VERSION:
+            raise ServerTooOldError(
+                f"mongolock-async needs MongoDB 5.0 or newer; the server at {self.full_name} speaks wire "
+                f"version {wire_version} (5.0 is {_MIN_WIRE_VERSION})"
+            )
+        _checked_clients.setdefault(self.client, lambda: True)
+
     async def try_acquire(
         self,
         name: str,
@@ -129,6 +153,7 @@ class LockStore:
         lock while an older place waits. ``follower`` (see :class:`PlaceRequest`) is queued in the
         same write when the lock is taken, and recorded with the place when it is not.
         """
+        await self.check_server()
         place = PlaceRequest(owner, ttl_ms, holder, follower)
         pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
         for _ in range(_UPSERT_RACE_RETRIES):
@@ -709,5 +734,20 @@ async def _maybe_await(value: Any) -> Any:
 
 
 def bounded(seconds: float | None) -> contextlib.AbstractContextManager[None]:
-    """The driver's client-side operation timeout for the requests sent inside the block."""
-    return contextlib.nullcontext() if seconds is None else pymongo.timeout(max(seconds, 0.001))
+    """The driver's client-side operation timeout for the requests sent inside the block.
+
+    Nested bounds only shorten (``pymongo.timeout``). At most a day: a longer one is no bound at
+    all, and the driver turns it into a ``maxTimeMS`` that must fit in a 64-bit integer.
+    """
+    return contextlib.nullcontext() if seconds is None else pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
+
+
+def is_transient(error: PyMongoError) -> bool:
+    """Whether ``error`` may pass when the request is sent again: network errors and timeouts,
+    server selection, elections (NotWritablePrimary and kin), write-concern waits, and what the
+    server labels retryable."""
+    return (
+        isinstance(error, ConnectionFailure | WriteConcernError | ExecutionTimeout)
+        or bool(getattr(error, "timeout", False))
+        or error.has_error_label("RetryableWriteError")
+    )

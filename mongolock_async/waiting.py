@@ -28,18 +28,21 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
 from ._backoff import Backoff
 from ._shield import run_shielded
 from .documents import LockState
 from .keeper import keeper_for_running_loop
 from .queues import Grant, LocalQueue, Waiter, existing_queue, join, remove
-from .store import LockStore, PlaceRequest
+from .store import LockStore, PlaceRequest, bounded, is_transient
 from .watcher import ReleaseWatcher, watcher_for
 
 logger = logging.getLogger("mongolock_async")
 
 LOCAL_STREAK = 8
 """Local hand-offs in a row after which another process's place gets the lease (default mode)."""
+_RETRY_BASE, _RETRY_CAP = 0.05, 1.0
 
 _background: set[asyncio.Task[Any]] = set()
 
@@ -95,7 +98,9 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             if give_up_at is not None and now >= give_up_at and (attempted or not must_attempt):
                 return None
             if must_attempt:
-                delay = await _attempt(queue, waiter, request, watcher, backoff, first=not attempted)
+                delay = await _attempt(
+                    queue, waiter, request, watcher, backoff, first=not attempted, give_up_at=give_up_at
+                )
                 attempted = True
                 attempt_at = None if delay is None else time.monotonic() + delay
             elif can_attempt and attempt_at is None:
@@ -108,7 +113,8 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
         return waiter.grant
     except asyncio.CancelledError:
         if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
-            spawn(hand_over(request.store, request.name, waiter.grant.owner, fair=request.fair, grace=request.ttl))
+            owner = waiter.grant.owner
+            spawn(hand_over(request.store, request.name, owner, fair=request.fair, until=deadline_in(request.ttl)))
         raise
     finally:
         if remove(queue, waiter):
@@ -116,7 +122,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             if queue.slot_queued:
                 # Nobody here wants the places any more: withdraw them, and if the lease was handed
                 # to one meanwhile, pass that on. In the background: giving up returns at once.
-                spawn(_withdraw(queue.store, queue.name, queue.tokens(), fair=request.fair))
+                spawn(_withdraw(queue.store, queue.name, queue.tokens(), fair=request.fair, within=request.ttl))
 
 
 async def _attempt(
@@ -127,6 +133,7 @@ async def _attempt(
     backoff: Backoff,
     *,
     first: bool,
+    give_up_at: float | None,
 ) -> float | None:
     """The head's attempt: take, claim, or queue a place. Returns how long to sleep if not taken.
 
@@ -148,15 +155,26 @@ async def _attempt(
             if queue.slot == token:
                 queue.queued(place.follower, sent_at)
             remove(queue, waiter)
-            await hand_over(request.store, request.name, token, fair=request.fair, grace=request.ttl)
+            await hand_over(request.store, request.name, token, fair=request.fair, until=deadline_in(request.ttl))
 
+    left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
     queue.head_attempting = True
     try:
-        state, operation_time = await run_shielded(
-            _send_attempt(request, place, with_session=with_session),
-            grace=request.ttl,
-            on_cancelled=hand_on_if_taken,
-        )
+        with bounded(left):
+            state, operation_time = await run_shielded(
+                _send_attempt(request, place, with_session=with_session),
+                grace=request.ttl,
+                on_cancelled=hand_on_if_taken,
+            )
+    except PyMongoError as error:
+        if not is_transient(error):
+            raise
+        # The server may have applied it: the place (maybe the lease) can be there. Either the
+        # next head claims it with the same token, or the last one to leave withdraws it.
+        queue.slot_queued = True
+        waiter.uncovered = False
+        logger.debug("an attempt on %r failed (%s); trying again", request.name, error)
+        return backoff.next_delay()
     finally:
         queue.head_attempting = False
     if waiter.grant is not None or queue.slot != token:
@@ -208,24 +226,45 @@ async def _sleep_until(waiter: Waiter, wake_at: float | None, give_up_at: float 
         await asyncio.wait_for(waiter.wake.wait(), delay)
 
 
-async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, grace: float) -> bool:
+async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, until: float) -> bool:
     """Release ``owner``'s lease on ``name``, handing it to the next waiter in the same write.
 
     The lease goes to this process's head waiter when there is one (within the streak limit, or in
     its turn with ``fair``), else to the oldest place of another process, else nobody. Returns
-    whether the lease was still live. A cancellation waits for the request (up to ``grace``
-    seconds) and then propagates.
+    whether the lease was still live. A transient failure is retried with backoff until ``until``
+    (monotonic: when the lease expires on the server anyway), which also bounds each request; past
+    it the last error is raised. A cancellation waits for the request in flight and propagates.
     """
+    backoff = Backoff(_RETRY_BASE, _RETRY_CAP)
     while True:
-        queue = existing_queue(store, name)
-        successor = None
-        if queue is not None and queue.waiters:
-            # Named even while the head's own attempt is in flight: both carry the same tokens,
-            # and whichever reply comes first gives the lease (the other finds the slot moved on).
-            successor = queue.head_place()
-            queue.handing_over += 1
-        sent_at = time.monotonic()
         try:
+            return await _hand_over_once(store, name, owner, fair=fair, until=until)
+        except PyMongoError as error:
+            delay = backoff.next_delay()
+            if not is_transient(error) or time.monotonic() + delay >= until:
+                raise
+            logger.debug("releasing %r failed (%s); retrying", name, error)
+            await asyncio.sleep(delay)
+        except _HandedToNobody as handed:
+            owner = handed.token  # handed to our place, but its waiters are gone: pass it on
+
+
+class _HandedToNobody(Exception):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+async def _hand_over_once(store: LockStore, name: str, owner: str, *, fair: bool, until: float) -> bool:
+    queue = existing_queue(store, name)
+    successor = None
+    if queue is not None and queue.waiters:
+        # Named even while the head's own attempt is in flight: both carry the same tokens,
+        # and whichever reply comes first gives the lease (the other finds the slot moved on).
+        successor = queue.head_place()
+        queue.handing_over += 1
+    sent_at = time.monotonic()
+    try:
+        with bounded(until - sent_at):
             state = await run_shielded(
                 store.release(
                     name,
@@ -234,38 +273,44 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, grac
                     fair=fair,
                     successor_first=queue is not None and queue.streak < LOCAL_STREAK,
                 ),
-                grace=grace,
+                grace=max(0.0, until - sent_at),
             )
-        finally:
-            if successor is not None and queue is not None:
-                queue.handing_over -= 1
-        if queue is None or state is None:
-            if state is None and queue is not None:
-                queue.wake_head()  # not ours any more (expired): the lock may be free
-            return state is not None
-        if successor is None:
-            if state.owner is None:
-                queue.wake_head()  # free: a head that came meanwhile takes it
-            return True
-        if state.owner == successor.token:
-            if queue.slot != successor.token:
-                return True  # the head's own attempt claimed it first, and has it
-            grant = Grant(successor.token, state.fencing_token, sent_at, successor.ttl_ms)
-            if queue.grant_head(grant, follower=successor.follower):
-                queue.streak += 1
-                return True
-            owner = successor.token  # handed to our place, but its waiters are gone: pass it on
-            continue
-        queue.streak = 0
-        if queue.slot == successor.token:
-            queue.queued(successor, sent_at)  # the lease went elsewhere; our successor's place is queued
-        queue.wake_head(news=False)  # it skipped its turn while this release was in flight
+    finally:
+        if successor is not None and queue is not None:
+            queue.handing_over -= 1
+            if queue.handing_over == 0:
+                queue.wake_head(news=False)  # it skipped its turn while this release was in flight
+    if queue is None or state is None:
+        if state is None and queue is not None:
+            queue.wake_head()  # not ours any more (expired): the lock may be free
+        return state is not None
+    if successor is None:
+        if state.owner is None:
+            queue.wake_head()  # free: a head that came meanwhile takes it
         return True
+    if state.owner == successor.token:
+        if queue.slot != successor.token:
+            return True  # the head's own attempt claimed it first, and has it
+        grant = Grant(successor.token, state.fencing_token, sent_at, successor.ttl_ms)
+        if not queue.grant_head(grant, follower=successor.follower):
+            raise _HandedToNobody(successor.token)
+        queue.streak += 1
+        return True
+    queue.streak = 0
+    if queue.slot == successor.token:
+        queue.queued(successor, sent_at)  # the lease went elsewhere; our successor's place is queued
+    return True
 
 
-async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: bool) -> None:
+def deadline_in(seconds: float) -> float:
+    """The monotonic time ``seconds`` from now."""
+    return time.monotonic() + seconds
+
+
+async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float) -> None:
     try:
-        await store.leave(name, tokens, fair=fair)
+        with bounded(within):
+            await store.leave(name, tokens, fair=fair)
     except Exception as error:  # best effort: the place expires by itself
         logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, error)
 

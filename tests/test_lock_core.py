@@ -170,7 +170,7 @@ async def test_owner_tokens_are_fresh_per_acquisition(lock_collection: Any) -> N
 
 @pytest.mark.parametrize(
     ("write_concern", "expected"),
-    [(None, {"w": "majority"}), (WriteConcern(w=1, j=True), {"w": 1, "j": True})],
+    [(None, {"w": "majority"}), (WriteConcern(w="majority", j=True), {"w": "majority", "j": True})],
     ids=["default-majority", "override"],
 )
 async def test_writes_carry_the_write_concern(

@@ -1,0 +1,339 @@
+"""Production hardening: each test injects a fault (a paused process, a hung or failing server, a
+dropped handle, a forced release, hostile data) and checks the lock stays safe and says so."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import bson
+import pytest
+from bson import DatetimeMS, Int64, MaxKey, Timestamp
+from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.write_concern import WriteConcern
+
+from mongolock_async import (
+    AsyncMongoLock,
+    LockDataError,
+    LockLostError,
+    LockTimeoutError,
+    ServerTooOldError,
+    ensure_idle_cleanup_index,
+)
+from mongolock_async import store as store_module
+from mongolock_async.documents import LockState
+from mongolock_async.store import LockStore
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.conftest import CommandCounter, set_fail_point
+
+PAUSED_HOLDER = Path(__file__).with_name("paused_holder.py")
+
+
+# -- 1. a paused holder process --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heartbeat", [0.0, 0.4], ids=["without-heartbeat", "with-heartbeat"])
+def test_a_paused_holder_runs_no_step_past_its_deadline(mongodb_uri: str, heartbeat: float) -> None:
+    ttl = 1.5
+    holder = subprocess.Popen(
+        [sys.executable, str(PAUSED_HOLDER), mongodb_uri, TEST_DATABASE, "paused", "held", str(ttl), str(heartbeat)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=PAUSED_HOLDER.parent.parent,
+    )
+    try:
+        assert holder.stdout is not None
+        first = holder.stdout.readline().split()
+        assert first[0] == "deadline", first
+        deadline = float(first[1])
+        holder.stdout.readline()  # one step ran before the pause
+        os.kill(holder.pid, signal.SIGSTOP)  # a GC pause, a frozen VM: nothing runs, not even timers
+        time.sleep(max(0.0, deadline - time.monotonic()) + 1.0)
+        os.kill(holder.pid, signal.SIGCONT)
+        out, _ = holder.communicate(timeout=60)
+    finally:
+        holder.kill()
+    lines = [line.split() for line in out.splitlines()]
+    steps = [float(at) for kind, at in lines if kind == "step"]
+    assert lines[-1][0] == "lost", out
+    late = [at for at in steps if at > deadline]
+    assert not late, f"the block ran {len(late)} step(s) past its local deadline {deadline}: {late[:3]}"
+
+
+# -- 2. requests without a bound --------------------------------------------------------------------
+
+
+async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
+    driver: str, private_server: EmbeddedMongo
+) -> None:
+    client = make_client(driver, private_server.uri)
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        await collection.find_one({})  # connected
+        lock = AsyncMongoLock(collection, "hung", ttl=30.0)
+        private_server.pause()
+        try:
+            started = time.monotonic()
+            assert await lock.acquire(timeout=1.0) is False
+            took = time.monotonic() - started
+            started = time.monotonic()
+            with pytest.raises(LockTimeoutError):
+                async with AsyncMongoLock(collection, "hung", ttl=30.0, timeout=1.0):
+                    pytest.fail("entered while the server did not answer")
+            took_in_block = time.monotonic() - started
+        finally:
+            private_server.resume()
+        # Within the timeout plus a small slack; before the fix these waited for the server (seen: 8 s).
+        assert took < 2.0 and took_in_block < 2.0, (took, took_in_block)
+    finally:
+        await close_client(client)
+
+
+async def test_a_release_returns_within_the_lease_while_the_server_hangs(
+    driver: str, private_server: EmbeddedMongo
+) -> None:
+    client = make_client(driver, private_server.uri)
+    try:
+        lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "hung", ttl=2.0)
+        assert await lock.acquire()
+        private_server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(PyMongoError):
+                await lock.release()
+            took = time.monotonic() - started
+        finally:
+            private_server.resume()
+        assert took < 2.0 + 1.5, f"release took {took:.1f} s for a lease of 2 s"
+    finally:
+        await close_client(client)
+
+
+# -- 3. an orphaned heartbeat ---------------------------------------------------------------------
+
+
+async def test_a_dropped_handle_is_no_longer_renewed_and_is_released(
+    counted_collection: Any, command_counter: CommandCounter, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="mongolock_async")
+    lock: AsyncMongoLock | None = AsyncMongoLock(counted_collection, "dropped", ttl=3.0, heartbeat=0.2)
+    assert lock is not None and await lock.acquire()
+    await asyncio.sleep(0.5)
+    assert command_counter.count("update") >= 1, "it was being renewed"
+    del lock
+    gc.collect()
+    for _ in range(50):
+        doc = await counted_collection.find_one({"_id": "dropped"})
+        if doc["owner"] is None:
+            break
+        await asyncio.sleep(0.1)
+    assert doc["owner"] is None, "the lease of a dropped handle was not released"
+    assert "'dropped' was garbage-collected" in caplog.text
+    command_counter.names.clear()
+    await asyncio.sleep(0.6)
+    assert command_counter.count("update") == 0, "a dropped handle's lease is still renewed"
+
+
+# -- 4. loss that is never silent -----------------------------------------------------------------
+
+
+async def test_a_lease_broken_during_a_block_without_heartbeat_raises(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "broken", ttl=30.0)
+    operator = LockStore(lock_collection, WriteConcern(w="majority"))
+    with pytest.raises(LockLostError, match="gone"):
+        async with lock:
+            assert await operator.force_release("broken") is not None
+    assert lock.fencing_token is None
+
+
+# -- 5. ambiguous failures ------------------------------------------------------------------------
+
+
+async def test_an_acquire_applied_but_not_acknowledged_is_undone(private_collection: Any) -> None:
+    # The server applies the write, then reports that it could not confirm it.
+    failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
+    await set_fail_point(private_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+    lock = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0)
+    with pytest.raises(PyMongoError):
+        await lock.acquire(blocking=False)
+    assert (await private_collection.find_one({"_id": "ambiguous"}))["owner"] is not None, "it was applied"
+    other = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0)
+    assert await other.acquire(timeout=5), "the unacknowledged lease blocked the lock"
+    assert await other.release()
+
+
+async def test_a_blocking_acquire_retries_an_ambiguous_attempt_with_the_same_token(
+    private_collection: Any,
+) -> None:
+    failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
+    await set_fail_point(private_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+    lock = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0, retry_base=0.01, retry_cap=0.05)
+    assert await lock.acquire(timeout=10)
+    doc = await private_collection.find_one({"_id": "ambiguous"})
+    assert doc["fence"] == lock.fencing_token, "the retry claimed the lease the first attempt took"
+    assert await lock.release()
+
+
+async def test_a_release_that_fails_transiently_is_retried(private_collection: Any) -> None:
+    lock = AsyncMongoLock(private_collection, "flaky", ttl=30.0)
+    assert await lock.acquire()
+    # The driver retries a retryable write once; the lock retries past that.
+    await set_fail_point(private_collection, {"times": 3}, failCommands=["findAndModify"], closeConnection=True)
+    assert await lock.release()
+    assert (await private_collection.find_one({"_id": "flaky"}))["owner"] is None
+
+
+async def test_nothing_is_renewed_once_release_is_called(private_server: EmbeddedMongo, driver: str) -> None:
+    counter = CommandCounter()
+    client = make_client(driver, private_server.uri, event_listeners=[counter])
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        lock = AsyncMongoLock(collection, "slow-release", ttl=1.5, heartbeat=0.2)
+        assert await lock.acquire()
+        await asyncio.sleep(0.5)
+        await set_fail_point(
+            collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1000
+        )
+        counter.names.clear()
+        assert await lock.release()
+        assert counter.count("update") == 0, "a renewal was sent while the release was in flight"
+    finally:
+        await close_client(client)
+
+
+# -- 6. hostile and corrupted data ----------------------------------------------------------------
+
+CORRUPT: list[tuple[dict[str, Any], str]] = [
+    ({"fence": "12"}, "fence"),
+    ({"fence": 1.5}, "fence"),
+    ({"fence": math.nan}, "fence"),
+    ({"fence": -1}, "fence"),
+    ({"fence": Int64(2**63 - 1)}, "fence"),
+    ({"owner": 42, "expiresAt": datetime(2030, 1, 1)}, "owner"),
+    ({"owner": {"$gt": ""}, "expiresAt": datetime(2030, 1, 1)}, "owner"),
+    ({"owner": "someone", "expiresAt": "tomorrow"}, "expiresAt"),
+    ({"owner": "someone", "expiresAt": Timestamp(2**31 - 1, 1)}, "expiresAt"),
+    ({"owner": "someone", "expiresAt": MaxKey()}, "expiresAt"),
+    ({"owner": "someone", "expiresAt": datetime(9999, 12, 31)}, "expiresAt"),
+    ({"owner": "someone"}, "expiresAt"),
+    ({"queue": "everyone"}, "queue"),
+]
+
+
+@pytest.mark.parametrize(("fields", "field"), CORRUPT, ids=[f"{field}-{i}" for i, (_, field) in enumerate(CORRUPT)])
+async def test_a_corrupt_document_is_refused_with_a_clear_error(
+    lock_collection: Any, fields: dict[str, Any], field: str
+) -> None:
+    await lock_collection.insert_one({"_id": "edited", **fields})
+    before = await lock_collection.find_one({"_id": "edited"})
+    lock = AsyncMongoLock(lock_collection, "edited", ttl=5.0)
+    for blocking in (False, True):
+        with pytest.raises(LockDataError, match=f"'edited'.*{field}") as raised:
+            await lock.acquire(blocking=blocking, timeout=1.0 if blocking else None)
+        assert raised.value.name == "edited" and raised.value.field == field
+    after = await lock_collection.find_one({"_id": "edited"})
+    assert bson.encode(after) == bson.encode(before), "the corrupt document was written"
+    assert lock.fencing_token is None
+    # Operators see it without the other locks disappearing, and can reset it.
+    neighbour = AsyncMongoLock(lock_collection, "neighbour", ttl=5.0)
+    assert await neighbour.acquire()
+    operator = LockStore(lock_collection, WriteConcern(w="majority"))
+    reports = {report.name: report for report in await operator.report()}
+    assert reports["edited"].error is not None and reports["edited"].state is None
+    assert reports["neighbour"].remaining_ms is not None
+    assert await operator.force_release("edited") is not None
+    assert await lock.acquire(blocking=False), "the repaired lock can be taken"
+    assert await lock.release() and await neighbour.release()
+
+
+def test_a_date_beyond_pythons_range_is_reported_as_corrupt() -> None:
+    # The store decodes dates with DATETIME_AUTO, so one beyond year 9999 arrives as DatetimeMS.
+    # (The embedded server cannot hold such a document itself; MongoDB can.)
+    with pytest.raises(LockDataError, match="expiresAt"):
+        LockState.from_document({"_id": "edited", "owner": "someone", "expiresAt": DatetimeMS(2**62)})
+
+
+async def test_malformed_queue_places_are_ignored(lock_collection: Any) -> None:
+    await lock_collection.insert_one({"_id": "q", "queue": [{"t": 5}, "junk", {"t": "x", "exp": "soon", "ttlMs": 1}]})
+    lock = AsyncMongoLock(lock_collection, "q", ttl=5.0, fair=True)
+    assert await lock.acquire(blocking=False), "malformed places do not count as waiters"
+    assert await lock.release()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"name": "lone \ud800 surrogate"}, ValueError, "name.*UTF-8"),
+        ({"label": "bad \udfff label"}, ValueError, "label.*UTF-8"),
+        ({"ttl": 400 * 86_400.0}, ValueError, "ttl.*at most"),
+        ({"ttl": 1e300}, ValueError, "ttl.*at most"),
+        ({"write_concern": WriteConcern(w=1)}, ValueError, "majority"),
+        ({"write_concern": WriteConcern(w=2, j=True)}, ValueError, "majority"),
+    ],
+)
+async def test_input_the_server_cannot_take_is_refused_before_io(
+    counted_collection: Any, command_counter: CommandCounter, overrides: dict[str, Any], error: type, match: str
+) -> None:
+    arguments: dict[str, Any] = {"collection": counted_collection, "name": "job", "ttl": 30.0, **overrides}
+    with pytest.raises(error, match=match):
+        AsyncMongoLock(**arguments)
+    assert command_counter.names == []
+
+
+# -- real-MongoDB semantics -----------------------------------------------------------------------
+
+
+async def test_a_renewal_confirms_only_what_it_renewed(lock_collection: Any) -> None:
+    kept = AsyncMongoLock(lock_collection, "kept", ttl=3.0, heartbeat=0.3)
+    lapsed = AsyncMongoLock(lock_collection, "lapsed", ttl=3.0, heartbeat=0.3)
+    assert await kept.acquire() and await lapsed.acquire()
+    # Still ours by owner, but expired on the server: a later read could not tell it from renewed.
+    await lock_collection.update_one({"_id": "lapsed"}, [{"$set": {"expiresAt": "$$NOW"}}])
+    await asyncio.wait_for(lapsed.lost.wait(), 5)
+    assert lapsed.lost_error is not None and "expired or held by another owner" in lapsed.lost_error.reason
+    assert not kept.lost.is_set() and await kept.owned()
+    assert await kept.release()
+
+
+async def test_a_server_older_than_5_0_is_refused_before_the_first_lock_request(
+    counted_collection: Any, command_counter: CommandCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The embedded server speaks a recent wire version; pretend 5.0 were newer than it.
+    monkeypatch.setattr(store_module, "_MIN_WIRE_VERSION", 99)
+    monkeypatch.setattr(store_module, "_checked_clients", store_module.WeakIdentityMap())
+    with pytest.raises(ServerTooOldError, match=r"5\.0 or newer"):
+        await AsyncMongoLock(counted_collection, "old", ttl=5.0).acquire()
+    assert command_counter.count("findAndModify") == 0
+    assert command_counter.count("hello") == 1
+
+
+async def test_only_a_duplicate_key_on_the_name_is_retried(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    await counted_collection.create_index("holder.label", unique=True, sparse=True)
+    first = AsyncMongoLock(counted_collection, "a", ttl=5.0, label="same")
+    assert await first.acquire()
+    command_counter.clear()
+    with pytest.raises(DuplicateKeyError):
+        await AsyncMongoLock(counted_collection, "b", ttl=5.0, label="same").acquire(blocking=False)
+    assert command_counter.count("findAndModify") == 1, "a user's unique index clash was retried"
+    assert await first.release()
+
+
+async def test_the_idle_cleanup_index_needs_an_hour_and_can_be_changed(lock_collection: Any) -> None:
+    with pytest.raises(ValueError, match="3600"):
+        await ensure_idle_cleanup_index(lock_collection, idle_after=60)
+    name = await ensure_idle_cleanup_index(lock_collection, idle_after=3600)
+    assert await ensure_idle_cleanup_index(lock_collection, idle_after=7200) == name
+    assert (await lock_collection.index_information())[name]["expireAfterSeconds"] == 7200
