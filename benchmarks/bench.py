@@ -175,7 +175,7 @@ def run_workers(
     return results
 
 
-def hot_lock(mongo_uri: str, redis: RedisServer, seconds: float) -> dict[tuple[str, int, int], Run]:
+def hot_lock(mongo_uri: str | None, redis: RedisServer, seconds: float) -> dict[tuple[str, int, int], Run]:
     runs = {}
     for processes in (1, 4):
         for tasks in (1, 4, 16, 64, 256):
@@ -183,11 +183,13 @@ def hot_lock(mongo_uri: str, redis: RedisServer, seconds: float) -> dict[tuple[s
                 continue
             for backend in BACKENDS:
                 redis_calls = None
-                uri = redis.uri if backend.startswith("redis") else mongo_uri
-                before = redis.calls() if backend.startswith("redis") else 0
-                results = run_workers(backend, uri, processes, tasks, seconds, body_ms=2)
                 if backend.startswith("redis"):
+                    before = redis.calls()
+                    results = run_workers(backend, redis.uri, processes, tasks, seconds, body_ms=2)
                     redis_calls = redis.calls() - before
+                else:
+                    with mongodb(mongo_uri) as (uri, _):
+                        results = run_workers(backend, uri, processes, tasks, seconds, body_ms=2)
                 run = runs[backend, processes, tasks] = Run(backend, processes, tasks, seconds, results, redis_calls)
                 print(run.row(), flush=True)
     return runs
@@ -259,6 +261,9 @@ class RedisServer:
 
 @contextlib.contextmanager
 def mongodb(uri: str | None) -> Iterator[tuple[str, str]]:
+    """The given server, or a fresh embedded one: it slows down as writes accumulate (seen here:
+    17 ms per acquire + release at first, 34 ms after 12,000 other writes), so every run gets its
+    own, and results do not depend on the order of the runs."""
     if uri:
         yield uri, "MongoDB"
         return
@@ -296,39 +301,45 @@ def main() -> None:
     try:
         with mongodb(arguments.uri) as (uri, server):
             asyncio.run(report_environment(uri, server, redis))
-            print("\n== uncontended ==")
+        print("\n== uncontended ==")
+        with mongodb(arguments.uri) as (uri, _):
             asyncio.run(uncontended_against_raw(uri, arguments.cycles))
-            print("\n== hot lock: one name, 2 ms bodies; round trips counted by command monitoring / INFO ==")
-            runs = hot_lock(uri, redis, arguments.seconds)
-            print("\n== ratios ==")
-            for processes in (1, 4):
-                base, hot = runs["mongolock", processes, 4], runs["mongolock", processes, 64]
-                print(f"mongolock {processes} process(es): acq/s at 64 tasks / at 4 tasks = "
-                      f"{hot.acquisitions / max(1, base.acquisitions):4.2f}x")  # fmt: skip
-                peer = runs["redis-fast", processes, 64]
-                print(f"mongolock / redis-py (5 ms polling) acq/s at 64 tasks, {processes} process(es): "
-                      f"{hot.acquisitions / max(1, peer.acquisitions):4.2f}x")  # fmt: skip
-            print("\n== cross-process hand-off: 2 processes x 1 task, 20 ms bodies ==")
-            latency = {backend: hand_off_latency(backend, redis.uri if backend.startswith("redis") else uri,
-                                                 arguments.seconds) for backend in BACKENDS}  # fmt: skip
-            if arguments.baseline:
-                latency["baseline"] = hand_off_latency("mongolock", uri, arguments.seconds, arguments.baseline)
-            for backend, samples in latency.items():
-                samples.sort()
-                print(f"{backend:15} p50 {_percentile(samples, 50) * 1000:6.1f} ms | "
-                      f"p99 {_percentile(samples, 99) * 1000:6.1f} ms | {len(samples)} hand-offs")  # fmt: skip
-            for other in ("redis", "baseline"):
-                if latency.get(other):
-                    ratio = statistics.median(latency[other]) / statistics.median(latency["mongolock"])
-                    print(f"{other} p50 / mongolock p50: {ratio:4.2f}x")
-            print("\n== drivers, uncontended ==")
+        print("\n== hot lock: one name, 2 ms bodies; round trips counted by command monitoring / INFO ==")
+        runs = hot_lock(arguments.uri, redis, arguments.seconds)
+        print("\n== ratios ==")
+        for processes in (1, 4):
+            base, hot = runs["mongolock", processes, 4], runs["mongolock", processes, 64]
+            print(f"mongolock {processes} process(es): acq/s at 64 tasks / at 4 tasks = "
+                  f"{hot.acquisitions / max(1, base.acquisitions):4.2f}x")  # fmt: skip
+            peer = runs["redis-fast", processes, 64]
+            print(f"mongolock / redis-py (5 ms polling) acq/s at 64 tasks, {processes} process(es): "
+                  f"{hot.acquisitions / max(1, peer.acquisitions):4.2f}x")  # fmt: skip
+        print("\n== cross-process hand-off: 2 processes x 1 task, 20 ms bodies ==")
+        latency = {}
+        for backend in (*BACKENDS, *(["baseline"] if arguments.baseline else [])):
+            if backend.startswith("redis"):
+                latency[backend] = hand_off_latency(backend, redis.uri, arguments.seconds)
+                continue
+            with mongodb(arguments.uri) as (uri, _):
+                library = arguments.baseline if backend == "baseline" else None
+                name = "mongolock" if backend == "baseline" else backend
+                latency[backend] = hand_off_latency(name, uri, arguments.seconds, library)
+        for backend, samples in latency.items():
+            samples.sort()
+            print(f"{backend:15} p50 {_percentile(samples, 50) * 1000:6.1f} ms | "
+                  f"p99 {_percentile(samples, 99) * 1000:6.1f} ms | {len(samples)} hand-offs")  # fmt: skip
+        for other in ("redis", "baseline"):
+            if latency.get(other):
+                ratio = statistics.median(latency[other]) / statistics.median(latency["mongolock"])
+                print(f"{other} p50 / mongolock p50: {ratio:4.2f}x")
+        print("\n== drivers, uncontended ==")
+        with mongodb(arguments.uri) as (uri, _):
             pymongo_cycle = asyncio.run(driver_cycle(uri, "pymongo", arguments.cycles))
             motor_cycle = asyncio.run(driver_cycle(uri, "motor", arguments.cycles))
-            print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
-                  f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
+        print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
+              f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
     finally:
         redis.close()
-
 
 if __name__ == "__main__":
     main()
