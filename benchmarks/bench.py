@@ -77,11 +77,12 @@ async def uncontended_against_raw(uri: str, cycles: int) -> None:
                 pass
 
         async def raw() -> None:
-            # The same two requests the library sends, built by the same code, sent directly.
-            owner = secrets.token_hex(16)
+            # The same two requests `async with lock:` sends (a blocking acquire, which would queue
+            # a place if the lock were held; a release), built by the same code, sent directly.
+            owner = secrets.token_hex(24)
             await collection.find_one_and_update(
                 {"_id": "raw"},
-                _acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=False, fair=False),
+                _acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=True, fair=False),
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
