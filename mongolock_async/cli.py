@@ -1,8 +1,8 @@
 """The ``mongolock`` command: the demo, and operator commands to list, inspect and break locks.
 
-Exit codes: 0 success; 1 a demo check failed or the operator declined; 2 usage error (argparse);
-3 MongoDB unreachable or the URI is invalid; 4 the collection or lock does not exist; 5 refused
-(plain ``release`` of a lease this command does not own).
+Exit codes: 0 success; 1 a demo check failed, the operator declined, or MongoDB refused a command;
+2 usage error; 3 MongoDB unreachable or the URI is invalid; 4 the collection or lock does not
+exist; 5 refused (plain ``release`` of a lease this command does not own); 6 authentication failed.
 """
 
 from __future__ import annotations
@@ -15,44 +15,38 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import ConfigurationError, OperationFailure, ServerSelectionTimeoutError
+from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
+from ._commandline import (
+    EXIT_FAILED,
+    EXIT_MISSING,
+    EXIT_REFUSED,
+    EXIT_UNAUTHORIZED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    UserError,
+    connect,
+    redact_uri,
+)
 from .documents import LockReport
 from .store import LockStore
 
-EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED = 1, 2, 3, 4, 5
+_AUTHENTICATION_FAILED = 18
 DEFAULT_DATABASE = "mongolock"
 DEFAULT_COLLECTION = "locks"
 
 
-class UserError(Exception):
-    """An error the user can fix; printed as one line, without a traceback."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def redact_uri(uri: str) -> str:
-    """``uri`` with any password replaced by ``***`` (user names are kept)."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "<unparseable URI>"
-    if "@" not in parts.netloc:
-        return uri
-    credentials, _, hosts = parts.netloc.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}" if ":" in credentials else f"{user}@{hosts}"))
-
-
 def _add_uri_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="MongoDB URI (env MONGODB_URI)")
+    parser.add_argument(
+        "--uri",
+        default=os.environ.get("MONGODB_URI"),
+        help="MongoDB URI (default: env MONGODB_URI, which is safer for a URI with a password: "
+        "command lines are visible to every user of the machine)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,7 +124,7 @@ async def _operate(arguments: argparse.Namespace) -> int:
             _validate.lock_name(arguments.name)
         except (TypeError, ValueError) as error:
             raise UserError(f"invalid lock name: {error}", EXIT_USAGE) from None
-    client = _connect(arguments.uri)
+    client = connect(arguments.uri)
     try:
         store = await _lock_store(client, arguments)
         if arguments.command == "list":
@@ -144,27 +138,15 @@ async def _operate(arguments: argparse.Namespace) -> int:
             f"cannot reach MongoDB at {hosts} (URI {redact_uri(arguments.uri)})", EXIT_UNREACHABLE
         ) from None
     except OperationFailure as error:
+        if error.code == _AUTHENTICATION_FAILED:
+            message = f"MongoDB rejected the credentials of {redact_uri(arguments.uri)}"
+            raise UserError(message, EXIT_UNAUTHORIZED) from None
         raise UserError(
             f"MongoDB refused the command: {(error.details or {}).get('errmsg', error.code)}",
             EXIT_FAILED,
         ) from None
     finally:
         await client.close()
-
-
-def _connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
-    if not uri:
-        raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
-    if not uri.startswith(("mongodb://", "mongodb+srv://")):
-        raise UserError(
-            f"invalid MongoDB URI {redact_uri(uri)!r}: it must start with mongodb:// or mongodb+srv://",
-            EXIT_UNREACHABLE,
-        )
-    try:
-        return AsyncMongoClient(uri, serverSelectionTimeoutMS=5_000, connectTimeoutMS=5_000)
-    except (ConfigurationError, ValueError):  # InvalidURI is a ConfigurationError
-        # The driver's message may quote the URI, credentials included: say only what is safe.
-        raise UserError(f"invalid MongoDB URI: {redact_uri(uri)}", EXIT_UNREACHABLE) from None
 
 
 async def _lock_store(client: AsyncMongoClient[dict[str, Any]], arguments: argparse.Namespace) -> LockStore:

@@ -22,14 +22,15 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo.errors import ServerSelectionTimeoutError
 from pymongo.write_concern import WriteConcern
 
-from .cli import EXIT_FAILED, EXIT_USAGE, UserError, redact_uri
+from ._commandline import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, UserError, connect, redact_uri
+from ._process import die_with_parent
 from .demo_worker import INVENTORY, JOB_LOCK, JOB_RUNS, LOCKS, SALES
 from .store import LockStore
 
@@ -119,35 +120,42 @@ def run_demo(arguments: argparse.Namespace) -> int:
             raise UserError(f"--{option} must be at least 1", EXIT_USAGE)
     if arguments.ttl <= 0.3 or arguments.job_ttls <= 0:
         raise UserError("--ttl must be above 0.3 s and --job-ttls positive", EXIT_USAGE)
-    return asyncio.run(_demo(arguments))
-
-
-async def _demo(arguments: argparse.Namespace) -> int:
     view = make_view(arguments.plain)
-    checks = Checks()
     try:
-        async with _server(arguments.uri, view) as uri:
-            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, serverSelectionTimeoutMS=10_000)
-            database_name = f"mongolock_demo_{uuid.uuid4().hex[:8]}"
-            try:
-                database = client[database_name]
-                await flash_sale(uri, database, arguments, view, checks)
-                await run_once_job(uri, database, arguments, view, checks)
-                await crash_and_takeover(uri, database, arguments, view, checks)
-            finally:
-                await client.drop_database(database_name)
-                await client.close()
+        # Started here, on the main thread, so that the server dies with this process however it ends.
+        with _server(arguments.uri, view) as uri:
+            return asyncio.run(_demo(uri, arguments, view))
+    except ServerSelectionTimeoutError:
+        raise UserError(f"cannot reach MongoDB at {redact_uri(arguments.uri or '')}", EXIT_UNREACHABLE) from None
     finally:
         view.close()
+
+
+async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
+    checks = Checks()
+    client = connect(uri)
+    database_name = f"mongolock_demo_{uuid.uuid4().hex[:8]}"
+    try:
+        await client.admin.command("ping")  # unreachable: one line, before anything starts
+        try:
+            database = client[database_name]
+            await flash_sale(uri, database, arguments, view, checks)
+            await run_once_job(uri, database, arguments, view, checks)
+            await crash_and_takeover(uri, database, arguments, view, checks)
+        finally:
+            await client.drop_database(database_name)
+    finally:
+        await client.close()
     passed = sum(ok for _, ok in checks.results)
     print(f"\n{passed}/{len(checks.results)} checks passed", flush=True)
     return 0 if checks.passed else EXIT_FAILED
 
 
-@contextlib.asynccontextmanager
-async def _server(uri: str | None, view: View) -> AsyncIterator[str]:
+@contextlib.contextmanager
+def _server(uri: str | None, view: View) -> Iterator[str]:
     if uri:
         view.event(f"using MongoDB at {redact_uri(uri)}")
+        connect(uri)  # an invalid URI: one line, before anything starts
         yield uri
         return
     from .testing.server import EmbeddedMongo, EmbeddedServerError
@@ -157,7 +165,7 @@ async def _server(uri: str | None, view: View) -> AsyncIterator[str]:
     except EmbeddedServerError as error:
         raise UserError(f"{error}, or pass --uri", EXIT_FAILED) from None
     view.event("starting an embedded MongoDB server (SecantusDB) ...")
-    async with server:
+    with server:
         view.event(f"embedded server listening on 127.0.0.1:{server.port}")
         yield server.uri
 
@@ -171,15 +179,24 @@ class Worker:
         self.events: list[dict[str, Any]] = []
 
     @classmethod
-    async def start(cls, name: str, *arguments: str) -> Worker:
+    async def start(cls, name: str, kind: str, uri: str, *arguments: str) -> Worker:
+        """Start a worker. The URI goes to it on its stdin: a command line is visible to every user
+        of the machine (``ps``), and a URI can carry a password."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "mongolock_async.demo_worker",
+            kind,
             *arguments,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            preexec_fn=die_with_parent,
         )
+        assert process.stdin is not None
+        process.stdin.write(uri.encode() + b"\n")
+        await process.stdin.drain()
+        process.stdin.close()
         return cls(process, name)
 
     async def follow(self, on_event: Callable[[dict[str, Any]], None]) -> int:

@@ -1,7 +1,10 @@
 """One OS process of the demo. Prints JSON events, one per line, for the demo to show and check.
 
-python -m mongolock_async.demo_worker sale URI DATABASE WORKER TASKS
-python -m mongolock_async.demo_worker job URI DATABASE WORKER TTL JOB_SECONDS
+python -m mongolock_async.demo_worker sale DATABASE WORKER TASKS
+python -m mongolock_async.demo_worker job DATABASE WORKER TTL JOB_SECONDS
+
+The MongoDB URI comes on the first line of stdin, never on the command line, which every user of
+the machine can read.
 """
 
 from __future__ import annotations
@@ -96,11 +99,12 @@ async def job(uri: str, database_name: str, worker: str, ttl: float, job_seconds
 
 
 def main(argv: list[str]) -> None:
-    kind, uri, database = argv[0], argv[1], argv[2]
+    kind, database = argv[0], argv[1]
+    uri = sys.stdin.readline().strip()
     if kind == "sale":
-        asyncio.run(sale(uri, database, argv[3], int(argv[4])))
+        asyncio.run(sale(uri, database, argv[2], int(argv[3])))
     elif kind == "job":
-        asyncio.run(job(uri, database, argv[3], float(argv[4]), float(argv[5])))
+        asyncio.run(job(uri, database, argv[2], float(argv[3]), float(argv[4])))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

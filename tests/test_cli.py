@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,10 +16,12 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoLock
-from mongolock_async.cli import redact_uri
+from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
 
 PASSWORD = "pa55-w0rd-secret"
+SMALL_DEMO = ["--workers", "2", "--tasks", "2", "--items", "1", "--stock", "4", "--schedulers", "2", "--ttl", "1",
+              "--job-ttls", "1"]  # fmt: skip
 
 
 def mongolock(*arguments: str, uri: str | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -129,14 +132,38 @@ def test_a_password_in_the_uri_never_shows() -> None:
             result = mongolock(*arguments, uri=server.uri)
             assert result.returncode == 0, result.stderr
             assert PASSWORD not in result.stdout + result.stderr
+        # The demo's worker processes get the URI on stdin: never where `ps` shows it to every user.
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "mongolock_async", "demo", *SMALL_DEMO],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "MONGODB_URI": server.uri},
+        )
+        seen_processes = 0
+        while demo.poll() is None:
+            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            assert PASSWORD not in listing, "a password shows in the process list"
+            seen_processes += listing.count("mongolock_async.demo_worker")
+            time.sleep(0.05)
+        out, err = demo.communicate()
+        assert demo.returncode == 0, err
+        assert seen_processes > 0, "no worker was ever seen: the check proves nothing"
+        assert PASSWORD not in out + err
+        wrong = server.uri.replace(PASSWORD, "not-the-password")
+        refused = mongolock("list", uri=wrong)
+        assert refused.returncode == 6 and "rejected the credentials" in refused.stderr
+        assert "not-the-password" not in refused.stdout + refused.stderr
         port = server.port
     unreachable = f"mongodb://operator:{PASSWORD}@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"
     failed = mongolock("list", uri=unreachable)
     assert failed.returncode == 3
     assert "cannot reach MongoDB" in failed.stderr and "operator:***@" in failed.stderr
     assert PASSWORD not in failed.stdout + failed.stderr
-    demo_failed = mongolock("demo", "--uri", "mongodb://operator:" + PASSWORD + "@bad host:1/")
-    assert PASSWORD not in demo_failed.stdout + demo_failed.stderr
+    demo_failed = mongolock("demo", "--uri", unreachable)
+    assert demo_failed.returncode == 3 and "cannot reach MongoDB" in demo_failed.stderr
+    assert "Traceback" not in demo_failed.stderr and PASSWORD not in demo_failed.stdout + demo_failed.stderr
 
 
 @pytest.mark.parametrize(
@@ -163,10 +190,31 @@ def test_user_errors_give_a_message_and_an_exit_code(
     assert "Traceback" not in result.stderr
 
 
-def test_redact_uri() -> None:
-    assert redact_uri("mongodb://u:p@h:1/db?x=1") == "mongodb://u:***@h:1/db?x=1"
-    assert redact_uri("mongodb+srv://u@h/") == "mongodb+srv://u@h/"
-    assert redact_uri("mongodb://h1:1,h2:2/") == "mongodb://h1:1,h2:2/"
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("mongodb://u:p@h:1/db?x=1", "mongodb://u:***@h:1/db?x=1"),
+        ("mongodb+srv://u@h/", "mongodb+srv://u@h/"),
+        ("mongodb://h1:1,h2:2/", "mongodb://h1:1,h2:2/"),
+        ("mongodb://h:1", "mongodb://h:1/"),
+        ("mongodb://u:p%40ss%3Aw%2Frd@h/", "mongodb://u:***@h/"),  # @, : and / in the password
+        ("mongodb://u%40corp:s3cret@h/?authSource=admin", "mongodb://u%40corp:***@h/?authSource=admin"),
+        (
+            "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:s3cret",
+            "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=***",
+        ),
+        (
+            "mongodb://h/?tls=true&tlsCertificateKeyFilePassword=s3cret",
+            "mongodb://h/?tls=true&tlsCertificateKeyFilePassword=***",
+        ),
+        ("mongdb://u:s3cret@h/", "<not a MongoDB URI: it must start with mongodb:// or mongodb+srv://>"),
+        ("u:s3cret@h", "<not a MongoDB URI: it must start with mongodb:// or mongodb+srv://>"),
+        ("mongodb://u:s3cret@h/?authSource", "<an invalid mongodb://... URI, not shown>"),
+    ],
+)
+def test_redact_uri(uri: str, shown: str) -> None:
+    assert redact_uri(uri) == shown
+    assert "s3cret" not in redact_uri(uri)
 
 
 @pytest.mark.parametrize(("answer", "code", "held_after"), [("y", 0, False), ("n", 1, True)])

@@ -10,9 +10,7 @@ still running at interpreter exit is closed, so a failing test leaves no orphan.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import importlib.util
 import os
 import re
@@ -30,6 +28,8 @@ from types import TracebackType
 from urllib.parse import quote_plus
 
 import anyio.to_thread
+
+from .._process import die_with_parent
 
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 _LAUNCH = "import sys; from secantus.cli import main; sys.argv[0] = 'secantusd-py'; sys.exit(main())"
@@ -232,7 +232,7 @@ class EmbeddedMongo:
                 cwd=self._workdir,
                 # PR_SET_PDEATHSIG follows the thread that forks; only the main thread lives as long
                 # as the process. Servers started elsewhere rely on the atexit hook alone.
-                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else os.setpgrp,
+                preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else os.setpgrp,
             )
         _running.add(self)
         self._wait_until_listening(log_start)
@@ -273,16 +273,3 @@ def _accepts_connections(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         return True
     return False
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    os.setpgrp()  # a Ctrl-C at the terminal goes to the tests, which then stop the server cleanly
-
-
-@atexit.register
-def _close_all() -> None:
-    for server in list(_running):
-        server.close()
