@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench
+.PHONY: test lint demo bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,3 +29,7 @@ bench: $(STAMP)
 	command -v redis-server >/dev/null || (apt-get install -y -q redis-server || \
 		(apt-get update -q && apt-get install -y -q redis-server))
 	$(PYTHON) benchmarks/bench.py
+
+## The soak (not part of the tests): 20 minutes of contention through crashes, pauses and fail points.
+soak: $(STAMP)
+	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)

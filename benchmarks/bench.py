@@ -44,6 +44,7 @@ from hot_lock_worker import Requests  # benchmarks/ is on sys.path when this run
 from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoLock
+from mongolock_async._process import die_with_parent
 from mongolock_async.store import PlaceRequest, _acquire_pipeline, _release_pipeline
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
@@ -164,6 +165,7 @@ def run_workers(
             text=True,
             cwd=library or WORKER.parent.parent,
             env=environment,
+            preexec_fn=die_with_parent,
         )
         for _ in range(processes)
     ]  # fmt: skip

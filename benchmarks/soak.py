@@ -1,0 +1,187 @@
+"""The soak: several processes contend for a few names for minutes while the server is crashed,
+restarted and paused and fail points fire; every critical section is recorded, and a resource that
+refuses stale fencing tokens is written in each. Then: overlaps (per name) and token regressions.
+
+    python benchmarks/soak.py [--minutes 20] [--processes 4] [--tasks 8] [--names 4] [--control-seconds 30]
+
+Runs on the embedded server (``--sync-on-commit``, so a SIGKILL loses no acknowledged write). A
+control run of a deliberately broken lock, same detector, must show overlaps. Prints the
+environment and a Markdown summary for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from pymongo import MongoClient
+
+from mongolock_async._process import die_with_parent
+from mongolock_async.testing import EmbeddedMongo
+
+WORKER = Path(__file__).resolve().with_name("soak_worker.py")
+DATABASE = "soak"
+
+
+@dataclass
+class Faults:
+    """The faults injected, by kind, and how long the server did not answer in all."""
+
+    injected: Counter[str] = field(default_factory=Counter)
+    down_seconds: float = 0.0
+
+
+def inject_faults(server: EmbeddedMongo, until: float, faults: Faults) -> None:
+    """Until ``until``: every 5-15 s, one fault at random."""
+    while time.monotonic() < until:
+        time.sleep(min(random.uniform(5, 15), max(0.0, until - time.monotonic())))
+        if time.monotonic() >= until:
+            return
+        kind = random.choice(["crash", "restart", "pause", "pause", "network", "not-primary", "unacknowledged", "slow"])
+        faults.injected[kind] += 1
+        started = time.monotonic()
+        if kind == "crash":
+            server.kill()
+            time.sleep(random.uniform(0.5, 3))
+            server.start()
+        elif kind == "restart":
+            server.restart()
+        elif kind == "pause":  # sometimes longer than the 3 s TTL: holders must lose their leases
+            server.pause()
+            time.sleep(random.uniform(0.5, 5))
+            server.resume()
+        else:
+            data: dict[str, Any] = {"failCommands": ["findAndModify", "update"]}
+            if kind == "network":
+                data["closeConnection"] = True
+            elif kind == "not-primary":
+                data["errorCode"] = 10107
+            elif kind == "unacknowledged":  # applied, then reported failed
+                data["writeConcernError"] = {"code": 64, "errmsg": "waiting for replication timed out"}
+            else:
+                data.update(blockConnection=True, blockTimeMS=random.randint(200, 2000))
+            with MongoClient(server.uri, serverSelectionTimeoutMS=10_000) as client:
+                client.admin.command({"configureFailPoint": "failCommand", "mode": {"times": random.randint(1, 20)},
+                                      "data": data})  # fmt: skip
+            continue
+        faults.down_seconds += time.monotonic() - started
+
+
+def run(kind: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds: float, faults: Faults | None) -> Any:
+    with MongoClient(server.uri) as client:
+        client.drop_database(DATABASE)
+        client[DATABASE]["resource"].insert_many([{"_id": f"name-{i}", "fence": 0, "writes": 0}
+                                                  for i in range(arguments.names)])  # fmt: skip
+    directory = Path(tempfile.mkdtemp(prefix="mongolock-soak-"))
+    start_at = time.monotonic() + 3.0
+    outputs = [directory / f"sections-{i}.jsonl" for i in range(arguments.processes)]
+    workers = []
+    for output in outputs:
+        worker = subprocess.Popen(
+            [sys.executable, str(WORKER), kind, DATABASE, str(arguments.names), str(arguments.tasks), str(seconds),
+             str(start_at), str(output)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=WORKER.parent.parent,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+        assert worker.stdin is not None
+        worker.stdin.write(server.uri + "\n")
+        worker.stdin.close()
+        workers.append(worker)
+    if faults is not None:
+        inject_faults(server, start_at + seconds, faults)
+    counts: Counter[str] = Counter()
+    for worker in workers:
+        assert worker.stdout is not None
+        out = worker.stdout.read()
+        if worker.wait(timeout=300) != 0:
+            raise RuntimeError(f"a soak worker failed (exit {worker.returncode})")
+        counts.update(json.loads(out))
+    sections = [json.loads(line) for output in outputs for line in output.read_text().splitlines()]
+    for output in outputs:
+        output.unlink()
+    directory.rmdir()
+    if not server.running:
+        server.start()
+    with MongoClient(server.uri) as client:
+        resource = {doc["_id"]: doc for doc in client[DATABASE]["resource"].find()}
+    return counts, sections, resource
+
+
+def judge(sections: list[list[Any]]) -> tuple[int, int]:
+    """Overlapping sections and fencing-token regressions, per name, in the order sections began."""
+    by_name: dict[str, list[list[Any]]] = defaultdict(list)
+    for section in sections:
+        by_name[section[0]].append(section)
+    overlaps = regressions = 0
+    for name_sections in by_name.values():
+        name_sections.sort(key=lambda section: section[1])
+        latest_exit = float("-inf")
+        for _, entered, left, _, _ in name_sections:
+            overlaps += entered < latest_exit
+            latest_exit = max(latest_exit, left)
+        regressions += sum(later[3] <= earlier[3] for earlier, later in itertools.pairwise(name_sections))
+    return overlaps, regressions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--names", type=int, default=4)
+    parser.add_argument("--control-seconds", type=float, default=30.0)
+    arguments = parser.parse_args()
+    started = datetime.now(UTC)
+    print(
+        f"date {started:%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
+        f"{os.cpu_count()} cores | mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | "
+        f"embedded SecantusDB {version('secantusdb')}",
+        flush=True,
+    )
+    print(f"{arguments.processes} processes x {arguments.tasks} tasks, {arguments.names} names (odd ones fair), "
+          f"TTL 3 s, one section in fifty long with the heartbeat", flush=True)  # fmt: skip
+    with EmbeddedMongo(test_commands=True) as server:
+        faults = Faults()
+        counts, sections, resource = run("real", server, arguments, arguments.minutes * 60, faults)
+        overlaps, regressions = judge(sections)
+        applied = sum(doc["writes"] for doc in resource.values())
+        accepted = sum(1 for section in sections if section[4] is False)
+        print(
+            f"\nreal lock, {arguments.minutes:g} min: {len(sections)} critical sections, {overlaps} overlaps, "
+            f"{regressions} fencing-token regressions; lost leases {counts['lost']}, acquire/release errors "
+            f"{counts['errors']}; fenced writes accepted {accepted}, refused as stale {counts['refused']}, "
+            f"applied at the resource {applied}",
+            flush=True,
+        )
+        print(
+            f"faults: {dict(faults.injected)}; server down or paused {faults.down_seconds:.0f} s in all", flush=True
+        )
+        control_counts, control_sections, _ = run("broken", server, arguments, arguments.control_seconds, None)
+        control_overlaps, control_regressions = judge(control_sections)
+        print(
+            f"control (check-then-set lock, {arguments.control_seconds:g} s, no faults): {len(control_sections)} "
+            f"sections, {control_overlaps} overlaps, {control_regressions} token regressions, "
+            f"stale writes refused {control_counts['refused']}",
+            flush=True,
+        )
+    ok = overlaps == 0 and regressions == 0 and control_overlaps > 0
+    print("\nPASS" if ok else "\nFAIL")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
