@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mongolock_async import AsyncMongoLock, LockLostError
+from mongolock_async import keeper as keeper_module
 from mongolock_async.keeper import RENEWAL_CHUNK, keeper_for_running_loop
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
@@ -231,6 +232,24 @@ async def test_many_leases_are_renewed_in_chunks_one_request_each(
     assert all(await asyncio.gather(*(lock.owned() for lock in locks[:: leases // 10])))
     assert all(await asyncio.gather(*(lock.release() for lock in locks)))
     assert await keeper_tasks() == []
+
+
+async def test_the_earliest_deadlines_are_renewed_first(
+    counted_collection: Any, command_counter: CommandCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keeper_module, "RENEWAL_CHUNK", 5)
+    # Taken in order 0..11 with TTLs shrinking by a second each: the deadlines run the other way.
+    locks = [AsyncMongoLock(counted_collection, f"lease-{i}", ttl=30.0 - i, heartbeat=1.0) for i in range(12)]
+    for lock in locks:
+        assert await lock.acquire()
+    command_counter.commands.clear()
+    await asyncio.sleep(1.8)  # one tick
+    renewals = [command for command in command_counter.commands if "update" in command]
+    assert [len(renewal["updates"]) for renewal in renewals[:3]] == [5, 5, 2]
+    order = [statement["q"]["_id"] for renewal in renewals[:3] for statement in renewal["updates"]]
+    assert order == [f"lease-{i}" for i in reversed(range(12))], order
+    for lock in locks:
+        assert await lock.release()
 
 
 async def test_extend_to_a_shorter_ttl_renews_at_the_shorter_interval(lock_collection: Any) -> None:

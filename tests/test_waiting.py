@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
 import subprocess
 import sys
+import uuid
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -444,6 +447,33 @@ async def test_without_change_streams_waiters_use_backoff(driver: str, caplog: p
             assert "change stream" in caplog.text and "failed" in caplog.text
         finally:
             await close_client(client)
+
+
+async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: str) -> None:
+    client = make_client(driver, mongodb_uri)
+    client_ref = weakref.ref(client)
+    collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:8]}"]
+    holder = AsyncMongoLock(collection, "busy", ttl=30.0)
+    waiter = AsyncMongoLock(collection, "busy", ttl=30.0, heartbeat=True, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    assert await watcher_tasks(), "waiting opened a change stream"
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 10)
+    assert await waiter.release()
+    await collection.drop()
+    await close_client(client)
+    del client, collection, holder, waiter, waiting
+    for _ in range(50):  # the stream notices the closed client
+        if not await watcher_tasks():
+            break
+        await asyncio.sleep(0.1)
+    gc.collect()
+    assert client_ref() is None, "something still holds the closed client: " + repr(
+        [type(referrer).__name__ for referrer in gc.get_referrers(client_ref())]
+    )
+    assert len(watcher_module._watchers) == 0
 
 
 async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(lock_collection: Any) -> None:
