@@ -5,6 +5,8 @@
 ...     await run_report(fencing_token=lock.fencing_token)
 """
 
+from ._collection import AsyncCollectionLike
+from ._version import __version__
 from .errors import (
     LockAlreadyHeldError,
     LockDataError,
@@ -14,11 +16,16 @@ from .errors import (
     LockTimeoutError,
     ServerTooOldError,
 )
+from .hooks import LockHooks
 from .indexes import ensure_idle_cleanup_index
 from .lock import AsyncMongoLock, OnLost
+from .manager import LockManager
 
 __all__ = [
+    "AsyncCollectionLike",
     "AsyncMongoLock",
+    "LockHooks",
+    "LockManager",
     "LockAlreadyHeldError",
     "LockDataError",
     "LockError",
@@ -27,5 +34,6 @@ __all__ = [
     "LockTimeoutError",
     "OnLost",
     "ServerTooOldError",
+    "__version__",
     "ensure_idle_cleanup_index",
 ]

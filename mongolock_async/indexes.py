@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
+from ._collection import AsyncCollectionLike
 from .store import LockStore
 
 MIN_IDLE_AFTER = 3600
 
 
-async def ensure_idle_cleanup_index(collection: Any, idle_after: int = 86_400) -> str:
+async def ensure_idle_cleanup_index(collection: AsyncCollectionLike, idle_after: int = 86_400) -> str:
     """Create a TTL index that deletes lock documents idle for ``idle_after`` seconds (default a
     day, at least an hour); if it exists with another period, change it (``collMod``).
 

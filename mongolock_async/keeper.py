@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from pymongo.errors import PyMongoError
 
-from .lease import Lease
+from .lease import Lease, logger
 from .queues import LocalQueue
 from .store import LockStore, bounded
 
@@ -152,6 +152,7 @@ class LeaseKeeper:
                 if lease in self._leases:
                     self._leases[lease] = min(time.monotonic() + retry, lease.deadline)
             return
+        logger.debug("renewed %d of %d leases in %s", len(renewed), len(leases), store.full_name)
         for lease in leases:
             if lease.ended or lease.lost_error is not None:
                 continue

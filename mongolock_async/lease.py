@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import LockLostError
+from .hooks import LockHooks, notify
 from .store import LockStore
 
 logger = logging.getLogger("mongolock_async")
@@ -75,6 +76,8 @@ class Lease:
     body: BodyGuard | None = None
     renewal_error: str | None = None
     """Why the last renewal attempt failed, for the loss reason."""
+    hooks: LockHooks | None = None
+    taken_at: float = field(default_factory=time.monotonic)
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property
@@ -102,6 +105,7 @@ class Lease:
         self.deadline = local_deadline(sent_at, self.ttl, self.safety_margin)
         self.renewal_error = None
         self.arm()
+        notify(self.hooks, "renewed", self.name, fencing_token=self.fencing_token)
 
     def end(self) -> None:
         """The holder is done with the lease (released, or forgotten): stop watching its deadline."""
@@ -126,7 +130,13 @@ class Lease:
         else:
             logger.warning("%s", self.lost_error)
         self.lost.set()
+        notify(self.hooks, "lost", self.name, fencing_token=self.fencing_token, held=self.held, reason=reason)
         self.on_lost(self.lost_error)
+
+    @property
+    def held(self) -> float:
+        """Seconds since the lease was taken."""
+        return time.monotonic() - self.taken_at
 
     def _deadline_passed(self) -> None:
         self._timer = None

@@ -17,9 +17,11 @@ from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
+from ._collection import AsyncCollectionLike
 from ._shield import run_shielded
 from .documents import LockState
 from .errors import LockAlreadyHeldError, LockLostError, LockNotOwnedError, LockTimeoutError
+from .hooks import LockHooks, notify
 from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .queues import Grant
@@ -59,6 +61,8 @@ class AsyncMongoLock:
       default: then a release prefers a waiting task of its own process (one request for both),
       for at most a few hand-offs in a row while other processes wait. Within one process, waiting
       tasks are always served in arrival order. See docs/design.md for the trade-offs.
+    - ``hooks``: a :class:`~mongolock_async.LockHooks` told of every acquisition, renewal,
+      release and loss (for metrics and traces).
     - ``retry_base``/``retry_cap``: the jittered exponential backoff of a blocking acquire where
       no change stream reports releases (a standalone server), in seconds. A waiter also wakes when
       the holder's lease expires, and at once when the lock is released or handed to it.
@@ -66,7 +70,7 @@ class AsyncMongoLock:
 
     def __init__(
         self,
-        collection: Any,
+        collection: AsyncCollectionLike,
         name: str,
         ttl: float = 30.0,
         *,
@@ -78,6 +82,7 @@ class AsyncMongoLock:
         safety_margin: float | None = None,
         on_lost: OnLost | None = None,
         fair: bool = False,
+        hooks: LockHooks | None = None,
         retry_base: float = 0.05,
         retry_cap: float = 1.0,
     ) -> None:
@@ -101,6 +106,9 @@ class AsyncMongoLock:
             raise TypeError(f"on_lost must be callable, not {type(on_lost).__name__}")
         self._on_lost = on_lost
         self._fair = _validate.flag(fair, "fair")
+        if hooks is not None and not isinstance(hooks, LockHooks):
+            raise TypeError(f"hooks must be a mongolock_async.LockHooks, not {type(hooks).__name__}")
+        self._hooks = hooks
         self._retry_base = _validate.seconds(retry_base, "retry_base")
         self._retry_cap = _validate.seconds(retry_cap, "retry_cap", minimum=self._retry_base)
         self._store = LockStore(collection, _validate.write_concern(write_concern))
@@ -171,13 +179,19 @@ class AsyncMongoLock:
             raise LockAlreadyHeldError(self._name)
         self._forget_lease()
         self._acquiring = True
+        started = time.monotonic()
         try:
-            give_up_at = None if timeout is None else time.monotonic() + timeout
+            give_up_at = None if timeout is None else started + timeout
             while True:
                 grant = await (self._wait(give_up_at) if blocking else self._try_once())
                 if grant is None:
+                    logger.debug("%r not acquired after %.3f s", self._name, time.monotonic() - started)
+                    notify(self._hooks, "not_acquired", self._name, waited=time.monotonic() - started)
                     return False
                 if self._hold(grant):
+                    waited = time.monotonic() - started
+                    logger.debug("acquired %r, fencing token %d, after %.3f s", self._name, grant.fencing_token, waited)
+                    notify(self._hooks, "acquired", self._name, fencing_token=grant.fencing_token, waited=waited)
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
                 await hand_over(self._store, self._name, grant.owner, fair=self._fair, until=deadline_in(self._ttl))
@@ -244,6 +258,7 @@ class AsyncMongoLock:
             heartbeat_interval=_heartbeat_interval(self._heartbeat, self._ttl, self._safety_margin),
             lost=self._lost,
             on_lost=lambda error: _signal_lost(handle),
+            hooks=self._hooks,
         )
         lease.arm()
         self._lease = lease
@@ -266,7 +281,11 @@ class AsyncMongoLock:
             return False
         # Worth trying until the lease expires on the server anyway (and for a moment at least).
         until = max(lease.server_expiry_floor, deadline_in(_MIN_RELEASE_TIME))
-        return await hand_over(self._store, self._name, lease.owner, fair=self._fair, until=until)
+        released = await hand_over(self._store, self._name, lease.owner, fair=self._fair, until=until)
+        if released:
+            logger.debug("released %r after holding it %.3f s", self._name, lease.held)
+            notify(self._hooks, "released", self._name, fencing_token=lease.fencing_token, held=lease.held)
+        return released
 
     async def extend(self, ttl: float | None = None) -> None:
         """Start a new lease of ``ttl`` seconds (default: the current TTL) from now, server time.

@@ -1,0 +1,70 @@
+"""aiohttp: hold a lock while a handler runs (``pip install 'mongolock-async[aiohttp]'``).
+
+::
+
+    locks = LockManager(collection, ttl=10, timeout=2)
+
+    @routes.post("/items/{sku}/buy")
+    @hold_lock(locks, lambda request: "stock:" + request.match_info["sku"])
+    async def buy(request: web.Request) -> web.Response:
+        lock = request[LOCK]  # the held AsyncMongoLock, for its fencing token
+        ...
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .errors import LockLostError, LockTimeoutError
+from .lock import AsyncMongoLock
+from .manager import LockManager
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NameOf = str | Callable[[web.Request], str]
+ManagerOf = LockManager | Callable[[web.Request], LockManager]
+
+LOCK = web.RequestKey("mongolock_async.lock", AsyncMongoLock)
+"""The request key under which :func:`hold_lock` puts the held lock."""
+
+
+class HTTPLocked(web.HTTPClientError):
+    """423 Locked: the lock could not be taken within its timeout."""
+
+    status_code = 423
+
+
+def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Handler], Handler]:
+    """Decorate a handler so that it runs holding the lock ``name``.
+
+    ``locks`` is a :class:`~mongolock_async.LockManager`, or a function of the request returning one
+    (``lambda request: request.app[LOCKS]``); ``name`` a string or a function of the request.
+    The held lock is ``request[LOCK]``. If it cannot be taken within the timeout, the response is
+    423 Locked (with ``Retry-After: 1``); if the lease is lost while the handler runs, the handler is
+    cancelled and the response is 503 Service Unavailable.
+    """
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def run(request: web.Request) -> web.StreamResponse:
+            manager = locks if isinstance(locks, LockManager) else locks(request)
+            lock = manager(name if isinstance(name, str) else name(request), **overrides)
+            try:
+                async with lock:
+                    request[LOCK] = lock
+                    return await handler(request)
+            except LockTimeoutError as error:
+                if request.get(LOCK) is lock:
+                    raise  # raised by the handler itself, not by taking this lock
+                raise HTTPLocked(text=str(error), headers={"Retry-After": "1"}) from error
+            except LockLostError as error:
+                if error.name != lock.name:
+                    raise
+                raise web.HTTPServiceUnavailable(text=str(error)) from error
+
+        return run
+
+    return decorate

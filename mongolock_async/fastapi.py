@@ -1,0 +1,64 @@
+"""FastAPI: hold a lock while a path operation runs (``pip install 'mongolock-async[fastapi]'``).
+
+::
+
+    locks = LockManager(collection, ttl=10, timeout=2)
+
+    def stock_lock(request: Request) -> str:
+        return f"stock:{request.path_params['sku']}"
+
+    @app.post("/items/{sku}/buy")
+    async def buy(sku: str, lock: Annotated[AsyncMongoLock, hold_lock(locks, stock_lock)]) -> dict[str, str]:
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Depends, HTTPException, Request, status
+
+from .errors import LockLostError, LockTimeoutError
+from .lock import AsyncMongoLock
+from .manager import LockManager
+
+NameOf = str | Callable[[Request], str]
+ManagerOf = LockManager | Callable[[Request], LockManager]
+
+
+def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
+    """A dependency (already wrapped in ``Depends``: use it as ``Annotated[AsyncMongoLock, hold_lock(...)]``)
+    that holds the lock ``name`` for the request.
+
+    ``locks`` is a :class:`~mongolock_async.LockManager`, or a function of the request returning one
+    (``lambda request: request.app.state.locks``); ``name`` a string or a function of the request.
+    ``overrides`` set handle options for this dependency. The lock is released as soon as the path
+    operation returns, before the response is sent. If it cannot be taken within the timeout, the
+    request fails with 423 Locked (and ``Retry-After: 1``); if the lease is lost while the path
+    operation runs, it is cancelled and the request fails with 503 Service Unavailable.
+    """
+
+    async def dependency(request: Request) -> AsyncIterator[AsyncMongoLock]:
+        manager = locks if isinstance(locks, LockManager) else locks(request)
+        lock = manager(name if isinstance(name, str) else name(request), **overrides)
+        try:
+            await lock.__aenter__()
+        except LockTimeoutError as error:
+            raise HTTPException(status.HTTP_423_LOCKED, str(error), headers={"Retry-After": "1"}) from error
+        try:
+            yield lock
+        except BaseException as error:
+            await _exit(lock, error)
+            raise
+        await _exit(lock, None)
+
+    return Depends(dependency, scope="function")
+
+
+async def _exit(lock: AsyncMongoLock, error: BaseException | None) -> None:
+    """Leave the lock's block as ``async with`` would; a lost lease becomes 503."""
+    try:
+        await lock.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
+    except LockLostError as lost:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(lost)) from lost

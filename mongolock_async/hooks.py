@@ -1,0 +1,47 @@
+"""Observing locks: a callback per event, for metrics, traces or logs of your own.
+
+Subclass :class:`LockHooks`, override what you need, and pass an instance as ``hooks=`` to
+:class:`~mongolock_async.AsyncMongoLock` or :class:`~mongolock_async.LockManager`. The
+OpenTelemetry integration (:mod:`mongolock_async.opentelemetry`) is one such subclass.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger("mongolock_async")
+
+
+class LockHooks:
+    """Callbacks for what happens to a lock; each one does nothing unless overridden.
+
+    They are called synchronously by the task or timer that saw the event, so keep them cheap. An
+    exception a hook raises is logged and otherwise ignored: observing never breaks the lock.
+    Times are in seconds, measured on the local monotonic clock.
+    """
+
+    def acquired(self, name: str, *, fencing_token: int, waited: float) -> None:
+        """The lock was taken after ``waited`` seconds (0 when it was free)."""
+
+    def not_acquired(self, name: str, *, waited: float) -> None:
+        """An acquire gave up: held by someone else (non-blocking) or past its timeout."""
+
+    def renewed(self, name: str, *, fencing_token: int) -> None:
+        """The heartbeat (or ``extend``) renewed the lease."""
+
+    def released(self, name: str, *, fencing_token: int, held: float) -> None:
+        """The holder released its live lease after holding it ``held`` seconds."""
+
+    def lost(self, name: str, *, fencing_token: int, held: float, reason: str) -> None:
+        """The lease was lost while held (not renewed in time, or taken over); ``reason`` says how."""
+
+
+def notify(hooks: LockHooks | None, event: str, name: str, **details: Any) -> None:
+    """Call ``hooks.<event>(name, **details)``, logging (not raising) what it raises."""
+    if hooks is None:
+        return
+    try:
+        getattr(hooks, event)(name, **details)
+    except Exception:
+        logger.exception("the %s hook for lock %r failed", event, name)

@@ -1,0 +1,255 @@
+"""Fitting into apps: the lock manager, run-once jobs, FastAPI and aiohttp, as users write them.
+
+No ``from __future__ import annotations`` here: FastAPI resolves an endpoint's annotations in the
+module's globals, and some endpoints below are defined inside tests, with local lock managers.
+"""
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from aiohttp import test_utils, web
+from fastapi import FastAPI
+
+from mongolock_async import AsyncMongoLock, LockLostError, LockManager, LockTimeoutError
+from mongolock_async.fastapi import hold_lock
+from mongolock_async.testing.clients import close_client, make_client
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+
+# -- the manager and run-once jobs ----------------------------------------------------------------
+
+
+async def test_a_manager_hands_out_handles_with_its_defaults(lock_collection: Any) -> None:
+    locks = LockManager(lock_collection, ttl=7.0, timeout=0.2, label="checkout")
+    lock = locks("stock:42")
+    assert lock.name == "stock:42" and lock.ttl == 7.0
+    async with lock:
+        doc = await lock_collection.find_one({"_id": "stock:42"})
+        assert doc["ttlMs"] == 7000 and doc["holder"]["label"] == "checkout"
+        with pytest.raises(LockTimeoutError):
+            async with locks("stock:42"):  # the manager's timeout
+                pytest.fail("entered a held lock")
+        assert await locks("stock:42", blocking=False).acquire() is False  # a per-call override
+    with pytest.raises(ValueError, match="ttl"):
+        LockManager(lock_collection, ttl=-1)
+    with pytest.raises(TypeError, match="name"):
+        LockManager(lock_collection, name="x")
+
+
+async def test_run_once_runs_one_call_at_a_time_and_skips_the_others(lock_collection: Any) -> None:
+    locks = LockManager(lock_collection, ttl=5.0, timeout=30.0)
+    runs: list[int] = []
+
+    @locks.run_once("nightly")
+    async def job(replica: int) -> int:
+        runs.append(replica)
+        await asyncio.sleep(0.3)
+        return replica * 10
+
+    results = await asyncio.gather(*(job(replica) for replica in range(4)))
+    assert len(runs) == 1 and results.count(None) == 3 and results[runs[0]] == runs[0] * 10
+    assert await job(7) == 70, "free again once the first run ended"
+
+    @locks.run_once(wait=True)
+    async def queued(replica: int) -> int:
+        runs.append(replica)
+        await asyncio.sleep(0.05)
+        return replica
+
+    assert sorted(await asyncio.gather(*(queued(replica) for replica in range(3)))) == [0, 1, 2]
+    doc = await lock_collection.find_one({"_id": f"{__name__}.test_run_once_runs_one_call_at_a_time_and_skips_"
+                                                  "the_others.<locals>.queued"})  # fmt: skip
+    assert doc is not None, "the name defaults to the function's module and qualified name"
+
+
+async def test_run_once_protects_the_job_like_async_with(lock_collection: Any) -> None:
+    locks = LockManager(lock_collection, ttl=0.6)
+
+    @locks.run_once("short-lease")
+    async def too_long() -> None:
+        await asyncio.sleep(5)
+
+    with pytest.raises(LockLostError):
+        await too_long()
+
+    @locks.run_once("failing")
+    async def failing() -> None:
+        raise KeyError("from the job")
+
+    with pytest.raises(KeyError):
+        await failing()
+    assert not await locks("failing").locked(), "released after the job failed"
+
+
+# -- FastAPI, in process --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def shop(uri: str, items: dict[str, int]) -> AsyncIterator[str]:
+    """A fresh shop database with ``items`` in stock; yields its name."""
+    name = f"shop_{uuid.uuid4().hex[:8]}"
+    client = make_client("pymongo", uri)
+    try:
+        documents = [{"_id": sku, "stock": stock, "sold": 0} for sku, stock in items.items()]
+        await client[name]["items"].insert_many(documents)
+        yield name
+        await client.drop_database(name)
+    finally:
+        await close_client(client)
+
+
+async def stock_of(uri: str, database: str) -> dict[str, tuple[int, int]]:
+    client = make_client("pymongo", uri)
+    try:
+        return {doc["_id"]: (doc["stock"], doc["sold"]) async for doc in client[database]["items"].find()}
+    finally:
+        await close_client(client)
+
+
+async def held_locks(uri: str, database: str) -> int:
+    client = make_client("pymongo", uri)
+    try:
+        return await client[database]["locks"].count_documents({"owner": {"$type": "string"}})
+    finally:
+        await close_client(client)
+
+
+async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with shop(mongodb_uri, {"sku-1": 5, "sku-2": 3}) as database:
+        monkeypatch.setenv("MONGODB_URI", mongodb_uri)
+        monkeypatch.setenv("SHOP_DATABASE", database)
+        import fastapi_app
+
+        async with fastapi_app.app.router.lifespan_context(fastapi_app.app):
+            transport = httpx.ASGITransport(app=fastapi_app.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://shop") as http:
+                responses = await asyncio.gather(
+                    *(http.post(f"/items/sku-{1 + n % 2}/buy") for n in range(30))
+                )
+        assert all(response.status_code in (200, 423) for response in responses), [r.text for r in responses]
+        sold = [response.json() for response in responses if response.status_code == 200]
+        assert sum(purchase["sold"] for purchase in sold) == 8
+        assert await stock_of(mongodb_uri, database) == {"sku-1": (0, 5), "sku-2": (0, 3)}
+        assert await held_locks(mongodb_uri, database) == 0
+
+
+async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_collection: Any) -> None:
+    locks = LockManager(lock_collection, ttl=0.6, timeout=0.2)
+    app = FastAPI()
+
+    @app.get("/quick")
+    async def quick(lock: Annotated[AsyncMongoLock, hold_lock(locks, "shared")]) -> dict[str, Any]:
+        return {"token": lock.fencing_token}
+
+    @app.get("/slow")
+    async def slow(lock: Annotated[AsyncMongoLock, hold_lock(locks, "slow")]) -> dict[str, Any]:
+        await asyncio.sleep(5)  # past the 0.6 s lease, without heartbeat
+        return {}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+        assert (await http.get("/quick")).status_code == 200
+        async with locks("shared"):
+            locked = await http.get("/quick")
+        assert locked.status_code == 423 and locked.headers["Retry-After"] == "1"
+        assert "shared" in locked.json()["detail"]
+        lost = await http.get("/slow")
+        assert lost.status_code == 503 and "lost" in lost.json()["detail"]
+    assert not await locks("shared").locked()
+
+
+# -- aiohttp, in process --------------------------------------------------------------------------
+
+
+async def test_aiohttp_example_sells_exactly_the_stock(mongodb_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with shop(mongodb_uri, {"sku-1": 4}) as database:
+        monkeypatch.setenv("MONGODB_URI", mongodb_uri)
+        monkeypatch.setenv("SHOP_DATABASE", database)
+        import aiohttp_app
+
+        async with test_utils.TestClient(test_utils.TestServer(aiohttp_app.make_app())) as http:
+            responses = await asyncio.gather(*(http.post("/items/sku-1/buy") for _ in range(20)))
+            bodies = [await response.json() for response in responses if response.status == 200]
+            statuses = {response.status for response in responses}
+        assert statuses <= {200, 423}
+        assert sum(body["sold"] for body in bodies) == 4
+        assert await stock_of(mongodb_uri, database) == {"sku-1": (0, 4)}
+        assert await held_locks(mongodb_uri, database) == 0
+
+
+async def test_aiohttp_maps_a_held_lock_to_423(lock_collection: Any) -> None:
+    from mongolock_async.aiohttp import LOCK
+    from mongolock_async.aiohttp import hold_lock as aiohttp_hold_lock
+
+    locks = LockManager(lock_collection, ttl=5.0, timeout=0.2)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"token": request[LOCK].fencing_token})
+
+    app = web.Application()
+    app.router.add_get("/", aiohttp_hold_lock(locks, "shared")(handler))
+    async with test_utils.TestClient(test_utils.TestServer(app)) as http:
+        assert (await http.get("/")).status == 200
+        async with locks("shared"):
+            locked = await http.get("/")
+            assert locked.status == 423 and locked.headers["Retry-After"] == "1"
+
+
+# -- FastAPI under uvicorn, two worker processes ---------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def uvicorn(uri: str, database: str) -> Iterator[str]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--workers", "2", "--port", str(port), "--log-level",
+         "warning"],
+        cwd=EXAMPLES, env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database},
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+async def test_fastapi_under_uvicorn_with_two_workers_never_oversells(mongodb_uri: str) -> None:
+    async with shop(mongodb_uri, {"sku-1": 10, "sku-2": 10}) as database:
+        with uvicorn(mongodb_uri, database) as base_url:
+            limits = httpx.Limits(max_connections=200)
+            async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as http:
+                for _ in range(100):  # both workers up
+                    with contextlib.suppress(httpx.TransportError):
+                        if (await http.post("/items/none/buy")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.1)
+                responses = await asyncio.gather(*(http.post(f"/items/sku-{1 + n % 2}/buy") for n in range(200)))
+        assert {response.status_code for response in responses} <= {200, 423}
+        sold = sum(response.json()["sold"] for response in responses if response.status_code == 200)
+        stock = await stock_of(mongodb_uri, database)
+        assert all(left >= 0 for left, _ in stock.values()), f"oversold: {stock}"
+        assert stock == {"sku-1": (0, 10), "sku-2": (0, 10)}, "exactly the stock was sold"
+        assert sum(sold_of for _, sold_of in stock.values()) == sold, "every sale answered was recorded"
+        assert await held_locks(mongodb_uri, database) == 0, "a lock was left held"
