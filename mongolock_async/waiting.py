@@ -246,12 +246,16 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
             logger.debug("releasing %r failed (%s); retrying", name, error)
             await asyncio.sleep(delay)
         except _HandedToNobody as handed:
-            owner = handed.token  # handed to our place, but its waiters are gone: pass it on
+            # Handed to this process's place, but its waiters are gone: pass the lease on, and
+            # withdraw the follower place that write queued, or the lease could go to it next.
+            with bounded(until - time.monotonic()):
+                await store.leave(name, handed.tokens, fair=fair)
+            return True
 
 
 class _HandedToNobody(Exception):
-    def __init__(self, token: str) -> None:
-        self.token = token
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
 
 
 async def _hand_over_once(store: LockStore, name: str, owner: str, *, fair: bool, until: float) -> bool:
@@ -293,7 +297,8 @@ async def _hand_over_once(store: LockStore, name: str, owner: str, *, fair: bool
             return True  # the head's own attempt claimed it first, and has it
         grant = Grant(successor.token, state.fencing_token, sent_at, successor.ttl_ms)
         if not queue.grant_head(grant, follower=successor.follower):
-            raise _HandedToNobody(successor.token)
+            follower = [successor.follower.token] if successor.follower is not None else []
+            raise _HandedToNobody([successor.token, *follower])
         queue.streak += 1
         return True
     queue.streak = 0

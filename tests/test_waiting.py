@@ -476,6 +476,28 @@ async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: s
     assert len(watcher_module._watchers) == 0
 
 
+async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(private_collection: Any) -> None:
+    holder = AsyncMongoLock(private_collection, "x", ttl=30.0)
+    assert await holder.acquire()
+    first = AsyncMongoLock(private_collection, "x", ttl=30.0, **PATIENT)
+    second = AsyncMongoLock(private_collection, "x", ttl=30.0, **PATIENT)
+    waiting = [asyncio.create_task(first.acquire(timeout=0.8)), asyncio.create_task(second.acquire(timeout=0.8))]
+    await asyncio.sleep(0.3)  # both queued: the first's place, with a follower for the second
+    # The release names the first waiter, but reaches the server only after both have given up.
+    await set_fail_point(
+        private_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1500
+    )
+    releasing = asyncio.create_task(holder.release())
+    assert await asyncio.gather(*waiting) == [False, False]
+    assert await releasing
+    await asyncio.sleep(0.3)  # the pass-on
+    doc = await private_collection.find_one({"_id": "x"})
+    assert doc["owner"] is None, f"the lease went to a place nobody waits on: {doc}"
+    newcomer = AsyncMongoLock(private_collection, "x", ttl=30.0)
+    assert await newcomer.acquire(blocking=False)
+    assert await newcomer.release()
+
+
 async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(lock_collection: Any) -> None:
     holder = AsyncMongoLock(lock_collection, "race", ttl=30.0)
     first = AsyncMongoLock(lock_collection, "race", ttl=30.0, **PATIENT)
