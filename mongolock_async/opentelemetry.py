@@ -1,0 +1,86 @@
+"""OpenTelemetry metrics and spans for locks (``pip install 'mongolock-async[opentelemetry]'``).
+
+::
+
+    locks = LockManager(collection, hooks=OpenTelemetryHooks())
+
+Uses the global meter and tracer providers unless given others. Metrics, all with the attribute
+``mongolock.name``:
+
+- ``mongolock.acquire.duration`` (s, histogram): how long ``acquire`` took, the wait included;
+  ``mongolock.outcome`` is ``acquired`` or ``not_acquired``.
+- ``mongolock.hold.duration`` (s, histogram): how long a lease was held; ``mongolock.outcome`` is
+  ``released`` or ``lost``.
+- ``mongolock.held`` (up-down counter): leases held now. ``mongolock.lost`` and
+  ``mongolock.renewals`` (counters).
+
+Spans: ``mongolock.acquire`` for each acquire (from the call to its outcome) and ``mongolock.hold``
+for each lease held (from acquisition to release, or to loss with an error status), with the
+attributes above and ``mongolock.fencing_token``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Status, StatusCode
+
+from ._version import __version__
+from .hooks import LockHooks
+
+_NAME = "mongolock.name"
+_OUTCOME = "mongolock.outcome"
+_TOKEN = "mongolock.fencing_token"
+
+
+class OpenTelemetryHooks(LockHooks):
+    """:class:`~mongolock_async.LockHooks` that record OpenTelemetry metrics and spans."""
+
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        meter = metrics.get_meter("mongolock_async", __version__, meter_provider)
+        self._tracer = trace.get_tracer("mongolock_async", __version__, tracer_provider)
+        self._acquire = meter.create_histogram(
+            "mongolock.acquire.duration", unit="s", description="Time acquire took, waiting included"
+        )
+        self._hold = meter.create_histogram("mongolock.hold.duration", unit="s", description="Time a lease was held")
+        self._held = meter.create_up_down_counter("mongolock.held", unit="{lease}", description="Leases held now")
+        self._lost = meter.create_counter("mongolock.lost", unit="{lease}", description="Leases lost while held")
+        self._renewals = meter.create_counter("mongolock.renewals", unit="{renewal}", description="Lease renewals")
+
+    def acquired(self, name: str, *, fencing_token: int, waited: float) -> None:
+        self._acquire.record(waited, {_NAME: name, _OUTCOME: "acquired"})
+        self._held.add(1, {_NAME: name})
+        self._span("mongolock.acquire", waited, {_NAME: name, _OUTCOME: "acquired", _TOKEN: fencing_token})
+
+    def not_acquired(self, name: str, *, waited: float) -> None:
+        self._acquire.record(waited, {_NAME: name, _OUTCOME: "not_acquired"})
+        self._span("mongolock.acquire", waited, {_NAME: name, _OUTCOME: "not_acquired"})
+
+    def renewed(self, name: str, *, fencing_token: int) -> None:
+        self._renewals.add(1, {_NAME: name})
+
+    def released(self, name: str, *, fencing_token: int, held: float) -> None:
+        self._hold.record(held, {_NAME: name, _OUTCOME: "released"})
+        self._held.add(-1, {_NAME: name})
+        self._span("mongolock.hold", held, {_NAME: name, _OUTCOME: "released", _TOKEN: fencing_token})
+
+    def lost(self, name: str, *, fencing_token: int, held: float, reason: str) -> None:
+        self._hold.record(held, {_NAME: name, _OUTCOME: "lost"})
+        self._held.add(-1, {_NAME: name})
+        self._lost.add(1, {_NAME: name})
+        self._span(
+            "mongolock.hold", held, {_NAME: name, _OUTCOME: "lost", _TOKEN: fencing_token}, error=reason
+        )
+
+    def _span(self, span_name: str, seconds: float, attributes: dict[str, str | int], error: str | None = None) -> None:
+        """A span that ended now and began ``seconds`` ago."""
+        end = time.time_ns()
+        span = self._tracer.start_span(span_name, start_time=end - int(seconds * 1e9), attributes=attributes)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=end)
