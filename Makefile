@@ -17,7 +17,7 @@ test: $(STAMP)
 ## ruff and mypy --strict.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --strict mongolock_async
+	$(VENV)/bin/mypy --strict mongolock_async examples tests/typing
 
 ## The demo, on an embedded MongoDB server it starts and stops itself.
 demo: $(STAMP)

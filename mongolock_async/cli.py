@@ -11,7 +11,9 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NoReturn
@@ -81,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--job-ttls", type=float, default=3.0, help="length of the run-once job in TTLs (default 3)")
     demo.add_argument("--plain", action="store_true", help="plain text output even on a terminal")
 
+    server = commands.add_parser(
+        "server",
+        help="run the embedded MongoDB server in the foreground (for development and tests)",
+        description="Runs SecantusDB on 127.0.0.1 until interrupted (Ctrl-C or SIGTERM), then stops it and "
+        "removes its data directory. Prints its URI first.",
+    )
+    server.add_argument("--port", type=int, default=27017, help="port to listen on (default 27017; 0: any free one)")
+    server.add_argument("--standalone", action="store_true", help="no replica set (and so no change streams)")
+    server.add_argument("--test-commands", action="store_true", help="enable configureFailPoint")
+
     listing = commands.add_parser("list", parents=[connection], help="list locks and their holders")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -102,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             from .demo import run_demo
 
             code = run_demo(arguments)
+        elif arguments.command == "server":
+            code = _serve(arguments)
         else:
             code = asyncio.run(_operate(arguments))
     except UserError as error:
@@ -110,6 +124,27 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+def _serve(arguments: argparse.Namespace) -> int:
+    """Run the embedded server until SIGINT or SIGTERM; stop it and remove its data on the way out."""
+    from .testing.server import EmbeddedMongo, EmbeddedServerError
+
+    stop = threading.Event()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, lambda number, frame: stop.set())
+    try:
+        server = EmbeddedMongo(
+            replica_set=not arguments.standalone, test_commands=arguments.test_commands, port=arguments.port or None
+        )
+        with server:
+            print(f"mongolock: embedded MongoDB listening: {server.uri}", flush=True)
+            print(f"mongolock: data in {server.storage_path} (removed on exit); stop with Ctrl-C", flush=True)
+            stop.wait()
+            print("mongolock: stopping", flush=True)
+    except EmbeddedServerError as error:
+        raise UserError(str(error).splitlines()[0], EXIT_FAILED) from None
+    return 0
 
 
 async def _operate(arguments: argparse.Namespace) -> int:

@@ -10,7 +10,23 @@ from pymongo import monitoring
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 
-pytest_plugins = ["mongolock_async.testing.pytest_plugin"]
+# The package's pytest plugin (registered by its entry point) provides the mongolock_* fixtures;
+# the suite calls them by the shorter names below.
+
+
+@pytest.fixture(scope="session")
+def mongodb_uri(mongolock_uri: str) -> str:
+    return mongolock_uri
+
+
+@pytest.fixture
+def driver(mongolock_driver: str) -> str:
+    return mongolock_driver
+
+
+@pytest.fixture
+def lock_collection(mongolock_collection: Any) -> Any:
+    return mongolock_collection
 
 
 class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListener):

@@ -1,53 +1,79 @@
-"""pytest fixtures: one MongoDB server per session, a fresh lock collection per test and driver.
+"""pytest fixtures for code that uses mongolock-async: a MongoDB server, a client, a fresh lock
+collection. Registered automatically (a ``pytest11`` entry point) when the package is installed.
 
-``lock_collection`` is parametrized over both drivers, so every test that uses it runs twice: once
-with a PyMongo ``AsyncCollection``, once with a Motor collection.
+- ``mongolock_server`` (session): the server, chosen once per session: ``MONGODB_URI`` if set,
+  else a testcontainers MongoDB where a Docker engine answers, else the embedded server (needs the
+  ``embedded`` extra). A :class:`~mongolock_async.testing.ServerChoice`.
+- ``mongolock_uri`` (session): its URI.
+- ``mongolock_driver``: ``"pymongo"``, and ``"motor"`` too when Motor is installed: tests that use
+  the fixtures below run once per driver.
+- ``mongolock_client``: an async client of that driver, closed after the test.
+- ``mongolock_collection``: a fresh, uniquely named collection for locks, dropped after the test.
+
+The async fixtures are pytest-asyncio fixtures (``pip install pytest-asyncio``), so they work in
+its strict mode as well as in auto mode.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
-from .clients import DRIVERS, TEST_DATABASE, close_client, make_client
+from .clients import TEST_DATABASE, close_client, make_client
 from .selection import ServerChoice, select_server
 
 
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
+DRIVERS = ["pymongo", *(["motor"] if _installed("motor") else [])]
+
+
 @pytest.fixture(scope="session")
-def mongodb_server() -> Iterator[ServerChoice]:
-    """The session's server: ``MONGODB_URI``, else testcontainers, else embedded."""
+def mongolock_server() -> Iterator[ServerChoice]:
+    """The session's MongoDB server: ``MONGODB_URI``, else testcontainers, else embedded."""
     with select_server() as choice:
         yield choice
 
 
 @pytest.fixture(scope="session")
-def mongodb_uri(mongodb_server: ServerChoice) -> str:
-    return mongodb_server.uri
+def mongolock_uri(mongolock_server: ServerChoice) -> str:
+    """The URI of the session's server."""
+    return mongolock_server.uri
 
 
 @pytest.fixture(params=DRIVERS)
-def driver(request: pytest.FixtureRequest) -> str:
-    """The driver a test runs with; tests using it run once per driver."""
+def mongolock_driver(request: pytest.FixtureRequest) -> str:
+    """The driver a test runs with: every test that uses it runs once per installed driver."""
     return str(request.param)
 
 
-@pytest.fixture
-async def mongo_client(driver: str, mongodb_uri: str) -> AsyncIterator[Any]:
-    client = make_client(driver, mongodb_uri)
-    try:
-        yield client
-    finally:
-        await close_client(client)
+if _installed("pytest_asyncio"):
+    import pytest_asyncio
 
+    @pytest_asyncio.fixture
+    async def mongolock_client(mongolock_driver: str, mongolock_uri: str) -> AsyncIterator[Any]:
+        """An async client (PyMongo's ``AsyncMongoClient``, or Motor's) of the session's server."""
+        client = make_client(mongolock_driver, mongolock_uri)
+        try:
+            yield client
+        finally:
+            await close_client(client)
 
-@pytest.fixture
-async def lock_collection(mongo_client: Any) -> AsyncIterator[Any]:
-    """A fresh, uniquely named collection, dropped after the test."""
-    collection = mongo_client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
-    try:
-        yield collection
-    finally:
-        await collection.drop()
+    @pytest_asyncio.fixture
+    async def mongolock_collection(mongolock_client: Any) -> AsyncIterator[Any]:
+        """A fresh, uniquely named collection for locks, dropped after the test."""
+        collection = mongolock_client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
+        try:
+            yield collection
+        finally:
+            await collection.drop()

@@ -48,6 +48,7 @@ class EmbeddedMongo:
     - ``test_commands``: enable ``configureFailPoint`` (``--enable-test-commands``).
     - ``auth``: ``(user, password)`` to require SCRAM authentication; the user is created with the
       ``root`` role and the URI carries the credentials.
+    - ``port``: listen on this port (default: one the OS assigns).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class EmbeddedMongo:
         auth: tuple[str, str] | None = None,
         startup_timeout: float = 60.0,
         cache_size: str = "128M",
+        port: int | None = None,
     ) -> None:
         if importlib.util.find_spec("secantus") is None:
             raise EmbeddedServerError(
@@ -68,7 +70,8 @@ class EmbeddedMongo:
         self.auth = auth
         self.startup_timeout = startup_timeout
         self.cache_size = cache_size
-        self.port: int | None = None
+        self.port: int | None = port
+        """The port: OS-assigned at the first start unless given."""
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
