@@ -28,7 +28,6 @@ from .clients import TEST_DATABASE, close_client, make_client
 from .selection import ServerChoice, select_server
 
 
-
 def _installed(module: str) -> bool:
     if module in sys.modules:
         return sys.modules[module] is not None
