@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any, NoReturn
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 from pymongo.write_concern import WriteConcern
 
+from . import _report_view as view
 from . import _validate
 from ._commandline import (
     EXIT_FAILED,
@@ -35,7 +34,7 @@ from ._commandline import (
     redact_uri,
 )
 from .documents import LockReport
-from .store import LockStore
+from .store import ForcedRelease, LockStore
 
 _AUTHENTICATION_FAILED = 18
 DEFAULT_DATABASE = "mongolock"
@@ -93,14 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--standalone", action="store_true", help="no replica set (and so no change streams)")
     server.add_argument("--test-commands", action="store_true", help="enable configureFailPoint")
 
-    listing = commands.add_parser("list", parents=[connection], help="list locks and their holders")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="machine-readable output (UTF-8 JSON)")
 
-    inspect = commands.add_parser("inspect", parents=[connection], help="show one lock in detail")
+    listing = commands.add_parser(
+        "list", parents=[connection, output], help="list locks: state, holder, fencing token, time, waiters"
+    )
+    listing.add_argument("--held", action="store_true", help="only locks whose lease is live")
+    listing.add_argument("--prefix", default="", help="only locks whose name starts with this")
+
+    inspect = commands.add_parser("inspect", parents=[connection, output], help="show one lock in detail")
     inspect.add_argument("name")
-    inspect.add_argument("--json", action="store_true", help="machine-readable output")
 
-    release = commands.add_parser("release", parents=[connection], help="break-glass release of a lock")
+    release = commands.add_parser("release", parents=[connection, output], help="break-glass release of a lock")
     release.add_argument("name")
     release.add_argument("--force", action="store_true", help="release a lease this command does not own")
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -163,9 +167,14 @@ async def _operate(arguments: argparse.Namespace) -> int:
     try:
         store = await _lock_store(client, arguments)
         if arguments.command == "list":
-            return _print_reports(await store.report(), arguments.json)
+            return await _list(store, arguments)
         if arguments.command == "inspect":
-            return _print_reports([await _report_of(store, arguments.name)], arguments.json, detailed=True)
+            report = await _report_of(store, arguments.name)
+            if arguments.json:
+                view.print_json(view.as_dict(report))
+            else:
+                view.print_detail(report)
+            return 0
         return await _force_release(store, arguments)
     except ServerSelectionTimeoutError:
         hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
@@ -200,78 +209,54 @@ async def _report_of(store: LockStore, name: str) -> LockReport:
     return reports[0]
 
 
+async def _list(store: LockStore, arguments: argparse.Namespace) -> int:
+    reports = await store.report(prefix=arguments.prefix or None)
+    if arguments.held:
+        reports = [report for report in reports if report.remaining_ms is not None]
+    if arguments.json:
+        view.print_json([view.as_dict(report) for report in reports])
+    elif reports:
+        view.print_table(reports)
+    else:
+        held = " held" if arguments.held else ""
+        print(f"no locks{held}" + (f" named {arguments.prefix}*" if arguments.prefix else ""))
+    return 0
+
+
 async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int:
+    """Break the named lease after confirmation. With ``--json``, prints ``{"name", "released", "broken"}``
+    where ``broken`` is the broken lease (owner, holder, fencing token) or null."""
     report = await _report_of(store, arguments.name)
-    if report.remaining_ms is None:
-        print(f"{arguments.name!r} is free; nothing to release.")
+
+    def done(message: str, broken: ForcedRelease | None = None) -> int:
+        if arguments.json:
+            lease = None
+            if broken is not None:
+                lease = {"owner": broken.owner, "holder": dict(broken.holder), "fencing_token": broken.fencing_token}
+            view.print_json({"name": arguments.name, "released": broken is not None, "broken": lease})
+        else:
+            print(message)
         return 0
-    print(f"About to break this lease:\n  {_describe(report)}")
+
+    if report.state is not None and report.remaining_ms is None:
+        return done(f"{arguments.name!r} is {view.state_of(report)}; nothing to release.")
+    if not arguments.json:
+        print("About to break this lease:")
+        view.print_detail(report)
     if not arguments.yes:
-        if not sys.stdin.isatty():
-            raise UserError("not a terminal, so cannot ask for confirmation: add --yes", EXIT_FAILED)
+        if arguments.json or not sys.stdin.isatty():
+            raise UserError("cannot ask for confirmation here (not a terminal, or --json): add --yes", EXIT_FAILED)
         answer = await asyncio.to_thread(input, "Release it? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("Left as it was.")
             return EXIT_FAILED
     broken = await store.force_release(arguments.name)
     if broken is None:
-        print(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
-        return 0
+        return done(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
     holder = broken.holder
-    print(
+    return done(
         f"Released {arguments.name!r}: broke the lease of {holder.get('label') or 'an unlabelled holder'} "
         f"(host {holder.get('host')}, pid {holder.get('pid')}, fencing token {broken.fencing_token}). "
-        "Its holder still believes it holds the lock until its own deadline; fence your resources."
+        "Its holder still believes it holds the lock until its own deadline; fence your resources.",
+        broken,
     )
-    return 0
-
-
-def _report_as_dict(report: LockReport) -> dict[str, Any]:
-    state = report.state
-    if state is None:
-        return {"name": report.name, "error": str(report.error)}
-    return {
-        "name": state.name,
-        "held": report.remaining_ms is not None,
-        "time_left_ms": report.remaining_ms,
-        "fencing_token": state.fencing_token,
-        "holder": dict(state.holder) if report.remaining_ms is not None else None,
-        "ttl_ms": state.ttl_ms,
-        "expires_at": _iso(state.expires_at),
-        "acquired_at": _iso(state.acquired_at),
-        "renewed_at": _iso(state.renewed_at),
-        "released_at": _iso(state.released_at),
-        "waiting": len(state.queue),
-    }
-
-
-def _describe(report: LockReport) -> str:
-    state = report.state
-    if state is None:
-        return f"{report.name!r}: unreadable ({report.error})"
-    if report.remaining_ms is None:
-        return f"{state.name}: free (last fencing token {state.fencing_token})"
-    holder = state.holder
-    return (
-        f"{state.name}: held by {holder.get('label') or '-'} on {holder.get('host')} pid {holder.get('pid')}, "
-        f"fencing token {state.fencing_token}, {report.remaining_ms / 1000:.1f} s left"
-    )
-
-
-def _print_reports(reports: list[LockReport], as_json: bool, *, detailed: bool = False) -> int:
-    if as_json:
-        payload: Any = [_report_as_dict(report) for report in reports]
-        print(json.dumps(payload[0] if detailed else payload, indent=2))
-        return 0
-    if not reports:
-        print("no locks")
-    for report in reports:
-        print(_describe(report))
-        if detailed:
-            for key, value in _report_as_dict(report).items():
-                print(f"  {key}: {value}")
-    return 0
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat().replace("+00:00", "Z")

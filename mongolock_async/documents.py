@@ -52,6 +52,8 @@ class LockState:
     renewed_at: datetime | None = None
     released_at: datetime | None = None
     handed_off_at: datetime | None = None
+    forced_release_at: datetime | None = None
+    """Server time of the last ``mongolock release --force`` (or ``LockStore.force_release``)."""
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> LockState:
@@ -93,6 +95,7 @@ class LockState:
             renewed_at=_date_or_none(doc.get("renewedAt"), name, "renewedAt"),
             released_at=_date_or_none(doc.get("releasedAt"), name, "releasedAt"),
             handed_off_at=_date_or_none(doc.get("handedOffAt"), name, "handedOffAt"),
+            forced_release_at=_date_or_none(_mapping(doc.get("forcedRelease")).get("at"), name, "forcedRelease.at"),
         )
 
     def place_of(self, token: str) -> Place | None:

@@ -77,8 +77,10 @@ def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[s
     database, collection, tokens = held_locks
     result = mongolock("list", "--db", database, "--collection", collection, uri=mongodb_uri)
     assert result.returncode == 0, result.stderr
-    assert "alpha: held by alpha-worker" in result.stdout
-    assert f"fencing token {tokens['beta']}" in result.stdout
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["NAME", "STATE", "HOLDER", "FENCING", "TOKEN", "TIME", "WAITING"]
+    assert [row.split()[:3] for row in rows] == [["alpha", "held", "alpha-worker"], ["beta", "held", "beta-worker"]]
+    assert str(tokens["beta"]) in rows[1] and "s left" in rows[1]
 
     listed = mongolock("list", "--json", "--db", database, "--collection", collection, uri=mongodb_uri)
     payload = json.loads(listed.stdout)
@@ -98,8 +100,9 @@ def test_inspect_one_lock(mongodb_uri: str, held_locks: tuple[str, str, dict[str
     detail = json.loads(result.stdout)
     assert detail["name"] == "alpha" and detail["fencing_token"] == tokens["alpha"]
     assert detail["ttl_ms"] == 120_000 and detail["expires_at"].endswith("Z")
-    text = mongolock("inspect", "beta", "--db", database, "--collection", collection, uri=mongodb_uri)
-    assert "beta: held by beta-worker" in text.stdout and "fencing_token:" in text.stdout
+    text = mongolock("inspect", "beta", "--db", database, "--collection", collection, uri=mongodb_uri).stdout
+    assert "lock      beta\n" in text and "state     held, " in text and "holder    beta-worker (" in text
+    assert f"token     {tokens['beta']}\n" in text and "{" not in text, "people get lines, not a repr"
 
 
 def test_release_force_breaks_the_lease(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
@@ -113,11 +116,51 @@ def test_release_force_breaks_the_lease(mongodb_uri: str, held_locks: tuple[str,
     assert forced.returncode == 0, forced.stderr
     assert "broke the lease of alpha-worker" in forced.stdout and str(tokens["alpha"]) in forced.stdout
     detail = json.loads(mongolock("inspect", "alpha", "--json", *where, uri=mongodb_uri).stdout)
-    assert detail["held"] is False and detail["holder"] is None
+    assert detail["held"] is False and detail["state"] == "released by force"
     beta = json.loads(mongolock("inspect", "beta", "--json", *where, uri=mongodb_uri).stdout)
     assert beta["held"] is True, "only the named lock was broken"
     again = mongolock("release", "alpha", "--force", "--yes", *where, uri=mongodb_uri)
-    assert again.returncode == 0 and "free" in again.stdout
+    assert again.returncode == 0 and "'alpha' is released by force; nothing to release" in again.stdout
+    as_json = json.loads(mongolock("release", "beta", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout)
+    assert as_json["released"] is True and as_json["broken"]["fencing_token"] == tokens["beta"]
+    assert as_json["broken"]["holder"]["label"] == "beta-worker"
+    nothing = json.loads(mongolock("release", "beta", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout)
+    assert nothing == {"name": "beta", "released": False, "broken": None}
+
+
+def test_list_filters_states_and_utf8_json(mongodb_uri: str) -> None:
+    """Held only, a name prefix; released, expired and never-released states; non-ASCII kept in JSON."""
+    database, collection = "mongolock_cli", f"states_{uuid.uuid4().hex[:8]}"
+
+    async def make_states() -> None:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+        try:
+            locks = client[database][collection]
+            held = AsyncMongoLock(locks, "stock:café", ttl=120.0, label="caisse-à-café")
+            released = AsyncMongoLock(locks, "stock:tea", ttl=120.0)
+            expired = AsyncMongoLock(locks, "nightly", ttl=0.3)
+            for lock in (held, released, expired):
+                assert await lock.acquire(blocking=False)
+            await released.release()
+            await asyncio.sleep(0.6)
+        finally:
+            await client.close()
+
+    asyncio.run(make_states())
+    where = ("--db", database, "--collection", collection)
+    everything = json.loads(mongolock("list", "--json", *where, uri=mongodb_uri).stdout)
+    assert {entry["name"]: entry["state"] for entry in everything} == {
+        "nightly": "expired",
+        "stock:café": "held",
+        "stock:tea": "released",
+    }
+    raw = mongolock("list", "--json", "--held", *where, uri=mongodb_uri).stdout
+    assert "caisse-à-café" in raw and "\\u" not in raw, "JSON keeps UTF-8 as it is"
+    assert [entry["name"] for entry in json.loads(raw)] == ["stock:café"]
+    table = mongolock("list", "--prefix", "stock:", *where, uri=mongodb_uri).stdout.splitlines()
+    assert [row.split()[:2] for row in table[1:]] == [["stock:café", "held"], ["stock:tea", "released"]]
+    empty = mongolock("list", "--held", "--prefix", "other", *where, uri=mongodb_uri)
+    assert empty.returncode == 0 and "no locks held named other*" in empty.stdout
 
 
 def test_a_password_in_the_uri_never_shows() -> None:

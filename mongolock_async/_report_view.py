@@ -1,0 +1,147 @@
+"""How the ``mongolock`` command shows locks: a table, a detail view, or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from .documents import LockReport, LockState
+
+COLUMNS = ("NAME", "STATE", "HOLDER", "FENCING TOKEN", "TIME", "WAITING")
+
+
+def state_of(report: LockReport) -> str:
+    """held, released, released by force, expired, free (never taken), or unreadable."""
+    state = report.state
+    if state is None:
+        return "unreadable"
+    if report.remaining_ms is not None:
+        return "held"
+    if state.owner is not None:
+        return "expired"
+    if state.released_at is None:
+        return "free"
+    if state.forced_release_at is not None and state.forced_release_at == state.released_at:
+        return "released by force"
+    return "released"
+
+
+def as_dict(report: LockReport) -> dict[str, Any]:
+    """A report as JSON-ready values (times in ISO 8601, UTC)."""
+    state = report.state
+    if state is None:
+        return {"name": report.name, "state": "unreadable", "error": str(report.error)}
+    return {
+        "name": state.name,
+        "state": state_of(report),
+        "held": report.remaining_ms is not None,
+        "time_left_ms": report.remaining_ms,
+        "fencing_token": state.fencing_token,
+        "holder": dict(state.holder) if state.holder else None,
+        "ttl_ms": state.ttl_ms,
+        "expires_at": _iso(state.expires_at),
+        "acquired_at": _iso(state.acquired_at),
+        "renewed_at": _iso(state.renewed_at),
+        "released_at": _iso(state.released_at),
+        "waiting": [dict(place.holder) for place in state.queue],
+    }
+
+
+def print_json(payload: Any) -> None:
+    """UTF-8 JSON on stdout, non-ASCII characters as they are."""
+    _utf8_stdout()
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+def print_table(reports: Sequence[LockReport]) -> None:
+    """One line per lock under a header; with ``rich`` on a terminal when it is installed."""
+    rows = [_row(report) for report in reports]
+    if sys.stdout.isatty():
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            pass
+        else:
+            table = Table(*COLUMNS)
+            for row in rows:
+                table.add_row(*row)
+            Console().print(table)
+            return
+    _utf8_stdout()
+    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=False)]
+    for line in (COLUMNS, *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def print_detail(report: LockReport) -> None:
+    """Every fact about one lock, one per line, for people."""
+    _utf8_stdout()
+    state = report.state
+    if state is None:
+        print(f"lock      {report.name!r}\nstate     unreadable: {report.error}")
+        return
+    print(f"lock      {state.name}")
+    print(f"state     {_state_line(report, state)}")
+    held = report.remaining_ms is not None
+    print(f"{'holder' if held else 'last by':9} {_holder(state.holder) or '-'}")
+    print(f"token     {state.fencing_token}")
+    print(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
+    for label, moment in (
+        ("acquired", state.acquired_at),
+        ("renewed", state.renewed_at),
+        ("released", state.released_at),
+        ("expires", state.expires_at),
+    ):
+        print(f"{label:9} {_when(moment)}")
+    waiting = [_holder(place.holder) or place.token[:8] for place in state.queue]
+    print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+
+
+def _row(report: LockReport) -> tuple[str, ...]:
+    state = report.state
+    if state is None:
+        return (str(report.name), "unreadable", str(report.error), "", "", "")
+    kind = state_of(report)
+    if kind == "held":
+        time = f"{(report.remaining_ms or 0) / 1000:.1f} s left"
+    elif kind == "expired":
+        time = f"since {_when(state.expires_at)}"
+    else:
+        time = "" if state.released_at is None else f"since {_when(state.released_at)}"
+    holder = _holder(state.holder) if kind == "held" else ""
+    return (state.name, kind, holder, str(state.fencing_token), time, str(len(state.queue)) if state.queue else "")
+
+
+def _state_line(report: LockReport, state: LockState) -> str:
+    kind = state_of(report)
+    if kind == "held":
+        return f"held, {(report.remaining_ms or 0) / 1000:.1f} s left"
+    if kind == "expired":
+        return f"expired at {_when(state.expires_at)} (its holder never released it)"
+    return kind
+
+
+def _holder(holder: Mapping[str, Any]) -> str:
+    if not holder:
+        return ""
+    label = holder.get("label")
+    where = f"{holder.get('host', '?')} pid {holder.get('pid', '?')}"
+    return f"{label} ({where})" if label else where
+
+
+def _when(moment: datetime | None) -> str:
+    return "never" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
+def _utf8_stdout() -> None:
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None and (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":
+        reconfigure(encoding="utf-8")
