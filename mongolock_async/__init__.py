@@ -15,6 +15,7 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     ServerTooOldError,
+    TransactionsUnsupportedError,
 )
 from .hooks import LockHooks
 from .indexes import ensure_idle_cleanup_index
@@ -34,6 +35,7 @@ __all__ = [
     "LockTimeoutError",
     "OnLost",
     "ServerTooOldError",
+    "TransactionsUnsupportedError",
     "__version__",
     "ensure_idle_cleanup_index",
 ]

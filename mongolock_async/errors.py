@@ -61,6 +61,11 @@ class ServerTooOldError(LockError):
     """The MongoDB server is older than 5.0, which the lock's server-side expiry needs."""
 
 
+class TransactionsUnsupportedError(LockError):
+    """:meth:`~mongolock_async.AsyncMongoLock.guard_transaction` needs multi-document transactions,
+    which a standalone server does not have (a replica set or a sharded cluster does)."""
+
+
 class LockLostError(LockError):
     """The lease ended while its holder still relied on it.
 

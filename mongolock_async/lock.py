@@ -14,13 +14,20 @@ from types import TracebackType
 from typing import Any
 
 from pymongo.errors import PyMongoError
+from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._collection import AsyncCollectionLike
 from ._shield import run_shielded
 from .documents import LockState
-from .errors import LockAlreadyHeldError, LockLostError, LockNotOwnedError, LockTimeoutError
+from .errors import (
+    LockAlreadyHeldError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    TransactionsUnsupportedError,
+)
 from .hooks import LockHooks, notify
 from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
@@ -323,6 +330,60 @@ class AsyncMongoLock:
             held = await self._store.is_held(self._name, lease.owner)
         return held and lease.believed_held
 
+    async def guard_transaction(self, session: Any) -> None:
+        """Tie the MongoDB transaction running on ``session`` to this handle's lease: the transaction
+        commits only if the lease was live when this ran, and no one can take the lock over before
+        the commit (a takeover waits for the commit; one that came first makes this fail).
+
+        Call it inside the transaction, best as its first statement, on a session of the lock
+        collection's client::
+
+            async with client.start_session() as session:
+                async with await session.start_transaction():
+                    await lock.guard_transaction(session)
+                    await orders.insert_one(order, session=session)
+
+        One request, a write to the lock document inside the transaction. It holds that document
+        until the transaction ends, so renewals of this lease (and others' acquires) wait for the
+        commit: keep guarded transactions well under the TTL. MongoDB ends a transaction after 60 s
+        (``transactionLifetimeLimitSeconds``).
+
+        Raises :class:`LockLostError` (and marks the lease lost, cancelling an ``async with`` block)
+        if the lease has ended, locally or on the server; the transaction must then be aborted, which
+        ``async with session.start_transaction()`` and ``session.with_transaction`` do on the error.
+        A ``WriteConflict`` error labelled ``TransientTransactionError`` propagates as the driver
+        raised it: the lock document changed since the transaction's snapshot (a takeover, or this
+        lease's own renewal); ``with_transaction`` then runs the callback again, and this call tells
+        which it was. :class:`LockNotOwnedError` if the handle never held the lock;
+        :class:`TransactionsUnsupportedError` on a standalone server; ``ValueError`` if ``session``
+        is not in a transaction. The checks before the request do no I/O.
+        """
+        if not getattr(session, "in_transaction", False):
+            raise ValueError(
+                "guard_transaction needs a session in a transaction: call it inside "
+                "`async with await session.start_transaction():` (PyMongo) or `session.with_transaction`"
+            )
+        lease = self._lease
+        if lease is None:
+            raise LockNotOwnedError(self._name)
+        if lease.lost_error is None and time.monotonic() >= lease.deadline:
+            lease.mark_lost("the lease's local deadline passed before guard_transaction")
+        if lease.lost_error is not None:
+            raise lease.lost_error
+        if _standalone(session.client):
+            # A standalone mongod refuses transactions (IllegalOperation); some test servers run them
+            # without their guarantees. Either way the guard would protect nothing.
+            raise TransactionsUnsupportedError(
+                f"lock {self._name!r}: guard_transaction needs a replica set or a sharded cluster; "
+                "this server is a standalone, without multi-document transactions"
+            )
+        with bounded(lease.deadline - time.monotonic()):
+            live = await self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session)
+        if not live:
+            lease.mark_lost("guard_transaction found the lease expired, released by force, or taken over")
+        if lease.lost_error is not None:
+            raise lease.lost_error
+
     async def __aenter__(self) -> AsyncMongoLock:
         if not await self.acquire():
             raise LockTimeoutError(self._name, self._timeout if self._blocking else None)
@@ -429,3 +490,10 @@ def _heartbeat_interval(heartbeat: bool | float, ttl: float, safety_margin: floa
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def _standalone(client: Any) -> bool:
+    """Whether the client is connected to a standalone server, as far as its monitoring knows (it has
+    at least the server this handle acquired on)."""
+    types = {server.server_type for server in client.topology_description.server_descriptions().values()}
+    return types == {SERVER_TYPE.Standalone}

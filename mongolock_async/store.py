@@ -204,6 +204,27 @@ class LockStore:
             _release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens),
         )
 
+    async def guard_transaction(self, name: str, owner: str, fence: int, session: Any) -> bool:
+        """Inside ``session``'s transaction, write to ``owner``'s lease if it is live on the server's
+        clock; False if it is not (expired, released, or another owner's now).
+
+        Why this protects the transaction's other writes (MongoDB's documentation, "In-progress
+        Transactions and Write Conflicts"; the server's jstests/core/txns/write_conflicts_with_non_txns.js):
+        a write outside a transaction to a document the transaction has written waits until the
+        transaction commits or aborts, so a takeover of this lease is ordered after the commit; and a
+        transaction that writes a document changed since its snapshot fails with WriteConflict
+        (labelled TransientTransactionError), so a takeover before this write aborts the transaction.
+        """
+        stamp = _stamp()
+        doc = await self._collection.find_one_and_update(
+            {"_id": name, "owner": owner, "fence": fence},
+            [{"$set": {"guard": {"$cond": [_LEASE_LIVE, stamp, "$guard"]}}}],
+            projection={"guard": 1},
+            return_document=ReturnDocument.AFTER,
+            session=session,
+        )
+        return doc is not None and doc.get("guard") == stamp
+
     async def extend(self, name: str, owner: str, ttl_ms: int) -> bool:
         """Give ``owner``'s live lease a new expiry ``ttl_ms`` from now; False if it is not live."""
         result = await self._collection.update_one({"_id": name, "owner": owner}, _renewal(ttl_ms, _stamp()))
