@@ -6,6 +6,10 @@
    several TTLs; the others report who holds it.
 3. Crash and takeover: the holder is SIGKILLed mid-job; a waiter takes over once the lease expires,
    with a higher fencing token.
+4. Paused holder and fenced writes: a holder is stopped (SIGSTOP) past its TTL, another process
+   takes over and posts to an account; the first resumes and tries to post too: its transaction
+   tied to the lease and its token-checked write are refused, and the account shows only the new
+   holder's posting.
 
 Everything happens in a database of its own (``mongolock_demo_<random>``), dropped at the end.
 """
@@ -31,7 +35,7 @@ from pymongo.write_concern import WriteConcern
 
 from ._commandline import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, UserError, connect, redact_uri
 from ._process import die_with_parent
-from .demo_worker import INVENTORY, JOB_LOCK, JOB_RUNS, LOCKS, SALES
+from .demo_worker import ACCOUNTS, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
 from .store import LockStore
 
 
@@ -142,6 +146,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
             await flash_sale(uri, database, arguments, view, checks)
             await run_once_job(uri, database, arguments, view, checks)
             await crash_and_takeover(uri, database, arguments, view, checks)
+            await paused_holder(uri, database, arguments, view, checks)
         finally:
             await client.drop_database(database_name)
     finally:
@@ -340,3 +345,53 @@ async def crash_and_takeover(
         taken.acquired_at >= lease.expires_at,
     )
     checks.record(view, "the successor's fencing token is higher", second["fence"] > first["fence"])
+
+
+async def paused_holder(uri: str, database: Any, arguments: argparse.Namespace, view: View, checks: Checks) -> None:
+    ttl = arguments.ttl
+    view.section(f"4. Paused holder and fenced writes: the holder is stopped (SIGSTOP) past its TTL of {ttl:g} s")
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "held":
+            view.event(f"{event['worker']} (pid {event['pid']}) holds {LEDGER_LOCK!r}, fencing token {event['fence']}")
+        elif event["event"] == "posted":
+            balance = "applied" if event["balance_applied"] else "refused (a newer token is stored)"
+            view.event(
+                f"{event['worker']} posts with token {event['fence']}: ledger transaction {event['transaction']}; "
+                f"balance update {balance}"
+            )
+
+    # The stale holder waits 3 s after taking the lock before posting; it is stopped at once.
+    stale = await Worker.start("paused", "ledger", uri, database.name, "paused", str(ttl), "3")
+    stale_done = asyncio.create_task(stale.follow(on_event))
+    await stale.wait_for("held")
+    os.kill(stale.process.pid, signal.SIGSTOP)
+    view.event(f"SIGSTOPped paused (pid {stale.process.pid}) before it could post: a GC pause, a frozen VM")
+    await asyncio.sleep(ttl + 0.5)
+    successor = await Worker.start("successor", "ledger", uri, database.name, "successor", str(ttl), "0")
+    await successor.follow(on_event)
+    os.kill(stale.process.pid, signal.SIGCONT)
+    view.event(f"SIGCONT: paused resumes {ttl + 0.5:g} s later, believing for a moment that it holds the lock")
+    await stale_done
+    posted = {worker.name: next(e for e in worker.events if e["event"] == "posted") for worker in (stale, successor)}
+    entries = await database[LEDGER].find({}, {"_id": 0, "worker": 1}).to_list(None)
+    account = await database[ACCOUNTS].find_one({"_id": 42})
+    view.event(f"ledger: {[entry['worker'] for entry in entries]}; account 42: {account}")
+    checks.record(
+        view,
+        "the paused holder's transaction tied to the lease was refused (LockLostError)",
+        posted["paused"]["transaction"] == "refused: LockLostError",
+    )
+    checks.record(
+        view,
+        "its token-checked balance update was refused: the successor's token is newer",
+        posted["paused"]["balance_applied"] is False and posted["successor"]["fence"] > posted["paused"]["fence"],
+    )
+    checks.record(
+        view,
+        "the account shows only the new holder's posting",
+        entries == [{"worker": "successor"}]
+        and account is not None
+        and account["balance"] == 100
+        and account["fence"] == posted["successor"]["fence"],
+    )

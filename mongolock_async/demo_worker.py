@@ -2,6 +2,7 @@
 
 python -m mongolock_async.demo_worker sale DATABASE WORKER TASKS
 python -m mongolock_async.demo_worker job DATABASE WORKER TTL JOB_SECONDS
+python -m mongolock_async.demo_worker ledger DATABASE WORKER TTL PAUSE_SECONDS
 
 The MongoDB URI comes on the first line of stdin, never on the command line, which every user of
 the machine can read.
@@ -20,7 +21,8 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.write_concern import WriteConcern
 
-from . import AsyncMongoLock, LockLostError, LockTimeoutError
+from . import AsyncMongoLock, LockError, LockLostError, LockTimeoutError
+from .fencing import fenced_update_one
 from .store import LockStore
 
 LOCKS = "locks"
@@ -28,6 +30,9 @@ INVENTORY = "inventory"
 SALES = "sales"
 JOB_RUNS = "job_runs"
 JOB_LOCK = "nightly-report"
+LEDGER = "ledger"
+ACCOUNTS = "accounts"
+LEDGER_LOCK = "account:42"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -98,6 +103,34 @@ async def job(uri: str, database_name: str, worker: str, ttl: float, job_seconds
         await client.close()
 
 
+async def ledger(uri: str, database_name: str, worker: str, ttl: float, pause: float) -> None:
+    """Take the account's lock, wait ``pause`` seconds (the demo stops this process meanwhile), then
+    post to the account twice: a ledger entry in a transaction tied to the lease, and the balance
+    with a token-checked write, using the token noted when the lock was taken."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        database = client[database_name]
+        lock = AsyncMongoLock(database[LOCKS], LEDGER_LOCK, ttl=ttl, label=worker)
+        assert await lock.acquire(timeout=60.0)
+        token = lock.fencing_token
+        assert token is not None
+        emit("held", worker=worker, fence=token)
+        await asyncio.sleep(pause)
+        try:
+            async with client.start_session() as session, await session.start_transaction():
+                await lock.guard_transaction(session)
+                await database[LEDGER].insert_one({"worker": worker, "fence": token, "amount": 100}, session=session)
+            transaction = "committed"
+        except LockError as error:
+            transaction = f"refused: {type(error).__name__}"
+        posting = {"$inc": {"balance": 100}, "$set": {"by": worker}}
+        balance = await fenced_update_one(database[ACCOUNTS], {"_id": 42}, posting, token=token, upsert=True)
+        emit("posted", worker=worker, fence=token, transaction=transaction, balance_applied=balance.applied)
+        await lock.release()
+    finally:
+        await client.close()
+
+
 def main(argv: list[str]) -> None:
     kind, database = argv[0], argv[1]
     uri = sys.stdin.readline().strip()
@@ -105,6 +138,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(sale(uri, database, argv[2], int(argv[3])))
     elif kind == "job":
         asyncio.run(job(uri, database, argv[2], float(argv[3]), float(argv[4])))
+    elif kind == "ledger":
+        asyncio.run(ledger(uri, database, argv[2], float(argv[3]), float(argv[4])))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

@@ -67,10 +67,12 @@ def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "embedded server listening" in out
-    assert "9/9 checks passed" in out and "FAIL" not in out
+    assert "12/12 checks passed" in out and "FAIL" not in out
     assert "sales equal the stock (16 of 16)" in out
     assert "SIGKILLed doomed" in out and "takeover" in out
     assert "the successor's fencing token is higher" in out
+    assert "SIGSTOPped paused" in out and "ledger transaction refused: LockLostError" in out
+    assert "PASS  the account shows only the new holder's posting" in out
 
 
 def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:

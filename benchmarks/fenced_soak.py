@@ -1,0 +1,126 @@
+"""The fenced-writes soak: processes take one lock and write two resource documents under it while
+they are paused at random (SIGSTOP, often past the 1 s TTL: their leases end while they cannot know)
+and the server is crashed and restarted. Counts, at the resource, writes that landed with a token
+below one already applied (stale writes). Then a control run, the same without the guard and the
+token check, must show stale writes landing, or the detector proves nothing.
+
+    python benchmarks/fenced_soak.py [--minutes 5] [--processes 3] [--tasks 3] [--control-seconds 60] [--json]
+
+Runs on the embedded server (``--sync-on-commit``). Exit status 0 when the guarded run has no stale
+write and the control run has some.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from pymongo import MongoClient
+
+from mongolock_async._process import die_with_parent
+from mongolock_async.testing import EmbeddedMongo
+
+WORKER = Path(__file__).resolve().with_name("fenced_soak_worker.py")
+DATABASE = "fenced_soak"
+
+
+def run(mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds: float) -> dict[str, Any]:
+    """One run: workers started, faults injected until the end, the resource's counters read."""
+    with MongoClient(server.uri) as client:
+        client.drop_database(DATABASE)
+        client[DATABASE]["resource"].insert_many([{"_id": "txn"}, {"_id": "token"}])
+    start_at = time.monotonic() + 3.0
+    workers = []
+    for _ in range(arguments.processes):
+        worker = subprocess.Popen(
+            [sys.executable, str(WORKER), mode, DATABASE, str(arguments.tasks), str(seconds), str(start_at)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=WORKER.parent.parent,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+        assert worker.stdin is not None
+        worker.stdin.write(server.uri + "\n")
+        worker.stdin.close()
+        workers.append(worker)
+    faults: Counter[str] = Counter()
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    stop_at = start_at + seconds
+    next_restart = time.monotonic() + random.uniform(15, 30)
+    while time.monotonic() < stop_at - 1:
+        time.sleep(random.uniform(0.3, 1.5))
+        if time.monotonic() >= next_restart:
+            server.restart(crash=random.random() < 0.5)
+            faults["server restarts"] += 1
+            next_restart = time.monotonic() + random.uniform(15, 30)
+            continue
+        victim = random.choice(workers)
+        os.kill(victim.pid, signal.SIGSTOP)
+        time.sleep(random.uniform(0.2, 2.5))  # past the 1 s TTL more often than not
+        os.kill(victim.pid, signal.SIGCONT)
+        faults["process pauses"] += 1
+    counts: Counter[str] = Counter()
+    for worker in workers:
+        assert worker.stdout is not None
+        out = worker.stdout.read()
+        if worker.wait(timeout=300) != 0:
+            raise RuntimeError(f"a fenced soak worker failed (exit {worker.returncode})")
+        counts.update(json.loads(out))
+    with MongoClient(server.uri) as client:
+        resource = {doc["_id"]: doc for doc in client[DATABASE]["resource"].find()}
+    return {
+        "mode": mode,
+        "seconds": seconds,
+        **counts,
+        "faults": dict(faults),
+        "applied": {key: doc.get("writes", 0) for key, doc in resource.items()},
+        "stale": {key: doc.get("stale", 0) for key, doc in resource.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=3)
+    parser.add_argument("--control-seconds", type=float, default=60.0)
+    parser.add_argument("--json", action="store_true", help="print the two runs' results as one JSON line")
+    arguments = parser.parse_args()
+    environment = (
+        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
+        f"{os.cpu_count()} cores | mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | "
+        f"embedded SecantusDB {version('secantusdb')}"
+    )
+    if not arguments.json:
+        print(environment, flush=True)
+        print(f"{arguments.processes} processes x {arguments.tasks} tasks, one lock, TTL 1 s, no heartbeat", flush=True)
+    with EmbeddedMongo(test_commands=True) as server:
+        guarded = run("guarded", server, arguments, arguments.minutes * 60)
+        control = run("control", server, arguments, arguments.control_seconds)
+    ok = sum(guarded["stale"].values()) == 0 and sum(control["stale"].values()) > 0
+    if arguments.json:
+        print(json.dumps({"environment": environment, "guarded": guarded, "control": control, "ok": ok}))
+    else:
+        for result in (guarded, control):
+            print(
+                f"\n{result['mode']}, {result['seconds']:g} s: {result['sections']} sections; writes applied "
+                f"{result['applied']}, stale writes applied {result['stale']}; refused {result.get('refused', 0)}; "
+                f"leases lost {result['lost']}, errors {result['errors']}; faults {result['faults']}",
+                flush=True,
+            )
+        print("\nPASS" if ok else "\nFAIL")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
