@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench soak
+.PHONY: test lint docs demo bench soak
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -14,10 +14,16 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PYTHON) -m pytest
 
-## ruff and mypy --strict.
+## ruff and mypy --strict (the package, the examples, a user-style file, every example in the docs).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict mongolock_async examples tests/typing
+	examples=$$(mktemp -d) && $(PYTHON) tests/doc_examples.py $$examples && \
+		$(VENV)/bin/mypy --strict $$examples; status=$$?; rm -rf $$examples; exit $$status
+
+## The documentation site, built with --strict into site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 ## The demo, on an embedded MongoDB server it starts and stops itself.
 demo: $(STAMP)
@@ -29,7 +35,11 @@ bench: $(STAMP)
 	command -v redis-server >/dev/null || (apt-get install -y -q redis-server || \
 		(apt-get update -q && apt-get install -y -q redis-server))
 	$(PYTHON) benchmarks/bench.py
+	$(PYTHON) benchmarks/renewal.py
+	$(PYTHON) benchmarks/fencing.py
 
-## The soak (not part of the tests): 20 minutes of contention through crashes, pauses and fail points.
+## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
+## then 5 minutes of fenced writes by processes paused at random past their TTL.
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
+	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
