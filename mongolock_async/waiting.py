@@ -140,13 +140,14 @@ async def _attempt(
     When no change stream reports releases yet, the attempt runs in a session, whose
     ``operationTime`` is where the stream starts. Except the first of an acquire: it most often
     takes a free lock, and a session would only slow that down; if it fails, the next attempt
-    follows at once, in a session.
+    follows at once, in a session. (A head that inherits an uncovered place, queued by the attempt
+    that won the lease for the waiter before it, uses a session from its first attempt.)
     """
     waiter.news = False
     place = queue.head_place()
     token = place.token
     covered = watcher.covers_new_requests()
-    with_session = not covered and not first
+    with_session = not covered and (not first or waiter.uncovered)
     sent_at = time.monotonic()
 
     async def hand_on_if_taken(result: tuple[LockState, Any]) -> None:
@@ -182,6 +183,13 @@ async def _attempt(
     if state.owner == token:
         queue.streak = 0
         queue.grant_head(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
+        next_head = queue.head
+        if place.follower is not None and next_head is not None and not covered:
+            # The same write queued a place for the next waiter: the hand-off to it must be reported
+            # too, by a stream from this write on, or else the next head looks again, in a session.
+            if operation_time is None or not watcher.cover_from(request.store, operation_time):
+                next_head.uncovered = True
+                next_head.wake.set()
         return None
     queue.queued(place, sent_at)
     # Unless a stream reports releases from before this attempt on, one could go unnoticed.

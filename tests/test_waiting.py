@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock
 from mongolock_async import watcher as watcher_module
+from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.waiting import LOCAL_STREAK
@@ -201,6 +203,44 @@ async def test_fair_mode_takes_turns_between_processes(driver: str, mongodb_uri:
     assert log.count("a") == log.count("b") == 16
     middle = "".join(log)[2:-2]  # once both processes queue, the lease alternates
     assert "aaa" not in middle and "bbb" not in middle, "".join(log)
+
+
+async def test_the_place_queued_by_a_winning_attempt_is_covered_too(
+    driver: str, mongodb_uri: str, lock_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (a fair-mode hang under load): the holder releases between a head's first attempt
+    and its second, so the second (in a session) wins the lease and, in the same write, queues a
+    place for the next waiter, with no change stream running yet. A release by another process must
+    still wake that next waiter, which has no backoff to fall back on here."""
+    client = lock_collection.database.client
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
+        holder = AsyncMongoLock(remote, "won", ttl=30.0)
+        assert await holder.acquire()
+        real_try_acquire = LockStore.try_acquire
+        attempts = 0
+
+        async def release_after_the_first_attempt(self: LockStore, *args: Any, **kwargs: Any) -> Any:
+            nonlocal attempts
+            state = await real_try_acquire(self, *args, **kwargs)
+            if self.client is client:
+                attempts += 1
+                if attempts == 1:
+                    assert await holder.release()
+            return state
+
+        monkeypatch.setattr(LockStore, "try_acquire", release_after_the_first_attempt)
+        first = AsyncMongoLock(lock_collection, "won", ttl=30.0, **PATIENT)
+        second = AsyncMongoLock(lock_collection, "won", ttl=30.0, **PATIENT)
+        first_acquired = asyncio.create_task(first.acquire())
+        second_acquired = asyncio.create_task(second.acquire())
+        assert await first_acquired and attempts == 2, attempts
+        await asyncio.sleep(0.3)
+        assert not second_acquired.done()
+        # Another process frees the lock (an operator's forced release: no hand-off, just news).
+        assert await LockStore(remote, WriteConcern(w="majority")).force_release("won") is not None
+        assert await asyncio.wait_for(second_acquired, 10), "the next waiter never heard of the release"
+        assert await second.release()
+        assert await first.release() is False
 
 
 async def test_no_release_is_missed_before_the_stream_starts(driver: str, private_server: EmbeddedMongo) -> None:
