@@ -121,20 +121,33 @@ def run(kind: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
     return counts, sections, resource
 
 
-def judge(sections: list[list[Any]]) -> tuple[int, int]:
-    """Overlapping sections and fencing-token regressions, per name, in the order sections began."""
+def judge(sections: list[list[Any]]) -> tuple[list[tuple[list[Any], list[Any]]], int]:
+    """Overlapping sections (each with the section it overlapped) and fencing-token regressions,
+    per name, in the order sections began."""
     by_name: dict[str, list[list[Any]]] = defaultdict(list)
     for section in sections:
         by_name[section[0]].append(section)
-    overlaps = regressions = 0
+    overlaps: list[tuple[list[Any], list[Any]]] = []
+    regressions = 0
     for name_sections in by_name.values():
         name_sections.sort(key=lambda section: section[1])
-        latest_exit = float("-inf")
-        for _, entered, left, _, _ in name_sections:
-            overlaps += entered < latest_exit
-            latest_exit = max(latest_exit, left)
+        latest: list[Any] | None = None
+        for section in name_sections:
+            if latest is not None and section[1] < latest[2]:
+                overlaps.append((latest, section))
+            if latest is None or section[2] > latest[2]:
+                latest = section
         regressions += sum(later[3] <= earlier[3] for earlier, later in itertools.pairwise(name_sections))
     return overlaps, regressions
+
+
+def describe(overlap: tuple[list[Any], list[Any]]) -> str:
+    earlier, later = overlap
+    return (
+        f"  {earlier[0]}: token {earlier[3]} left {earlier[2] - later[1]:.3f} s after token {later[3]} entered; "
+        f"it left {earlier[6]:+.3f} s from its local deadline (lost: {earlier[5]}, its fenced write refused: "
+        f"{earlier[4]}); the later section's write refused: {later[4]}"
+    )
 
 
 def main() -> None:
@@ -157,7 +170,8 @@ def main() -> None:
     with EmbeddedMongo(test_commands=True) as server:
         faults = Faults()
         counts, sections, resource = run("real", server, arguments, arguments.minutes * 60, faults)
-        overlaps, regressions = judge(sections)
+        overlap_list, regressions = judge(sections)
+        overlaps = len(overlap_list)
         applied = sum(doc["writes"] for doc in resource.values())
         accepted = sum(1 for section in sections if section[4] is False)
         print(
@@ -170,8 +184,18 @@ def main() -> None:
         print(
             f"faults: {dict(faults.injected)}; server down or paused {faults.down_seconds:.0f} s in all", flush=True
         )
+        print(f"load average at the end (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        late = sorted(section[6] for section in sections)
+        print(
+            f"section exits after the lease's local deadline: {sum(1 for x in late if x > 0)}; the latest "
+            f"{late[-1]:+.3f} s (a section is cancelled at its deadline once its event loop runs)",
+            flush=True,
+        )
+        for overlap in overlap_list:
+            print(describe(overlap), flush=True)
         control_counts, control_sections, _ = run("broken", server, arguments, arguments.control_seconds, None)
-        control_overlaps, control_regressions = judge(control_sections)
+        control_overlap_list, control_regressions = judge(control_sections)
+        control_overlaps = len(control_overlap_list)
         print(
             f"control (check-then-set lock, {arguments.control_seconds:g} s, no faults): {len(control_sections)} "
             f"sections, {control_overlaps} overlaps, {control_regressions} token regressions, "

@@ -6,7 +6,8 @@ server crashes, pauses and fail points, and write to a fenced resource inside ea
 The URI comes on stdin. Names with an odd index use ``fair=True``. One section in fifty is long
 (up to 2 TTLs, with the heartbeat on); the rest hold the lock for a few milliseconds. Every section
 is written to OUT as a JSON line: name, enter, exit (CLOCK_MONOTONIC, shared by the machine's
-processes), fencing token, and whether the fenced write was refused. ``broken`` swaps in a lock
+processes), fencing token, whether the fenced write was refused, whether the lease was lost, and
+how late the exit came after the lease's local deadline (seconds; negative when before it). ``broken`` swaps in a lock
 that checks and then sets in two round trips, so the soak can show its detector works.
 """
 
@@ -79,7 +80,7 @@ async def run(
                         locks, name, ttl=TTL, timeout=10.0, fair=index % 2 == 1, heartbeat=1.0 if long else False
                     )
                 entered = left = refused = None
-                token = 0
+                token, lost, late = 0, False, 0.0
                 try:
                     async with lock:
                         entered = time.monotonic()
@@ -94,15 +95,19 @@ async def run(
                             await asyncio.sleep(random.uniform(0.5, 2 * TTL) if long else random.uniform(0.001, 0.01))
                         finally:
                             left = time.monotonic()  # before the release, which hands the lease on
+                            # The lease's local deadline, lost or not (a private field: this is a probe).
+                            lease = getattr(lock, "_lease", None)
+                            late = left - lease.deadline if lease is not None else 0.0
                 except LockLostError:
                     counts["lost"] += 1
+                    lost = True
                 except (LockError, PyMongoError, TimeoutError):
                     counts["errors"] += 1
                     await asyncio.sleep(random.uniform(0.05, 0.5))
                 if entered is not None and left is not None:
                     counts["sections"] += 1
                     counts["refused"] += bool(refused)
-                    sink.write(json.dumps([name, entered, left, token, refused]) + "\n")
+                    sink.write(json.dumps([name, entered, left, token, refused, lost, late]) + "\n")
 
         await asyncio.gather(*(task() for _ in range(tasks)))
     await client.close()
