@@ -184,12 +184,16 @@ async def _attempt(
         queue.streak = 0
         queue.grant_head(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
         next_head = queue.head
-        if place.follower is not None and next_head is not None and not covered:
-            # The same write queued a place for the next waiter: the hand-off to it must be reported
-            # too, by a stream from this write on, or else the next head looks again, in a session.
-            if operation_time is None or not watcher.cover_from(request.store, operation_time):
-                next_head.uncovered = True
-                next_head.wake.set()
+        # The same write queued a place for the next waiter: the hand-off to it must be reported
+        # too, by a stream from this write on, or else the next head looks again, in a session.
+        if (
+            place.follower is not None
+            and next_head is not None
+            and not covered
+            and (operation_time is None or not watcher.cover_from(request.store, operation_time))
+        ):
+            next_head.uncovered = True
+            next_head.wake.set()
         return None
     queue.queued(place, sent_at)
     # Unless a stream reports releases from before this attempt on, one could go unnoticed.
@@ -330,8 +334,15 @@ async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: boo
 
 def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     """Run ``coroutine`` in the background, in a fresh context so that no caller's
-    ``pymongo.timeout`` applies to it, and keep it referenced until it ends."""
+    ``pymongo.timeout`` applies to it, and keep it referenced until it ends. What it raises is
+    logged (nobody awaits it): a release that could not be sent leaves a lease to expire."""
     task = asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
     _background.add(task)
-    task.add_done_callback(_background.discard)
+    task.add_done_callback(_background_done)
     return task
+
+
+def _background_done(task: asyncio.Task[Any]) -> None:
+    _background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("a background release of a lock failed (%s); it expires by itself", task.exception())
