@@ -120,15 +120,18 @@ class Lease:
         if self.ended or self.lost_error is not None:
             return
         self.lost_error = LockLostError(self.name, reason, datetime.now(UTC))
+        # Logged as text: a log record that kept the error would keep, once it is raised, its
+        # traceback's frames (and the client they hold) for as long as the record lives.
+        message = str(self.lost_error)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.body is not None:
             # The block raises the error itself: log at debug only, so it is not reported twice.
-            logger.debug("%s", self.lost_error)
+            logger.debug("%s", message)
             self.body.fire()
         else:
-            logger.warning("%s", self.lost_error)
+            logger.warning("%s", message)
         self.lost.set()
         notify(self.hooks, "lost", self.name, fencing_token=self.fencing_token, held=self.held, reason=reason)
         self.on_lost(self.lost_error)

@@ -174,7 +174,7 @@ async def _attempt(
         # next head claims it with the same token, or the last one to leave withdraws it.
         queue.slot_queued = True
         waiter.uncovered = False
-        logger.debug("an attempt on %r failed (%s); trying again", request.name, error)
+        logger.debug("an attempt on %r failed (%s); trying again", request.name, str(error))
         return backoff.next_delay()
     finally:
         queue.head_attempting = False
@@ -255,7 +255,7 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
             delay = backoff.next_delay()
             if not is_transient(error) or time.monotonic() + delay >= until:
                 raise
-            logger.debug("releasing %r failed (%s); retrying", name, error)
+            logger.debug("releasing %r failed (%s); retrying", name, str(error))
             await asyncio.sleep(delay)
         except _HandedToNobody as handed:
             # Handed to this process's place, but its waiters are gone: pass the lease on, and
@@ -329,7 +329,7 @@ async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: boo
         with bounded(within):
             await store.leave(name, tokens, fair=fair)
     except Exception as error:  # best effort: the place expires by itself
-        logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, error)
+        logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, str(error))
 
 
 def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -345,4 +345,4 @@ def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
 def _background_done(task: asyncio.Task[Any]) -> None:
     _background.discard(task)
     if not task.cancelled() and task.exception() is not None:
-        logger.warning("a background release of a lock failed (%s); it expires by itself", task.exception())
+        logger.warning("a background release of a lock failed (%s); it expires by itself", str(task.exception()))

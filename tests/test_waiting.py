@@ -490,6 +490,10 @@ async def test_without_change_streams_waiters_use_backoff(driver: str, caplog: p
 
 
 async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: str) -> None:
+    gc.collect()
+    # Earlier tests' clients may still be alive (a raised error's traceback keeps its test's frame
+    # until the cycle is collected): this test judges only the entries it adds.
+    watched_before = len(watcher_module._watchers)
     client = make_client(driver, mongodb_uri)
     client_ref = weakref.ref(client)
     collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:8]}"]
@@ -513,7 +517,7 @@ async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: s
     assert client_ref() is None, "something still holds the closed client: " + repr(
         [type(referrer).__name__ for referrer in gc.get_referrers(client_ref())]
     )
-    assert len(watcher_module._watchers) == 0
+    assert len(watcher_module._watchers) <= watched_before
 
 
 async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(private_collection: Any) -> None:
