@@ -18,7 +18,6 @@ import os
 import platform
 import random
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,9 +26,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from _common import collect_counts, start_worker  # benchmarks/ is the script's directory
 from pymongo import MongoClient
 
-from mongolock_async._process import die_with_parent
 from mongolock_async.testing import EmbeddedMongo
 
 WORKER = Path(__file__).resolve().with_name("fenced_soak_worker.py")
@@ -42,17 +41,10 @@ def run(mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
         client.drop_database(DATABASE)
         client[DATABASE]["resource"].insert_many([{"_id": "txn"}, {"_id": "token"}])
     start_at = time.monotonic() + 3.0
-    workers = []
-    for _ in range(arguments.processes):
-        worker = subprocess.Popen(
-            [sys.executable, str(WORKER), mode, DATABASE, str(arguments.tasks), str(seconds), str(start_at)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=WORKER.parent.parent,
-            preexec_fn=die_with_parent,
-        )  # fmt: skip
-        assert worker.stdin is not None
-        worker.stdin.write(server.uri + "\n")
-        worker.stdin.close()
-        workers.append(worker)
+    workers = [
+        start_worker(WORKER, [mode, DATABASE, str(arguments.tasks), str(seconds), str(start_at)], server.uri)
+        for _ in range(arguments.processes)
+    ]
     faults: Counter[str] = Counter()
     time.sleep(max(0.0, start_at - time.monotonic()))
     stop_at = start_at + seconds
@@ -69,13 +61,7 @@ def run(mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
         time.sleep(random.uniform(0.2, 2.5))  # past the 1 s TTL more often than not
         os.kill(victim.pid, signal.SIGCONT)
         faults["process pauses"] += 1
-    counts: Counter[str] = Counter()
-    for worker in workers:
-        assert worker.stdout is not None
-        out = worker.stdout.read()
-        if worker.wait(timeout=300) != 0:
-            raise RuntimeError(f"a fenced soak worker failed (exit {worker.returncode})")
-        counts.update(json.loads(out))
+    counts = collect_counts(workers)
     with MongoClient(server.uri) as client:
         resource = {doc["_id"]: doc for doc in client[DATABASE]["resource"].find()}
     return {

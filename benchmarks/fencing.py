@@ -15,30 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from importlib.metadata import version
 from typing import Any
 
+from _common import mongodb  # benchmarks/ is the script's directory
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoLock
 from mongolock_async.fencing import fenced_update_one
-from mongolock_async.testing import EmbeddedMongo
-
-
-@contextlib.contextmanager
-def mongodb(uri: str | None) -> Iterator[str]:
-    if uri:
-        yield uri
-        return
-    with EmbeddedMongo() as server:
-        yield server.uri
 
 
 async def measure(uri: str, rounds: int, per_round: int) -> dict[str, list[float]]:

@@ -17,35 +17,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
 import secrets
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from typing import Any
 
+from _common import mongodb  # benchmarks/ is the script's directory
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, keeper
 from mongolock_async.store import LockStore
-from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
 SERVER_NOW = {"$toDate": {"$toLong": "$$NOW"}}
-
-
-@contextlib.contextmanager
-def mongodb(uri: str | None) -> Iterator[str]:
-    if uri:
-        yield uri
-        return
-    with EmbeddedMongo() as server:
-        yield server.uri
 
 
 async def held_leases(collection: Any, count: int) -> list[tuple[str, str, int]]:

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,9 +27,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from _common import collect_counts, start_worker  # benchmarks/ is the script's directory
 from pymongo import MongoClient
 
-from mongolock_async._process import die_with_parent
 from mongolock_async.testing import EmbeddedMongo
 
 WORKER = Path(__file__).resolve().with_name("soak_worker.py")
@@ -89,27 +88,14 @@ def run(kind: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
     directory = Path(tempfile.mkdtemp(prefix="mongolock-soak-"))
     start_at = time.monotonic() + 3.0
     outputs = [directory / f"sections-{i}.jsonl" for i in range(arguments.processes)]
-    workers = []
-    for output in outputs:
-        worker = subprocess.Popen(
-            [sys.executable, str(WORKER), kind, DATABASE, str(arguments.names), str(arguments.tasks), str(seconds),
-             str(start_at), str(output)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=WORKER.parent.parent,
-            preexec_fn=die_with_parent,
-        )  # fmt: skip
-        assert worker.stdin is not None
-        worker.stdin.write(server.uri + "\n")
-        worker.stdin.close()
-        workers.append(worker)
+    workers = [
+        start_worker(WORKER, [kind, DATABASE, str(arguments.names), str(arguments.tasks), str(seconds), str(start_at),
+                              str(output)], server.uri)
+        for output in outputs
+    ]  # fmt: skip
     if faults is not None:
         inject_faults(server, start_at + seconds, faults)
-    counts: Counter[str] = Counter()
-    for worker in workers:
-        assert worker.stdout is not None
-        out = worker.stdout.read()
-        if worker.wait(timeout=300) != 0:
-            raise RuntimeError(f"a soak worker failed (exit {worker.returncode})")
-        counts.update(json.loads(out))
+    counts = collect_counts(workers)
     sections = [json.loads(line) for output in outputs for line in output.read_text().splitlines()]
     for output in outputs:
         output.unlink()

@@ -1,0 +1,51 @@
+"""What the benchmark and soak scripts share: a server to run on, and worker processes that get
+the URI on stdin and report JSON counts when they end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from mongolock_async._process import die_with_parent
+from mongolock_async.testing import EmbeddedMongo
+
+
+@contextlib.contextmanager
+def mongodb(uri: str | None) -> Iterator[str]:
+    """The given server, or a fresh embedded one (it slows down as writes accumulate)."""
+    if uri:
+        yield uri
+        return
+    with EmbeddedMongo() as server:
+        yield server.uri
+
+
+def start_worker(script: Path, arguments: Sequence[str], uri: str) -> subprocess.Popen[str]:
+    """Start ``script`` with ``arguments``; the URI goes on its stdin, never its command line. It
+    dies with this process."""
+    worker = subprocess.Popen(
+        [sys.executable, str(script), *arguments],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=script.parent.parent,
+        preexec_fn=die_with_parent,
+    )  # fmt: skip
+    assert worker.stdin is not None
+    worker.stdin.write(uri + "\n")
+    worker.stdin.close()
+    return worker
+
+
+def collect_counts(workers: Sequence[subprocess.Popen[str]]) -> Counter[str]:
+    """Wait for every worker and add up the JSON counts each printed last; RuntimeError if one failed."""
+    counts: Counter[str] = Counter()
+    for worker in workers:
+        assert worker.stdout is not None
+        out = worker.stdout.read()
+        if worker.wait(timeout=300) != 0:
+            raise RuntimeError(f"worker {worker.args[1]} failed (exit {worker.returncode})")
+        counts.update(json.loads(out))
+    return counts
