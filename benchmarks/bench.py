@@ -147,10 +147,23 @@ def _percentile(values: list[float], percent: float) -> float:
     return values[min(len(values) - 1, int(len(values) * percent / 100))]
 
 
+WARMUP = 1.0
+"""Seconds of each hot-lock run not counted: each process opens its change stream and makes its
+first attempts then, a fixed cost that a 5-second run would spread over too few acquisitions."""
+
+
 def run_workers(
-    backend: str, uri: str, processes: int, tasks: int, seconds: float, body_ms: float, library: str | None = None
+    backend: str,
+    uri: str,
+    processes: int,
+    tasks: int,
+    seconds: float,
+    body_ms: float,
+    library: str | None = None,
+    at_measure_start: Callable[[], None] | None = None,
 ) -> list[Any]:
-    """Run the workload in ``processes`` worker processes; ``library`` is another checkout of this
+    """Run the workload in ``processes`` worker processes, counting ``seconds`` after a warm-up of
+    :data:`WARMUP`, when ``at_measure_start`` is called; ``library`` is another checkout of this
     library to run instead of this one (a baseline)."""
     name = f"hot_{uuid.uuid4().hex[:8]}"
     environment = dict(os.environ)
@@ -159,8 +172,8 @@ def run_workers(
     start_at = time.monotonic() + 3.0  # time for every process to start and connect
     workers = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), backend, uri, name, str(tasks // processes), str(seconds), str(start_at),
-             str(body_ms)],
+            [sys.executable, str(WORKER), backend, uri, name, str(tasks // processes), str(WARMUP), str(seconds),
+             str(start_at), str(body_ms)],
             stdout=subprocess.PIPE,
             text=True,
             cwd=library or WORKER.parent.parent,
@@ -169,9 +182,12 @@ def run_workers(
         )
         for _ in range(processes)
     ]  # fmt: skip
+    if at_measure_start is not None:
+        time.sleep(max(0.0, start_at + WARMUP - time.monotonic()))
+        at_measure_start()
     results = []
     for worker in workers:
-        out, _ = worker.communicate(timeout=seconds + 120)
+        out, _ = worker.communicate(timeout=WARMUP + seconds + 120)
         if worker.returncode != 0:
             raise RuntimeError(f"a {backend} worker failed (exit {worker.returncode})")
         results.append(json.loads(out))
@@ -180,6 +196,11 @@ def run_workers(
 
 def hot_lock(mongo_uri: str | None, redis: RedisServer, seconds: float) -> dict[tuple[str, int, int], Run]:
     runs = {}
+    marks: list[int] = []  # Redis's command count when a run's measurement starts
+
+    def mark_calls() -> None:
+        marks.append(redis.calls())
+
     for processes in (1, 4):
         for tasks in (1, 4, 16, 64, 256):
             if tasks < processes:
@@ -187,9 +208,9 @@ def hot_lock(mongo_uri: str | None, redis: RedisServer, seconds: float) -> dict[
             for backend in BACKENDS:
                 redis_calls = None
                 if backend.startswith("redis"):
-                    before = redis.calls()
-                    results = run_workers(backend, redis.uri, processes, tasks, seconds, body_ms=2)
-                    redis_calls = redis.calls() - before
+                    results = run_workers(backend, redis.uri, processes, tasks, seconds, body_ms=2,
+                                          at_measure_start=mark_calls)  # fmt: skip
+                    redis_calls = redis.calls() - marks.pop()
                 else:
                     with mongodb(mongo_uri) as (uri, _):
                         results = run_workers(backend, uri, processes, tasks, seconds, body_ms=2)

@@ -5,9 +5,11 @@ object: acquisitions per task, every wait, each critical section's (enter, exit)
 shared monotonic clock, and for MongoDB backends the requests it sent (command monitoring), how
 many change-stream getMores carried events or came back empty, and connections it created.
 
-    python benchmarks/hot_lock_worker.py BACKEND URI NAME TASKS SECONDS START_AT BODY_MS
+    python benchmarks/hot_lock_worker.py BACKEND URI NAME TASKS WARMUP SECONDS START_AT BODY_MS
 
-BACKEND is mongolock, mongolock-fair, redis (redis-py's default polling) or redis-fast.
+BACKEND is mongolock, mongolock-fair, redis (redis-py's default polling) or redis-fast. The tasks
+start at START_AT; what happens in the first WARMUP seconds (each process opening its change stream,
+the first attempts) is not counted.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class Requests(monitoring.CommandListener, monitoring.ConnectionPoolListener):
         self.events = self.empty_get_mores = self.connections_created = 0
 
 
-async def run(backend: str, uri: str, name: str, tasks: int, seconds: float, start_at: float, body: float) -> None:
+async def run(
+    backend: str, uri: str, name: str, tasks: int, warmup: float, seconds: float, start_at: float, body: float
+) -> None:
     requests = Requests()
     counts = [0] * tasks
     waits: list[float] = []
@@ -92,18 +96,20 @@ async def run(backend: str, uri: str, name: str, tasks: int, seconds: float, sta
             return AsyncMongoLock(collection, name, ttl=30.0, **options)
 
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-    requests.reset()
-    stop_at = time.monotonic() + seconds
+    measure_from = start_at + warmup
+    stop_at = measure_from + seconds
+    asyncio.get_running_loop().call_later(measure_from - time.monotonic(), requests.reset)
 
     async def task(index: int) -> None:
         while time.monotonic() < stop_at:
             asked = time.monotonic()
             async with make_lock():
                 entered = time.monotonic()
-                waits.append(entered - asked)
                 await asyncio.sleep(body)
-                counts[index] += 1
-                sections.append((entered, time.monotonic()))
+                if entered >= measure_from:
+                    waits.append(entered - asked)
+                    counts[index] += 1
+                    sections.append((entered, time.monotonic()))
 
     await asyncio.gather(*(task(index) for index in range(tasks)))
     result: dict[str, Any] = {"counts": counts, "waits": waits, "sections": sections}
@@ -121,5 +127,7 @@ async def run(backend: str, uri: str, name: str, tasks: int, seconds: float, sta
 
 
 if __name__ == "__main__":
-    backend, uri, name, tasks, seconds, start_at, body_ms = sys.argv[1:8]
-    asyncio.run(run(backend, uri, name, int(tasks), float(seconds), float(start_at), float(body_ms) / 1000))
+    backend, uri, name, tasks, warmup, seconds, start_at, body_ms = sys.argv[1:9]
+    asyncio.run(
+        run(backend, uri, name, int(tasks), float(warmup), float(seconds), float(start_at), float(body_ms) / 1000)
+    )
