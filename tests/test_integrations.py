@@ -7,14 +7,15 @@ module's globals, and some endpoints below are defined inside tests, with local 
 import asyncio
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import httpx
 import pytest
@@ -127,6 +128,29 @@ async def held_locks(uri: str, database: str) -> int:
         await close_client(client)
 
 
+Response = TypeVar("Response")
+
+
+def httpx_status(response: httpx.Response) -> int:
+    return response.status_code
+
+
+def aiohttp_status(response: Any) -> int:
+    return int(response.status)
+
+
+async def buy(post: Callable[[str], Awaitable[Response]], url: str, status: Callable[[Response], int]) -> Response:
+    """Post again while the answer is 423, as a client honouring ``Retry-After`` would (sooner):
+    how many buyers are served within the app's lock timeout depends on the machine's speed, and
+    the tests below are about what is sold, not how fast."""
+    for _ in range(300):
+        response = await post(url)
+        if status(response) != 423:
+            return response
+        await asyncio.sleep(random.uniform(0.05, 0.2))
+    raise AssertionError("still 423 after 300 tries")
+
+
 async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
     async with shop(mongodb_uri, {"sku-1": 5, "sku-2": 3}) as database:
         monkeypatch.setenv("MONGODB_URI", mongodb_uri)
@@ -137,11 +161,10 @@ async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
             transport = httpx.ASGITransport(app=fastapi_app.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://shop") as http:
                 responses = await asyncio.gather(
-                    *(http.post(f"/items/sku-{1 + n % 2}/buy") for n in range(30))
+                    *(buy(http.post, f"/items/sku-{1 + n % 2}/buy", httpx_status) for n in range(30))
                 )
-        assert all(response.status_code in (200, 423) for response in responses), [r.text for r in responses]
-        sold = [response.json() for response in responses if response.status_code == 200]
-        assert sum(purchase["sold"] for purchase in sold) == 8
+        assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
+        assert sum(response.json()["sold"] for response in responses) == 8
         assert await stock_of(mongodb_uri, database) == {"sku-1": (0, 5), "sku-2": (0, 3)}
         assert await held_locks(mongodb_uri, database) == 0
 
@@ -180,10 +203,10 @@ async def test_aiohttp_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
         import aiohttp_app
 
         async with test_utils.TestClient(test_utils.TestServer(aiohttp_app.make_app())) as http:
-            responses = await asyncio.gather(*(http.post("/items/sku-1/buy") for _ in range(20)))
-            bodies = [await response.json() for response in responses if response.status == 200]
+            responses = await asyncio.gather(*(buy(http.post, "/items/sku-1/buy", aiohttp_status) for _ in range(20)))
+            bodies = [await response.json() for response in responses]
             statuses = {response.status for response in responses}
-        assert statuses <= {200, 423}
+        assert statuses == {200}
         assert sum(body["sold"] for body in bodies) == 4
         assert await stock_of(mongodb_uri, database) == {"sku-1": (0, 4)}
         assert await held_locks(mongodb_uri, database) == 0
@@ -245,9 +268,11 @@ async def test_fastapi_under_uvicorn_with_two_workers_never_oversells(mongodb_ur
                         if (await http.post("/items/none/buy")).status_code == 200:
                             break
                     await asyncio.sleep(0.1)
-                responses = await asyncio.gather(*(http.post(f"/items/sku-{1 + n % 2}/buy") for n in range(200)))
-        assert {response.status_code for response in responses} <= {200, 423}
-        sold = sum(response.json()["sold"] for response in responses if response.status_code == 200)
+                responses = await asyncio.gather(
+                    *(buy(http.post, f"/items/sku-{1 + n % 2}/buy", httpx_status) for n in range(200))
+                )
+        assert {response.status_code for response in responses} == {200}
+        sold = sum(response.json()["sold"] for response in responses)
         stock = await stock_of(mongodb_uri, database)
         assert all(left >= 0 for left, _ in stock.values()), f"oversold: {stock}"
         assert stock == {"sku-1": (0, 10), "sku-2": (0, 10)}, "exactly the stock was sold"
