@@ -46,9 +46,10 @@ SERVER_NOW = {"$toDate": {"$toLong": "$$NOW"}}
 
 
 async def held_leases(collection: Any, count: int) -> list[tuple[str, str, int]]:
-    """``count`` lease documents, live for an hour, as the library writes them."""
+    """``count`` lease documents with a TTL of an hour, as the library writes them (a shorter TTL
+    could run out between two renewals of the slower measurements, and the leases be lost)."""
     expires = datetime.now(UTC) + timedelta(hours=1)
-    leases = [(f"lease-{i}", secrets.token_hex(24), 60_000) for i in range(count)]
+    leases = [(f"lease-{i}", secrets.token_hex(24), 3_600_000) for i in range(count)]
     for start in range(0, count, 1000):
         await collection.insert_many(
             [{"_id": name, "owner": owner, "expiresAt": expires, "fence": 1, "ttlMs": ttl}
@@ -72,7 +73,7 @@ async def renew_with_update_many(collection: Any, leases: list[tuple[str, str, i
             "owner": {"$in": [owner for _, owner, _ in leases]},
             "$expr": {"$gt": ["$expiresAt", SERVER_NOW]},
         },
-        [{"$set": {"expiresAt": {"$dateAdd": {"startDate": SERVER_NOW, "unit": "millisecond", "amount": 60_000}},
+        [{"$set": {"expiresAt": {"$dateAdd": {"startDate": SERVER_NOW, "unit": "millisecond", "amount": 3_600_000}},
                    "renewedAt": SERVER_NOW}}],
     )  # fmt: skip
     return int(result.matched_count)
