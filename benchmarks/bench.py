@@ -33,20 +33,20 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from hot_lock_worker import Requests  # benchmarks/ is on sys.path when this runs as a script
+from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
+from hot_lock_worker import Requests
 from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoLock
 from mongolock_async._process import die_with_parent
 from mongolock_async.store import PlaceRequest, _acquire_pipeline, _release_pipeline
-from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
 WORKER = Path(__file__).resolve().with_name("hot_lock_worker.py")
@@ -212,7 +212,7 @@ def hot_lock(mongo_uri: str | None, redis: RedisServer, seconds: float) -> dict[
                                           at_measure_start=mark_calls)  # fmt: skip
                     redis_calls = redis.calls() - marks.pop()
                 else:
-                    with mongodb(mongo_uri) as (uri, _):
+                    with mongodb(mongo_uri) as uri:
                         results = run_workers(backend, uri, processes, tasks, seconds, body_ms=2)
                 run = runs[backend, processes, tasks] = Run(backend, processes, tasks, seconds, results, redis_calls)
                 print(run.row(), flush=True)
@@ -283,18 +283,6 @@ class RedisServer:
         shutil.rmtree(self._directory, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def mongodb(uri: str | None) -> Iterator[tuple[str, str]]:
-    """The given server, or a fresh embedded one: it slows down as writes accumulate (seen here:
-    17 ms per acquire + release at first, 34 ms after 12,000 other writes), so every run gets its
-    own, and results do not depend on the order of the runs."""
-    if uri:
-        yield uri, "MongoDB"
-        return
-    with EmbeddedMongo() as server:
-        yield server.uri, f"embedded SecantusDB {version('secantusdb')}"
-
-
 async def report_environment(uri: str, server: str, redis: RedisServer) -> None:
     client = make_client("pymongo", uri)
     try:
@@ -323,10 +311,11 @@ def main() -> None:
     arguments = parser.parse_args()
     redis = RedisServer(arguments.redis_server)
     try:
-        with mongodb(arguments.uri) as (uri, server):
+        with mongodb(arguments.uri) as uri:
+            server = "MongoDB" if arguments.uri else f"embedded SecantusDB {version('secantusdb')}"
             asyncio.run(report_environment(uri, server, redis))
         print("\n== uncontended ==")
-        with mongodb(arguments.uri) as (uri, _):
+        with mongodb(arguments.uri) as uri:
             asyncio.run(uncontended_against_raw(uri, arguments.cycles))
         print("\n== hot lock: one name, 2 ms bodies; round trips counted by command monitoring / INFO ==")
         runs = hot_lock(arguments.uri, redis, arguments.seconds)
@@ -344,7 +333,7 @@ def main() -> None:
             if backend.startswith("redis"):
                 latency[backend] = hand_off_latency(backend, redis.uri, arguments.seconds)
                 continue
-            with mongodb(arguments.uri) as (uri, _):
+            with mongodb(arguments.uri) as uri:
                 library = arguments.baseline if backend == "baseline" else None
                 name = "mongolock" if backend == "baseline" else backend
                 latency[backend] = hand_off_latency(name, uri, arguments.seconds, library)
@@ -357,7 +346,7 @@ def main() -> None:
                 ratio = statistics.median(latency[other]) / statistics.median(latency["mongolock"])
                 print(f"{other} p50 / mongolock p50: {ratio:4.2f}x")
         print("\n== drivers, uncontended ==")
-        with mongodb(arguments.uri) as (uri, _):
+        with mongodb(arguments.uri) as uri:
             pymongo_cycle = asyncio.run(driver_cycle(uri, "pymongo", arguments.cycles))
             motor_cycle = asyncio.run(driver_cycle(uri, "motor", arguments.cycles))
         print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
