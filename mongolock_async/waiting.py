@@ -344,5 +344,6 @@ def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
 
 def _background_done(task: asyncio.Task[Any]) -> None:
     _background.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        logger.warning("a background release of a lock failed (%s); it expires by itself", str(task.exception()))
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        logger.warning("a background release of a lock failed (%s); it expires by itself", str(error))
