@@ -21,7 +21,7 @@ token) refuses the write; a document without the field takes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,10 +80,9 @@ async def fenced_update_one(
         fenced_update = [*update, {"$set": {field: checked_token}}]
     else:
         raise TypeError(f"update must be a mapping of update operators or a pipeline, not {type(update).__name__}")
+    fenced_filter = _fenced_filter(filter, field, checked_token)
     return await _write_one(
-        collection.update_one(
-            _fenced_filter(filter, field, checked_token), fenced_update, upsert=upsert, session=session
-        )
+        lambda: collection.update_one(fenced_filter, fenced_update, upsert=upsert, session=session)
     )
 
 
@@ -104,9 +103,8 @@ async def fenced_replace_one(
     _check_field(field)
     _check_upsert(filter, upsert)
     document = _replacement(replacement, field, checked_token)
-    return await _write_one(
-        collection.replace_one(_fenced_filter(filter, field, checked_token), document, upsert=upsert, session=session)
-    )
+    fenced_filter = _fenced_filter(filter, field, checked_token)
+    return await _write_one(lambda: collection.replace_one(fenced_filter, document, upsert=upsert, session=session))
 
 
 async def fenced_insert_one(
@@ -176,15 +174,31 @@ def _fenced_filter(filter: Mapping[str, Any], field: str, token: int) -> dict[st
     return {"$and": [dict(filter), {"$or": [{field: {"$lte": token}}, {field: None}]}]}
 
 
-async def _write_one(pending: Any) -> FencedWriteResult:
+async def _write_one(send: Callable[[], Awaitable[Any]]) -> FencedWriteResult:
+    """Send the write; on a duplicate key on ``_id``, send it once more before calling it refused.
+
+    An upsert whose filter found no document inserts one, and a writer that loses the race to
+    create that document gets a duplicate key error. MongoDB retries that error itself only when
+    the filter is nothing but equality predicates (src/mongo/db/ops/write_ops_exec.cpp,
+    ``shouldRetryDuplicateKeyException`` and ``matchContainsOnlyAndedEqualityNodes``); the fenced
+    filter has an ``$or``, so the loser would be refused even when its token is the newer one. Sent
+    again, the write finds the document that now exists: it matches, or its token truly refuses it.
+    """
     try:
-        result = await pending
+        result = await send()
     except DuplicateKeyError as error:
-        pattern = (error.details or {}).get("keyPattern")
-        if pattern is not None and set(pattern) != {"_id"}:
-            raise  # another unique index refused the document: not a question of tokens
-        # The upsert's insert collided with the document of that _id: it holds a newer token.
-        return FencedWriteResult(applied=False)
+        _raise_unless_on_id(error)
+        try:
+            result = await send()
+        except DuplicateKeyError as again:
+            _raise_unless_on_id(again)
+            return FencedWriteResult(applied=False)  # the document of that _id holds a newer token
     if result.upserted_id is not None:
         return FencedWriteResult(applied=True, upserted_id=result.upserted_id)
     return FencedWriteResult(applied=result.matched_count == 1)
+
+
+def _raise_unless_on_id(error: DuplicateKeyError) -> None:
+    pattern = (error.details or {}).get("keyPattern")
+    if pattern is not None and set(pattern) != {"_id"}:
+        raise error  # another unique index refused the document: not a question of tokens

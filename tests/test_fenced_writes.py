@@ -242,6 +242,55 @@ async def test_token_checked_writes_take_the_lock_and_its_token(lock_collection:
     await stock.drop()
 
 
+class _LosesTheCreationRace:
+    """A real collection whose first write loses the race to create its document, as MongoDB lets
+    it happen: the filter found no document, a competing writer (token ``competitor``) inserted
+    one, and this write's insert collided with it. The error is the server's own; every later call
+    goes to the collection as it is."""
+
+    def __init__(self, collection: Any, competitor: int) -> None:
+        self.collection = collection
+        self.competitor = competitor
+        self.calls = 0
+
+    async def _race(self, method: str, filter: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            _id = filter["$and"][0]["_id"]
+            await self.collection.insert_one({"_id": _id, "fence": self.competitor, "by": "competitor"})
+            await self.collection.insert_one({"_id": _id})  # raises the server's DuplicateKeyError
+        return await getattr(self.collection, method)(filter, *args, **kwargs)
+
+    async def update_one(self, filter: Any, *args: Any, **kwargs: Any) -> Any:
+        return await self._race("update_one", filter, *args, **kwargs)
+
+    async def replace_one(self, filter: Any, *args: Any, **kwargs: Any) -> Any:
+        return await self._race("replace_one", filter, *args, **kwargs)
+
+
+@pytest.mark.parametrize("write", ["update", "insert"])
+async def test_a_newer_token_that_loses_the_race_to_create_the_document_still_writes(
+    lock_collection: Any, write: str
+) -> None:
+    # MongoDB retries an upsert's duplicate key only for filters of plain equalities
+    # (write_ops_exec.cpp, shouldRetryDuplicateKeyException); the fenced filter has an $or. The
+    # embedded server retries every one itself, so the race is staged with the server's own error.
+    stock = lock_collection.database[lock_collection.name + "_stock"]
+    for competitor, ours, applied in [(5, 9, True), (9, 5, False)]:
+        racing = _LosesTheCreationRace(stock, competitor)
+        if write == "update":
+            update = {"$set": {"by": "us"}}
+            result = await fenced_update_one(racing, {"_id": competitor}, update, token=ours, upsert=True)
+        else:
+            result = await fenced_insert_one(racing, {"_id": competitor, "by": "us"}, token=ours)
+        assert racing.calls == 2, "a duplicate key on _id is answered by sending the write once more"
+        assert result.applied is applied
+        stored = await stock.find_one({"_id": competitor})
+        expected = {"fence": ours, "by": "us"} if applied else {"fence": competitor, "by": "competitor"}
+        assert stored == {"_id": competitor, **expected}
+    await stock.drop()
+
+
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
