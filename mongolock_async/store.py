@@ -3,7 +3,7 @@
 One document per lock name::
 
     {_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
-     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, handedOffAt,
+     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt,
      queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
 
 Time is always the server's: expiry is written and compared with ``$$NOW`` inside the query, never
@@ -185,9 +185,14 @@ class LockStore:
         ``successor_first``, else the oldest place of another process, else ``successor``. With
         ``fair``: the oldest place, ``successor`` queued at the end. The place that gets the lease
         leaves the queue and its follower joins it at the end. Returns the document after the write.
+
+        The write records ``owner`` as ``releasedOwner``, and a document that records it matches
+        too (and is left as it is): so a release sent again because the reply to an earlier one
+        was lost (a write concern error, a timeout) recognises that earlier success instead of
+        reporting the lease gone. Owner tokens are never reused, so only our own release writes it.
         """
         doc = await self._collection.find_one_and_update(
-            {"_id": name, "owner": owner},
+            {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]},
             _release_pipeline(owner, successor, fair=fair, successor_first=successor_first),
             return_document=ReturnDocument.AFTER,
         )
@@ -691,6 +696,7 @@ def _release_pipeline(
                 "renewedAt": {"$cond": ["$_handed", _NOW, "$renewedAt"]},
                 "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
                 "queue": {
                     "$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]
                 },

@@ -170,9 +170,11 @@ async def _attempt(
     except PyMongoError as error:
         if not is_transient(error):
             raise
-        # The server may have applied it: the place (maybe the lease) can be there. Either the
-        # next head claims it with the same token, or the last one to leave withdraws it.
+        # The server may have applied it: the place (maybe the lease) can be there, and so can
+        # the follower's place that the same write queues. Either the next head claims it with the
+        # same token, or the last one to leave withdraws both.
         queue.slot_queued = True
+        queue.slot_follower = place.follower or queue.slot_follower
         waiter.uncovered = False
         logger.debug("an attempt on %r failed (%s); trying again", request.name, str(error))
         return backoff.next_delay()
@@ -248,9 +250,12 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
     it the last error is raised. A cancellation waits for the request in flight and propagates.
     """
     backoff = Backoff(_RETRY_BASE, _RETRY_CAP)
+    # Any of the requests may be the one the server applied: what the lease is handed on with
+    # counts from the first one's send time, the earliest it can have been applied.
+    first_sent_at = time.monotonic()
     while True:
         try:
-            return await _hand_over_once(store, name, owner, fair=fair, until=until)
+            return await _hand_over_once(store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at)
         except PyMongoError as error:
             delay = backoff.next_delay()
             if not is_transient(error) or time.monotonic() + delay >= until:
@@ -270,7 +275,9 @@ class _HandedToNobody(Exception):
         self.tokens = tokens
 
 
-async def _hand_over_once(store: LockStore, name: str, owner: str, *, fair: bool, until: float) -> bool:
+async def _hand_over_once(
+    store: LockStore, name: str, owner: str, *, fair: bool, until: float, first_sent_at: float
+) -> bool:
     queue = existing_queue(store, name)
     successor = None
     if queue is not None and queue.waiters:
@@ -307,7 +314,7 @@ async def _hand_over_once(store: LockStore, name: str, owner: str, *, fair: bool
     if state.owner == successor.token:
         if queue.slot != successor.token:
             return True  # the head's own attempt claimed it first, and has it
-        grant = Grant(successor.token, state.fencing_token, sent_at, successor.ttl_ms)
+        grant = Grant(successor.token, state.fencing_token, first_sent_at, successor.ttl_ms)
         if not queue.grant_head(grant, follower=successor.follower):
             follower = [successor.follower.token] if successor.follower is not None else []
             raise _HandedToNobody([successor.token, *follower])
@@ -315,7 +322,7 @@ async def _hand_over_once(store: LockStore, name: str, owner: str, *, fair: bool
         return True
     queue.streak = 0
     if queue.slot == successor.token:
-        queue.queued(successor, sent_at)  # the lease went elsewhere; our successor's place is queued
+        queue.queued(successor, first_sent_at)  # the lease went elsewhere; our successor's place is queued
     return True
 
 

@@ -194,6 +194,55 @@ async def test_a_release_that_fails_transiently_is_retried(private_collection: A
     assert (await private_collection.find_one({"_id": "flaky"}))["owner"] is None
 
 
+@pytest.mark.parametrize("local_waiter", [False, True], ids=["free", "handed-on"])
+async def test_a_release_whose_reply_was_lost_is_still_a_release(private_collection: Any, local_waiter: bool) -> None:
+    # The server applies the release, then cannot confirm it (a wtimeout, which the driver does not
+    # retry); the release sent again must recognise its own earlier success, not report a lost lease.
+    lock = AsyncMongoLock(private_collection, "reply-lost", ttl=30.0)
+    successor = AsyncMongoLock(private_collection, "reply-lost", ttl=30.0)
+    waiting = None
+    async with lock:
+        if local_waiter:
+            waiting = asyncio.create_task(successor.acquire(timeout=20))
+            await asyncio.sleep(0.3)  # queued behind the holder
+        failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
+        await set_fail_point(private_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+    # The block ended without LockLostError: the release was recognised.
+    doc = await private_collection.find_one({"_id": "reply-lost"})
+    if waiting is None:
+        assert doc["owner"] is None
+    else:
+        assert await waiting, "the lease handed on by the release reached the waiting task"
+        assert doc["owner"] is not None and successor.fencing_token == doc["fence"]
+        assert await successor.release()
+
+
+async def test_an_attempt_that_queued_a_follower_leaves_nothing_behind_when_its_waiters_give_up(
+    private_collection: Any,
+) -> None:
+    # Two tasks of this process wait; the head's attempts take the free lock and queue a place for
+    # the second task in the same write, but every reply is lost (write concern errors). When both
+    # give up, withdrawing their places must free the lock, not hand it to the follower's place.
+    first = AsyncMongoLock(private_collection, "orphan", ttl=30.0, retry_base=0.01, retry_cap=0.02)
+    second = AsyncMongoLock(private_collection, "orphan", ttl=30.0, retry_base=0.01, retry_cap=0.02)
+    failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
+    await set_fail_point(private_collection, "alwaysOn", failCommands=["findAndModify"], **failure)
+    try:
+        results = await asyncio.gather(first.acquire(timeout=0.5), second.acquire(timeout=0.5))
+    finally:
+        await set_fail_point(private_collection, "off")
+    assert results == [False, False]
+    for _ in range(50):  # the withdrawal runs in the background
+        doc = await private_collection.find_one({"_id": "orphan"})
+        if doc["owner"] is None and not doc["queue"]:
+            break
+        await asyncio.sleep(0.1)
+    assert doc["owner"] is None and doc["queue"] == [], f"left behind: {doc}"
+    other = AsyncMongoLock(private_collection, "orphan", ttl=30.0)
+    assert await other.acquire(blocking=False), "the lock stayed blocked after every waiter gave up"
+    assert await other.release()
+
+
 async def test_nothing_is_renewed_once_release_is_called(private_server: EmbeddedMongo, driver: str) -> None:
     counter = CommandCounter()
     client = make_client(driver, private_server.uri, event_listeners=[counter])
