@@ -10,9 +10,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-## The test suite (what CI runs).
+## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
+## and the package check).
 test: $(STAMP)
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n 4
 
 ## ruff and mypy --strict (the package, the examples, a user-style file, every example in the docs).
 lint: $(STAMP)
