@@ -3,7 +3,7 @@
 One document per lock name::
 
     {_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
-     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt,
+     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt, handedOffTo,
      queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
 
 Time is always the server's: expiry is written and compared with ``$$NOW`` inside the query, never
@@ -428,8 +428,7 @@ class LockStore:
                         {"operationType": "update", "updateDescription.updatedFields.owner": {"$type": "null"}},
                         {
                             "operationType": "update",
-                            "updateDescription.updatedFields.handedOffAt": {"$exists": True},
-                            "updateDescription.updatedFields.owner": {"$regex": f"^{re.escape(token_prefix)}"},
+                            "updateDescription.updatedFields.handedOffTo": {"$regex": f"^{re.escape(token_prefix)}"},
                         },
                         {"operationType": "replace"},
                     ]
@@ -695,6 +694,10 @@ def _release_pipeline(
                 "acquiredAt": {"$cond": ["$_handed", _NOW, "$acquiredAt"]},
                 "renewedAt": {"$cond": ["$_handed", _NOW, "$renewedAt"]},
                 "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
+                # The change stream looks for this field: a new owner token on every hand-off,
+                # where two in one millisecond write the same handedOffAt, which a change event
+                # then leaves out of updatedFields as unchanged.
+                "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
                 "queue": {

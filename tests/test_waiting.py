@@ -18,6 +18,7 @@ import sys
 import uuid
 import weakref
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pytest
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock
+from mongolock_async import store as store_module
 from mongolock_async import watcher as watcher_module
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
@@ -167,6 +169,32 @@ async def test_a_hand_off_to_another_process_reaches_only_that_process(
         with contextlib.suppress(asyncio.CancelledError):
             await bystanding_task
         assert await other.release()
+
+
+async def test_hand_offs_in_the_same_millisecond_each_reach_their_process(
+    driver: str, mongodb_uri: str, lock_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every write of this test sees the same server time, as two hand-offs within one millisecond
+    # (or one mongos command, whose $$NOW is fixed) would. A hand-off must still show in the change
+    # event: a field the write leaves as it was is not in updatedFields.
+    frozen = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    monkeypatch.setattr(store_module, "SERVER_NOW", {"$literal": frozen})
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (elsewhere, _):
+        holder = AsyncMongoLock(lock_collection, "same-ms", ttl=30.0)
+        assert await holder.acquire()
+        first = AsyncMongoLock(elsewhere, "same-ms", ttl=30.0, safety_margin=5.0, **PATIENT)
+        first_waiting = asyncio.create_task(first.acquire(timeout=10))
+        await asyncio.sleep(1.0)  # queued, stream open
+        assert await holder.release()
+        assert await first_waiting, "the first hand-off did not reach the waiting process"
+        second = AsyncMongoLock(lock_collection, "same-ms", ttl=30.0, safety_margin=5.0, **PATIENT)
+        second_waiting = asyncio.create_task(second.acquire(timeout=10))
+        await asyncio.sleep(1.0)
+        assert await first.release()
+        assert await second_waiting, "a hand-off in the same millisecond as the last one was filtered out"
+        doc = await lock_collection.find_one({"_id": "same-ms"})
+        assert doc["handedOffAt"] == frozen.replace(tzinfo=None) and doc["owner"] == doc["handedOffTo"]
+        assert await second.release()
 
 
 async def hot_loop(collection: Any, name: str, label: str, rounds: int, log: list[str], **options: Any) -> None:
