@@ -317,7 +317,11 @@ class AsyncMongoLock:
             keeper_for_running_loop().keep(lease)  # rescheduled at the (maybe shorter) interval
 
     async def locked(self) -> bool:
-        """Whether anyone holds a live lease on this name, judged by the server."""
+        """Whether anyone holds a live lease on this name, judged by the server.
+
+        Advisory: the answer can be out of date by the time it arrives. It is read with read
+        concern ``majority``, so it never shows an acquisition a failover could still roll back.
+        """
         with bounded(self._ttl):
             return await self._store.is_held(self._name)
 

@@ -30,6 +30,7 @@ Every pipeline first checks that the fields it relies on have the types this lib
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -48,6 +49,7 @@ from pymongo.errors import (
     PyMongoError,
     WriteConcernError,
 )
+from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from ._weak import WeakIdentityMap
@@ -116,6 +118,12 @@ class LockStore:
         self.client: Any = collection.database.client
         self.full_name: str = collection.full_name
         self.write_concern = write_concern
+
+    @functools.cached_property
+    def _majority_reads(self) -> Any:
+        # What operators and `locked()` are shown: only state a majority has, which no failover
+        # rolls back (a deposed primary's, or a write that fails over before it replicates, could be).
+        return self._collection.with_options(read_concern=ReadConcern("majority"))
 
     # -- acquire, release, renew ------------------------------------------------------------------
 
@@ -285,15 +293,16 @@ class LockStore:
     # -- reads ------------------------------------------------------------------------------------
 
     async def is_held(self, name: str, owner: str | None = None) -> bool:
-        """Whether anyone (or ``owner``) holds a live lease on ``name``, on the server's clock."""
+        """Whether anyone (or ``owner``) holds a live lease on ``name``, on the server's clock, as a
+        majority of the replica set knows it (read concern ``majority``, as every read here)."""
         match: dict[str, Any] = {"_id": name, "owner": {"$type": "string"} if owner is None else owner}
         pipeline = [{"$match": match}, {"$project": {"live": _LEASE_LIVE}}]
-        cursor = await _maybe_await(self._collection.aggregate(pipeline))
+        cursor = await _maybe_await(self._majority_reads.aggregate(pipeline))
         return any(doc.get("live") is True for doc in await cursor.to_list(None))
 
     async def read(self, name: str) -> LockState | None:
         """The document for ``name`` as stored, or None if there is none."""
-        doc = await self._collection.find_one({"_id": name})
+        doc = await self._majority_reads.find_one({"_id": name})
         return None if doc is None else LockState.from_document(doc)
 
     async def report(self, names: Iterable[str] | None = None, *, prefix: str | None = None) -> list[LockReport]:
@@ -319,7 +328,7 @@ class LockStore:
                 }
             },
         ]
-        cursor = await _maybe_await(self._collection.aggregate(pipeline))
+        cursor = await _maybe_await(self._majority_reads.aggregate(pipeline))
         reports = []
         for doc in await cursor.to_list(None):
             remaining = doc.pop("_remainingMs", None)

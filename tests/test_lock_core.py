@@ -17,6 +17,7 @@ from mongolock_async import (
     LockNotOwnedError,
     LockTimeoutError,
 )
+from mongolock_async.store import LockStore
 from tests.conftest import CommandCounter
 
 
@@ -200,3 +201,21 @@ async def test_locked_and_owned_report_server_state(lock_collection: Any) -> Non
     await lock_collection.update_one({"_id": "state"}, {"$set": {"owner": "someone-else"}})
     assert not await lock.owned(), "owned() must ask the server, not trust the handle"
     assert await lock.locked()
+
+
+async def test_reads_of_lock_state_use_majority_read_concern(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    # A read with read concern "local" can show an acquisition a failover then rolls back, or a
+    # deposed primary's state; locked(), owned() and what operators are shown read "majority".
+    lock = AsyncMongoLock(counted_collection, "majority", ttl=30.0)
+    assert await lock.acquire()
+    store = LockStore(counted_collection, WriteConcern(w="majority"))
+    command_counter.clear()
+    assert await lock.locked() and await lock.owned()
+    assert [report.name for report in await store.report()] == ["majority"]
+    assert (await store.read("majority")) is not None
+    reads = [command for command in command_counter.commands if {"aggregate", "find"} & command.keys()]
+    assert len(reads) == 4, command_counter.names
+    assert all(command.get("readConcern") == {"level": "majority"} for command in reads), reads
+    assert await lock.release()
