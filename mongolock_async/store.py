@@ -50,6 +50,8 @@ from pymongo.errors import (
     WriteConcernError,
 )
 from pymongo.read_concern import ReadConcern
+from pymongo.server_type import SERVER_TYPE
+from pymongo.topology_description import TOPOLOGY_TYPE
 from pymongo.write_concern import WriteConcern
 
 from ._weak import WeakIdentityMap
@@ -59,6 +61,8 @@ from .errors import LockDataError, ServerTooOldError
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
 # MongoDB 5.0 (wire version 13) brought $dateAdd, which every lease expiry is computed with.
 _MIN_WIRE_VERSION = 13
+_RELEASES = {6: "3.6", 7: "4.0", 8: "4.2", 9: "4.4"}
+_WRITABLE = (SERVER_TYPE.RSPrimary, SERVER_TYPE.Mongos, SERVER_TYPE.Standalone)
 _checked_clients: WeakIdentityMap[Any, bool] = WeakIdentityMap()
 IDLE_CLEANUP_INDEX = "mongolock_idle_cleanup"
 # The longest lease a handle may ask for. A stored expiry further ahead than this (plus a day for
@@ -128,16 +132,26 @@ class LockStore:
     # -- acquire, release, renew ------------------------------------------------------------------
 
     async def check_server(self) -> None:
-        """Refuse a server older than MongoDB 5.0 (``$dateAdd``), once per client, with a clear error."""
+        """Refuse a server older than MongoDB 5.0, once per client, with a clear error.
+
+        Judged by the wire version each server announced to the driver's monitoring, after a
+        ``ping`` (a command every version knows; ``hello`` is unknown before 4.4.2) has made sure
+        the server this client writes to is known.
+        """
         if _checked_clients.get(self.client):
             return
-        hello = await self.client.admin.command("hello")
-        wire_version = hello.get("maxWireVersion", 0)
-        if not isinstance(wire_version, int) or wire_version < _MIN_WIRE_VERSION:
-            raise ServerTooOldError(
-                f"mongolock-async needs MongoDB 5.0 or newer; the server at {self.full_name} speaks wire "
-                f"version {wire_version} (5.0 is {_MIN_WIRE_VERSION})"
-            )
+        await self.client.admin.command("ping")
+        description = self.client.topology_description
+        # A load balancer hides the servers' versions; MongoDB supports load-balanced mode from 5.0.
+        if description.topology_type != TOPOLOGY_TYPE.LoadBalanced:
+            wire_version = oldest_wire_version(description.server_descriptions().values())
+            if wire_version is not None and wire_version < _MIN_WIRE_VERSION:
+                release = _RELEASES.get(wire_version)
+                raise ServerTooOldError(
+                    f"mongolock-async needs MongoDB 5.0 or newer; the server at {self.full_name} speaks wire "
+                    f"version {wire_version}{f' (MongoDB {release})' if release else ''}, and 5.0 is "
+                    f"{_MIN_WIRE_VERSION}"
+                )
         _checked_clients.setdefault(self.client, lambda: True)
 
     async def try_acquire(
@@ -759,6 +773,13 @@ def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
             }
         }
     ]
+
+
+def oldest_wire_version(servers: Iterable[Any]) -> int | None:
+    """The lowest maximum wire version among the servers that take writes (a replica set's primary,
+    every mongos, a standalone), from the driver's server descriptions; None if none is known."""
+    versions = [server.max_wire_version for server in servers if server.server_type in _WRITABLE]
+    return min(versions, default=None)
 
 
 def _int_or_none(value: object) -> int | None:

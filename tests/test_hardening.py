@@ -20,6 +20,8 @@ import bson
 import pytest
 from bson import DatetimeMS, Int64, MaxKey, Timestamp
 from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.hello import Hello
+from pymongo.server_description import ServerDescription
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
@@ -32,7 +34,7 @@ from mongolock_async import (
 )
 from mongolock_async import store as store_module
 from mongolock_async.documents import LockState
-from mongolock_async.store import LockStore
+from mongolock_async.store import LockStore, oldest_wire_version
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, set_fail_point
@@ -364,7 +366,23 @@ async def test_a_server_older_than_5_0_is_refused_before_the_first_lock_request(
     with pytest.raises(ServerTooOldError, match=r"5\.0 or newer"):
         await AsyncMongoLock(counted_collection, "old", ttl=5.0).acquire()
     assert command_counter.count("findAndModify") == 0
-    assert command_counter.count("hello") == 1
+    assert command_counter.names == ["ping"], "one command every server version knows, then nothing"
+
+
+def _server(max_wire_version: int, **hello: Any) -> ServerDescription:
+    return ServerDescription(("db", 27017), Hello({"ok": 1, "maxWireVersion": max_wire_version, **hello}))
+
+
+def test_the_server_version_is_judged_by_the_servers_that_take_writes() -> None:
+    # MongoDB 4.4.0 and older do not know `hello` (it came in 5.0 and 4.4.2): the version is read
+    # from what each server announced to the driver's monitoring, not asked with a command.
+    primary, secondary = {"isWritablePrimary": True, "setName": "rs"}, {"secondary": True, "setName": "rs"}
+    mongos = {"isWritablePrimary": True, "msg": "isdbgrid"}
+    assert oldest_wire_version([_server(9, **primary), _server(17, **secondary)]) == 9  # a 4.4 primary
+    assert oldest_wire_version([_server(17, **primary), _server(9, **secondary)]) == 17  # upgrading secondaries
+    assert oldest_wire_version([_server(13, **mongos), _server(8, **mongos)]) == 8  # one 4.2 mongos
+    assert oldest_wire_version([_server(7, isWritablePrimary=True)]) == 7  # a 4.0 standalone
+    assert oldest_wire_version([_server(21, **secondary)]) is None  # no server that takes writes is known
 
 
 async def test_only_a_duplicate_key_on_the_name_is_retried(
