@@ -11,7 +11,7 @@ from pymongo.write_concern import WriteConcern
 MAX_NAME_LENGTH = 1024
 # Expiry is stored with millisecond precision on the server.
 MIN_TTL = 0.001
-# The longest lease (a year and a day): the server computes expiries with $dateAdd, and a stored
+# The longest lease (a year and a day): expiries are computed on the server, and a stored
 # expiry further ahead is treated as corrupt, never as a lease that never expires.
 MAX_TTL = 366 * 86_400.0
 _COLLECTION_METHODS = ("find_one_and_update", "update_one", "update_many", "find_one", "find", "with_options")

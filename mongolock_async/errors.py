@@ -58,7 +58,7 @@ class LockDataError(LockError):
 
 
 class ServerTooOldError(LockError):
-    """The MongoDB server is older than 5.0, which the lock's server-side expiry needs."""
+    """The MongoDB server is older than 5.0, the oldest release this library supports."""
 
 
 class TransactionsUnsupportedError(LockError):

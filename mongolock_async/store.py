@@ -59,7 +59,7 @@ from .documents import EXPIRY_HORIZON, MAX_FENCE, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
 
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
-# MongoDB 5.0 (wire version 13) brought $dateAdd, which every lease expiry is computed with.
+# MongoDB 5.0 (wire version 13): the oldest release the library is tested and supported on.
 _MIN_WIRE_VERSION = 13
 _RELEASES = {6: "3.6", 7: "4.0", 8: "4.2", 9: "4.4"}
 _WRITABLE = (SERVER_TYPE.RSPrimary, SERVER_TYPE.Mongos, SERVER_TYPE.Standalone)
@@ -471,7 +471,22 @@ def _type_in(expression: str, *types: str) -> dict[str, Any]:
 
 
 def _server_plus(start: Any, ttl_ms: Any) -> dict[str, Any]:
-    return {"$dateAdd": {"startDate": start, "unit": "millisecond", "amount": ttl_ms}}
+    # $add of a date and milliseconds, not $dateAdd: that one is missing from the Stable API (V1)
+    # of MongoDB 5.0.0 to 5.0.x before SERVER-60899, so a strict-API client there would be refused.
+    return {"$add": [start, ttl_ms]}
+
+
+def _not_before(moment: Any, now: Any) -> dict[str, Any]:
+    """``now``, or ``moment`` (a place's ``at``) if that is a later date.
+
+    A write's ``$$NOW`` is fixed when the server parses the command, also through the retries of
+    a write conflict (src/mongo/db/commands/find_and_modify.cpp and write_commands.cpp set the
+    runtime constants once per command; a mongos sets them for the shards,
+    src/mongo/s/commands/cluster_find_and_modify_cmd.cpp): a release that waited out a conflict can
+    be applied after a place's later write with an earlier ``$$NOW``. The waiter counts its lease
+    from that write's send time, so a hand-off runs from the place's ``at`` at the earliest.
+    """
+    return {"$cond": [{"$eq": [{"$type": moment}, "date"]}, {"$max": [moment, now]}, now]}
 
 
 # A live lease, judged without the pipelines' temporary fields (in reads and single-stage updates).
@@ -576,7 +591,14 @@ def _follow_up(handee: str) -> dict[str, Any]:
             {"$lte": [ttl, MAX_TTL_MS]},
         ]
     }
-    place = {"t": f"{handee}.n", "ttlMs": ttl, "holder": f"{handee}.holder", "at": _NOW, "exp": _server_plus(_NOW, ttl)}
+    # The follower's place counts as written when the handee's was (the hand-off's $$NOW can be older).
+    place = {
+        "t": f"{handee}.n",
+        "ttlMs": ttl,
+        "holder": f"{handee}.holder",
+        "at": _not_before(f"{handee}.at", _NOW),
+        "exp": _server_plus(_NOW, ttl),
+    }
     return {"$cond": [well_formed, [place], {"$literal": []}]}
 
 
@@ -599,7 +621,7 @@ def _acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list
                         "in": {
                             "$cond": [
                                 {"$eq": ["$$this.t", me]},
-                                _new_place(place),
+                                {"$mergeObjects": [_new_place(place), {"at": _not_before("$$this.at", _NOW)}]},
                                 "$$this",
                             ]
                         },
@@ -676,7 +698,13 @@ def _release_pipeline(
                 {
                     "$map": {
                         "input": "$_q",
-                        "in": {"$cond": [{"$eq": ["$$this.t", successor.token]}, successor_place, "$$this"]},
+                        "in": {
+                            "$cond": [
+                                {"$eq": ["$$this.t", successor.token]},
+                                {"$mergeObjects": [successor_place, {"at": _not_before("$$this.at", _NOW)}]},
+                                "$$this",
+                            ]
+                        },
                     }
                 },
                 {"$concatArrays": ["$_q", [successor_place]]},
@@ -709,7 +737,11 @@ def _release_pipeline(
             "$set": {
                 "owner": {"$cond": ["$_own", {"$cond": ["$_handed", "$_h.t", None]}, "$owner"]},
                 "expiresAt": {
-                    "$cond": ["$_own", {"$cond": ["$_handed", _server_plus(_NOW, "$_h.ttlMs"), _NOW]}, "$expiresAt"]
+                    "$cond": [
+                        "$_own",
+                        {"$cond": ["$_handed", _server_plus(_not_before("$_h.at", _NOW), "$_h.ttlMs"), _NOW]},
+                        "$expiresAt",
+                    ]
                 },
                 "fence": {"$cond": ["$_handed", _NEXT_FENCE, "$fence"]},
                 "ttlMs": {"$cond": ["$_handed", "$_h.ttlMs", "$ttlMs"]},
@@ -764,7 +796,15 @@ def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
                         "in": {
                             "$cond": [
                                 {"$eq": ["$$this.t", {"$literal": token}]},
-                                {"$mergeObjects": ["$$this", {"exp": _server_plus(SERVER_NOW, ttl_ms)}]},
+                                {
+                                    "$mergeObjects": [
+                                        "$$this",
+                                        {
+                                            "exp": _server_plus(SERVER_NOW, ttl_ms),
+                                            "at": _not_before("$$this.at", SERVER_NOW),
+                                        },
+                                    ]
+                                },
                                 "$$this",
                             ]
                         },

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -136,3 +138,17 @@ async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
     if data:
         command["data"] = data
     await collection.database.client.admin.command(command)
+
+
+@contextlib.asynccontextmanager
+async def transaction(client: Any) -> AsyncIterator[Any]:
+    """A session in a transaction, committed at the end of the block, aborted on an error (either driver)."""
+    session = client.start_session()
+    if asyncio.iscoroutine(session) or asyncio.isfuture(session):  # Motor's start_session is awaited
+        session = await session
+    async with session:
+        started = session.start_transaction()
+        if asyncio.iscoroutine(started):  # PyMongo's async start_transaction is awaited
+            started = await started
+        async with started:
+            yield session

@@ -4,14 +4,12 @@ holder process (SIGSTOP) whose writes are refused after a takeover."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +22,9 @@ from mongolock_async.fencing import fenced_insert_one, fenced_replace_one, fence
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter
+from tests.conftest import CommandCounter, transaction
 
 FENCED_HOLDER = Path(__file__).with_name("fenced_holder.py")
-
-
-@contextlib.asynccontextmanager
-async def transaction(client: Any) -> AsyncIterator[Any]:
-    """A session in a transaction, committed at the end of the block, aborted on an error (either driver)."""
-    session = client.start_session()
-    if asyncio.iscoroutine(session) or asyncio.isfuture(session):  # Motor's start_session is awaited
-        session = await session
-    async with session:
-        started = session.start_transaction()
-        if asyncio.iscoroutine(started):  # PyMongo's async start_transaction is awaited
-            started = await started
-        async with started:
-            yield session
 
 
 async def take_over(lock: AsyncMongoLock, collection: Any, how: str) -> AsyncMongoLock:

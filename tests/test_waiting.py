@@ -197,6 +197,31 @@ async def test_hand_offs_in_the_same_millisecond_each_reach_their_process(
         assert await second.release()
 
 
+async def test_a_hand_off_applied_after_a_later_place_write_lasts_from_that_write(
+    driver: str, mongodb_uri: str, lock_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A write's $$NOW is fixed when the server parses it, also through write-conflict retries (and
+    # on a mongos, for the shards): a release parsed before a waiter's place write can be applied
+    # after it. The waiter counts the handed lease from its place write's send time, so the lease
+    # must last a TTL from the place's `at` at least, however old the release's $$NOW.
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (elsewhere, _):
+        holder = AsyncMongoLock(lock_collection, "delayed", ttl=30.0)
+        assert await holder.acquire()
+        waiter = AsyncMongoLock(elsewhere, "delayed", ttl=20.0, safety_margin=5.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=10))
+        await asyncio.sleep(1.0)  # queued, stream open
+        (place,) = (await lock_collection.find_one({"_id": "delayed"}))["queue"]
+        parsed_long_ago = place["at"].replace(tzinfo=UTC) - timedelta(seconds=10)
+        monkeypatch.setattr(store_module, "SERVER_NOW", {"$literal": parsed_long_ago})
+        assert await holder.release()
+        assert await waiting
+        monkeypatch.undo()
+        doc = await lock_collection.find_one({"_id": "delayed"})
+        assert doc["owner"] is not None and waiter.fencing_token == doc["fence"]
+        assert doc["expiresAt"] - place["at"] >= timedelta(seconds=20), "the lease ends before the waiter believes"
+        assert await waiter.release()
+
+
 async def hot_loop(collection: Any, name: str, label: str, rounds: int, log: list[str], **options: Any) -> None:
     for _ in range(rounds):
         async with AsyncMongoLock(collection, name, ttl=30.0, **options):
