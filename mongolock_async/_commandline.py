@@ -7,11 +7,15 @@ import re
 from typing import Any
 from urllib.parse import quote_plus
 
-from pymongo import AsyncMongoClient
-from pymongo.errors import ConfigurationError, InvalidURI
+from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import ConfigurationError, ConnectionFailure, InvalidURI, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
 
+from ._diagnosis import cause_of
+from ._weak import WeakIdentityMap
+
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED, EXIT_UNAUTHORIZED = 1, 2, 3, 4, 5, 6
+_AUTHENTICATION_FAILED = 18
 DEFAULT_SERVER_SELECTION_MS = 5_000
 _SCHEMES = ("mongodb://", "mongodb+srv://")
 # URI options whose values are secrets, by their lowercased names (authMechanismProperties can hold
@@ -60,12 +64,7 @@ def redact_uri(uri: str) -> str:
 def client_options(uri: str) -> dict[str, Any]:
     """Options for a command's client: give up on an unreachable server after
     :data:`DEFAULT_SERVER_SELECTION_MS`, unless the URI says otherwise."""
-    _, _, query = uri.partition("?")
-    try:
-        options = split_options(query, validate=False, warn=False, normalize=False) if query else {}
-    except (InvalidURI, ConfigurationError, ValueError):
-        options = {}
-    keys = {key.lower() for key in options}
+    keys = {key.lower() for key in _uri_options(uri)}
     defaults: dict[str, Any] = {}
     if "serverselectiontimeoutms" not in keys:
         defaults["serverSelectionTimeoutMS"] = DEFAULT_SERVER_SELECTION_MS
@@ -74,15 +73,73 @@ def client_options(uri: str) -> dict[str, Any]:
     return defaults
 
 
+class _HeartbeatFailures(monitoring.ServerHeartbeatListener):
+    """What the driver's monitoring ran into while connecting: often more specific than the error
+    an operation ends with (a TLS alert, where the operation saw only a closed connection)."""
+
+    def __init__(self) -> None:
+        self.errors: list[Exception] = []
+
+    def started(self, event: monitoring.ServerHeartbeatStartedEvent) -> None:
+        pass
+
+    def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(event.reply)
+
+
+_failures: WeakIdentityMap[Any, _HeartbeatFailures] = WeakIdentityMap()
+
+
+def _uri_options(uri: str) -> dict[str, Any]:
+    """The options written in ``uri``, as written (an unparsable query gives none)."""
+    _, _, query = uri.partition("?")
+    try:
+        return dict(split_options(query, validate=False, warn=False, normalize=False)) if query else {}
+    except (InvalidURI, ConfigurationError, ValueError):
+        return {}
+
+
 def connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
     """A client for ``uri``, or a :class:`UserError` that never quotes a credential."""
     if not uri:
         raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
     if not uri.startswith(_SCHEMES):
         raise UserError(f"invalid MongoDB URI {redact_uri(uri)}", EXIT_UNREACHABLE)
+    failures = _HeartbeatFailures()
     try:
-        return AsyncMongoClient(uri, **client_options(uri))
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            uri, event_listeners=[failures], **client_options(uri)
+        )
     except (ConfigurationError, ValueError) as error:
         # The driver's message may quote the URI, credentials included: say only what is safe.
         reason = "its mongodb+srv host does not resolve" if "DNS" in str(error) else "the driver rejects it"
         raise UserError(f"invalid MongoDB URI {redact_uri(uri)}: {reason}", EXIT_UNREACHABLE) from None
+    _failures.setdefault(client, lambda: failures)
+    return client
+
+
+def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
+    """The one line (and exit code) for a driver error a command ended with; never a credential."""
+    if isinstance(error, OperationFailure) and error.code == _AUTHENTICATION_FAILED:
+        return UserError(f"MongoDB rejected the credentials of {redact_uri(uri)}", EXIT_UNAUTHORIZED)
+    if isinstance(error, ConnectionFailure | ConfigurationError):
+        hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+        seen = _failures.get(client)
+        cause = cause_of(error, *(seen.errors if seen is not None else ()))
+        if "closed the connection" in cause and _tls_without_client_certificate(uri):
+            cause += " (a server that requires a TLS client certificate does that: set tlsCertificateKeyFile)"
+        where = f"{hosts or 'its hosts'} (URI {redact_uri(uri)})"
+        return UserError(f"cannot reach MongoDB at {where}: {cause}", EXIT_UNREACHABLE)
+    if isinstance(error, OperationFailure):
+        return UserError(f"MongoDB refused the command: {(error.details or {}).get('errmsg', error.code)}", EXIT_FAILED)
+    return UserError(f"MongoDB failed: {type(error).__name__}: {cause_of(error)}", EXIT_FAILED)
+
+
+def _tls_without_client_certificate(uri: str) -> bool:
+    options = {key.lower(): value for key, value in _uri_options(uri).items()}
+    tls = str(options.get("tls", options.get("ssl", ""))).lower() == "true" or uri.startswith("mongodb+srv://")
+    return tls and "tlscertificatekeyfile" not in options

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
+from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from . import _report_view as view
@@ -26,17 +26,14 @@ from ._commandline import (
     EXIT_FAILED,
     EXIT_MISSING,
     EXIT_REFUSED,
-    EXIT_UNAUTHORIZED,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
     UserError,
     connect,
-    redact_uri,
+    explain,
 )
 from .documents import LockReport
 from .store import ForcedRelease, LockStore
 
-_AUTHENTICATION_FAILED = 18
 DEFAULT_DATABASE = "mongolock"
 DEFAULT_COLLECTION = "locks"
 
@@ -176,19 +173,8 @@ async def _operate(arguments: argparse.Namespace) -> int:
                 view.print_detail(report)
             return 0
         return await _force_release(store, arguments)
-    except ServerSelectionTimeoutError:
-        hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
-        raise UserError(
-            f"cannot reach MongoDB at {hosts} (URI {redact_uri(arguments.uri)})", EXIT_UNREACHABLE
-        ) from None
-    except OperationFailure as error:
-        if error.code == _AUTHENTICATION_FAILED:
-            message = f"MongoDB rejected the credentials of {redact_uri(arguments.uri)}"
-            raise UserError(message, EXIT_UNAUTHORIZED) from None
-        raise UserError(
-            f"MongoDB refused the command: {(error.details or {}).get('errmsg', error.code)}",
-            EXIT_FAILED,
-        ) from None
+    except PyMongoError as error:
+        raise explain(error, arguments.uri, client) from None
     finally:
         await client.close()
 

@@ -139,7 +139,7 @@ class LeaseKeeper:
         earliest = min(lease.deadline for lease in leases)
         sent_at = time.monotonic()
         try:
-            with bounded(earliest - sent_at):
+            with bounded(earliest - sent_at, store.client):
                 renewed = await store.renew([(lease.name, lease.owner, _ms(lease.ttl)) for lease in leases])
         except PyMongoError as error:
             reason = f"{type(error).__name__}: {error}"
@@ -172,7 +172,7 @@ class LeaseKeeper:
             return
         sent_at = time.monotonic()
         try:
-            with bounded(min(_place_interval(queue) for queue, _, _ in places)):
+            with bounded(min(_place_interval(queue) for queue, _, _ in places), store.client):
                 alive = await store.refresh_places([(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places])
         except PyMongoError:
             alive = set()  # the heads try the server themselves

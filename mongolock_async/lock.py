@@ -234,7 +234,7 @@ class AsyncMongoLock:
 
         sent_at = time.monotonic()
         try:
-            with bounded(self._ttl):
+            with bounded(self._ttl, self._store.client):
                 state = await run_shielded(
                     self._store.try_acquire(self._name, owner, request.ttl_ms, request.holder, fair=self._fair),
                     grace=self._ttl,
@@ -306,7 +306,7 @@ class AsyncMongoLock:
             raise LockNotOwnedError(self._name)
         interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
         sent_at = time.monotonic()
-        with bounded(lease.server_expiry_floor - sent_at):
+        with bounded(lease.server_expiry_floor - sent_at, self._store.client):
             extended = await self._store.extend(self._name, lease.owner, _ms(new_ttl))
         if not extended:
             lease.mark_lost("extend found the lease expired or held by another owner")
@@ -322,7 +322,7 @@ class AsyncMongoLock:
         Advisory: the answer can be out of date by the time it arrives. It is read with read
         concern ``majority``, so it never shows an acquisition a failover could still roll back.
         """
-        with bounded(self._ttl):
+        with bounded(self._ttl, self._store.client):
             return await self._store.is_held(self._name)
 
     async def owned(self) -> bool:
@@ -330,7 +330,7 @@ class AsyncMongoLock:
         lease = self._lease
         if lease is None or not lease.believed_held:
             return False
-        with bounded(lease.deadline - time.monotonic()):
+        with bounded(lease.deadline - time.monotonic(), self._store.client):
             held = await self._store.is_held(self._name, lease.owner)
         return held and lease.believed_held
 
@@ -381,7 +381,7 @@ class AsyncMongoLock:
                 f"lock {self._name!r}: guard_transaction needs a replica set or a sharded cluster; "
                 "this server is a standalone, without multi-document transactions"
             )
-        with bounded(lease.deadline - time.monotonic()):
+        with bounded(lease.deadline - time.monotonic(), self._store.client):
             live = await self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session)
         if not live:
             lease.mark_lost("guard_transaction found the lease expired, released by force, or taken over")

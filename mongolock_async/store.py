@@ -54,6 +54,7 @@ from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 from pymongo.write_concern import WriteConcern
 
+from ._diagnosis import retrying_cannot_fix
 from ._weak import WeakIdentityMap
 from .documents import EXPIRY_HORIZON, MAX_FENCE, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
@@ -833,21 +834,42 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
-def bounded(seconds: float | None) -> contextlib.AbstractContextManager[None]:
+def bounded(seconds: float, client: Any = None) -> contextlib.AbstractContextManager[None]:
     """The driver's client-side operation timeout for the requests sent inside the block.
 
     Nested bounds only shorten (``pymongo.timeout``). At most a day: a longer one is no bound at
-    all, and the driver turns it into a ``maxTimeMS`` that must fit in a 64-bit integer.
+    all, and the driver turns it into a ``maxTimeMS`` that must fit in a 64-bit integer. Inside such
+    a bound the driver waits for a server as long as the bound allows, past the client's own
+    ``serverSelectionTimeoutMS``; so while ``client`` knows no server to write to, the bound is at
+    most that setting, and an unreachable server is reported when the URI says it should be.
     """
-    return contextlib.nullcontext() if seconds is None else pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
+    if client is not None and not _writable_server_known(client):
+        seconds = min(seconds, client.options.server_selection_timeout)
+    return pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
+
+
+_WRITABLE_OR_BALANCED = (*_WRITABLE, SERVER_TYPE.LoadBalancer)
+_last_seen: WeakIdentityMap[Any, list[Any]] = WeakIdentityMap()
+
+
+def _writable_server_known(client: Any) -> bool:
+    """Whether the client's monitoring knows a server it can write to (cached per description: the
+    driver replaces the immutable description object whenever something changes)."""
+    description = client.topology_description
+    seen = _last_seen.setdefault(client, lambda: [None, False])
+    if seen[0] is not description:
+        servers = description.server_descriptions().values()
+        seen[:] = [description, any(server.server_type in _WRITABLE_OR_BALANCED for server in servers)]
+    return bool(seen[1])
 
 
 def is_transient(error: PyMongoError) -> bool:
     """Whether ``error`` may pass when the request is sent again: network errors and timeouts,
     server selection, elections (NotWritablePrimary and kin), write-concern waits, and what the
-    server labels retryable."""
+    server labels retryable; not configuration that retrying cannot fix (a TLS certificate that
+    does not verify, a missing client certificate, rejected credentials)."""
     return (
         isinstance(error, ConnectionFailure | WriteConcernError | ExecutionTimeout)
         or bool(getattr(error, "timeout", False))
         or error.has_error_label("RetryableWriteError")
-    )
+    ) and not retrying_cannot_fix(error)

@@ -161,7 +161,7 @@ async def _attempt(
     left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
     queue.head_attempting = True
     try:
-        with bounded(left):
+        with bounded(left, request.store.client):
             state, operation_time = await run_shielded(
                 _send_attempt(request, place, with_session=with_session),
                 grace=request.ttl,
@@ -265,7 +265,7 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
         except _HandedToNobody as handed:
             # Handed to this process's place, but its waiters are gone: pass the lease on, and
             # withdraw the follower place that write queued, or the lease could go to it next.
-            with bounded(until - time.monotonic()):
+            with bounded(until - time.monotonic(), store.client):
                 await store.leave(name, handed.tokens, fair=fair)
             return True
 
@@ -287,7 +287,7 @@ async def _hand_over_once(
         queue.handing_over += 1
     sent_at = time.monotonic()
     try:
-        with bounded(until - sent_at):
+        with bounded(until - sent_at, store.client):
             state = await run_shielded(
                 store.release(
                     name,
@@ -333,7 +333,7 @@ def deadline_in(seconds: float) -> float:
 
 async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float) -> None:
     try:
-        with bounded(within):
+        with bounded(within, store.client):
             await store.leave(name, tokens, fair=fair)
     except Exception as error:  # best effort: the place expires by itself
         logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, str(error))

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote_plus
 
+import pytest
+import trustme
+from pymongo.errors import PyMongoError
 from pymongo.server_api import ServerApi
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
+from mongolock_async._diagnosis import cause_of
 from mongolock_async.fencing import fenced_update_one
 from mongolock_async.store import LockStore
+from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, transaction
 
@@ -81,3 +95,142 @@ async def test_a_strict_stable_api_client_works(driver: str, mongodb_uri: str) -
         await client[TEST_DATABASE][name + "_stock"].drop()
         await close_client(other)
         await close_client(client)
+
+
+# -- TLS and authentication ----------------------------------------------------------------------------
+
+USER, PASSWORD = "locker", "tls-pa55-secret"
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca: Path
+    """The authority that signed the server's and the client's certificates."""
+    stranger: Path
+    """An authority that signed neither."""
+    server: Path
+    server_key: Path
+    client: Path
+    """The client's certificate and key in one file, as tlsCertificateKeyFile wants them."""
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    folder = tmp_path_factory.mktemp("tls")
+    authority, stranger = trustme.CA(), trustme.CA()
+    server = authority.issue_cert("127.0.0.1", "localhost")
+    names = ("ca.pem", "stranger.pem", "server.pem", "server.key", "client.pem")
+    files = Certificates(*(folder / name for name in names))
+    authority.cert_pem.write_to_path(str(files.ca))
+    stranger.cert_pem.write_to_path(str(files.stranger))
+    server.cert_chain_pems[0].write_to_path(str(files.server))
+    server.private_key_pem.write_to_path(str(files.server_key))
+    authority.issue_cert("lock-client").private_key_and_cert_chain_pem.write_to_path(str(files.client))
+    return files
+
+
+@pytest.fixture(scope="module")
+def tls_server(certificates: Certificates) -> Iterator[EmbeddedMongo]:
+    """TLS only, SCRAM-SHA-256 authentication required."""
+    tls = EmbeddedTLS(certificates.server, certificates.server_key, certificates.ca)
+    with EmbeddedMongo(auth=(USER, PASSWORD), tls=tls) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def mutual_tls_server(certificates: Certificates) -> Iterator[EmbeddedMongo]:
+    """TLS only, and every client presents a certificate signed by the test's authority."""
+    tls = EmbeddedTLS(certificates.server, certificates.server_key, certificates.ca, client_ca=certificates.ca)
+    with EmbeddedMongo(tls=tls) as server:
+        yield server
+
+
+def with_options(uri: str, **options: str) -> str:
+    return uri + "".join(f"&{key}={quote_plus(value)}" for key, value in options.items())
+
+
+async def every_kind_of_request(driver: str, uri: str) -> None:
+    """A lock with the heartbeat and a waiter in another client woken by the change stream, a
+    guarded transaction and a token-checked write: each kind of request the library sends."""
+    client, other = make_client(driver, uri), make_client(driver, uri)
+    locks, elsewhere = client[TEST_DATABASE]["secure"], other[TEST_DATABASE]["secure"]
+    try:
+        holder = AsyncMongoLock(locks, "secure", ttl=2.0, heartbeat=0.5)
+        async with holder:
+            waiter = AsyncMongoLock(elsewhere, "secure", ttl=30.0)
+            waiting = asyncio.create_task(waiter.acquire(timeout=20))
+            await asyncio.sleep(1.2)  # renewed twice; the waiter queued and its stream opened
+            assert await holder.owned()
+            stock = locks.database.stock
+            assert (await fenced_update_one(stock, {"_id": 1}, {"$inc": {"n": 1}}, token=holder, upsert=True)).applied
+            async with transaction(client) as session:
+                await holder.guard_transaction(session)
+        assert await waiting, "the hand-off did not reach the other client"
+        assert waiter.fencing_token is not None
+        assert await LockStore(locks, WriteConcern(w="majority")).force_release("secure") is not None
+    finally:
+        await close_client(other)
+        await close_client(client)
+
+
+def operate(uri: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
+    command = [sys.executable, "-m", "mongolock_async", *arguments, "--db", TEST_DATABASE, "--collection", "secure"]
+    return subprocess.run(command, capture_output=True, text=True, env={**env, "MONGODB_URI": uri}, timeout=120)
+
+
+async def test_locks_and_the_command_work_over_tls_with_scram(driver: str, tls_server: EmbeddedMongo) -> None:
+    await every_kind_of_request(driver, tls_server.uri)
+    listing = operate(tls_server.uri, "list")
+    assert listing.returncode == 0 and "secure" in listing.stdout, listing.stdout + listing.stderr
+    assert operate(tls_server.uri, "inspect", "secure").returncode == 0
+    for result in (listing, operate(tls_server.uri, "list", "--json")):
+        assert PASSWORD not in result.stdout + result.stderr
+
+
+async def test_locks_and_the_command_work_with_a_client_certificate(
+    driver: str, mutual_tls_server: EmbeddedMongo, certificates: Certificates
+) -> None:
+    uri = with_options(mutual_tls_server.uri, tlsCertificateKeyFile=str(certificates.client))
+    await every_kind_of_request(driver, uri)
+    listing = operate(uri, "list")
+    assert listing.returncode == 0 and "secure" in listing.stdout, listing.stdout + listing.stderr
+
+
+@pytest.mark.parametrize("mistake", ["wrong password", "unknown CA", "no client certificate"])
+async def test_each_misconfiguration_is_named_and_no_password_shows(
+    driver: str,
+    mistake: str,
+    tls_server: EmbeddedMongo,
+    mutual_tls_server: EmbeddedMongo,
+    certificates: Certificates,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    uri, cause, exit_code = {
+        "wrong password": (tls_server.uri.replace(PASSWORD, "not-" + PASSWORD), "rejected the credentials", 6),
+        "unknown CA": (
+            tls_server.uri.replace(quote_plus(str(certificates.ca)), quote_plus(str(certificates.stranger))),
+            "certificate did not verify",
+            3,
+        ),
+        "no client certificate": (mutual_tls_server.uri, "client certificate", 3),
+    }[mistake]
+    uri = with_options(uri, serverSelectionTimeoutMS="2000")
+    caplog.set_level(logging.DEBUG)
+    client = make_client(driver, uri, serverSelectionTimeoutMS=2000)
+    try:
+        lock = AsyncMongoLock(client[TEST_DATABASE]["secure"], "secure", ttl=30.0)
+        started = time.monotonic()
+        with pytest.raises(PyMongoError) as raised:
+            await lock.acquire(timeout=20)  # not retried: retrying cannot fix it
+        assert time.monotonic() - started < 15, "a misconfiguration was retried like an outage"
+        assert cause in cause_of(raised.value)
+        shown = f"{raised.value!s} {raised.value!r} {caplog.text}"
+        assert "not-" + PASSWORD not in shown and PASSWORD not in shown
+    finally:
+        await close_client(client)
+    result = operate(uri, "list")
+    assert result.returncode == exit_code, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert cause in result.stderr or mistake == "wrong password", result.stderr
+    assert PASSWORD not in result.stdout + result.stderr

@@ -5,6 +5,13 @@ The pytest fixtures live in :mod:`mongolock_async.testing.pytest_plugin`; enable
 """
 
 from .selection import ServerChoice, docker_engine_answers, select_server
-from .server import EmbeddedMongo, EmbeddedServerError
+from .server import EmbeddedMongo, EmbeddedServerError, EmbeddedTLS
 
-__all__ = ["EmbeddedMongo", "EmbeddedServerError", "ServerChoice", "docker_engine_answers", "select_server"]
+__all__ = [
+    "EmbeddedMongo",
+    "EmbeddedServerError",
+    "EmbeddedTLS",
+    "ServerChoice",
+    "docker_engine_answers",
+    "select_server",
+]

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote_plus
@@ -40,6 +41,18 @@ class EmbeddedServerError(RuntimeError):
     """The embedded server is not installed, or did not start; the message carries its log."""
 
 
+@dataclass(frozen=True, slots=True)
+class EmbeddedTLS:
+    """TLS for the embedded server: PEM files of its certificate and key, and of the certificate
+    authority that signed them (the URI tells clients to verify the server with it). With
+    ``client_ca``, every client must present a certificate signed by that authority."""
+
+    certificate: Path
+    key: Path
+    ca: Path
+    client_ca: Path | None = None
+
+
 class EmbeddedMongo:
     """A SecantusDB server process. Use as a (sync or async) context manager, or ``start``/``close``.
 
@@ -49,6 +62,8 @@ class EmbeddedMongo:
     - ``auth``: ``(user, password)`` to require SCRAM authentication; the user is created with the
       ``root`` role and the URI carries the credentials.
     - ``port``: listen on this port (default: one the OS assigns).
+    - ``tls``: serve TLS only (:class:`EmbeddedTLS`); the URI then asks for TLS, verified with
+      the server's certificate authority.
     """
 
     def __init__(
@@ -60,6 +75,7 @@ class EmbeddedMongo:
         startup_timeout: float = 60.0,
         cache_size: str = "128M",
         port: int | None = None,
+        tls: EmbeddedTLS | None = None,
     ) -> None:
         if importlib.util.find_spec("secantus") is None:
             raise EmbeddedServerError(
@@ -72,6 +88,7 @@ class EmbeddedMongo:
         self.cache_size = cache_size
         self.port: int | None = port
         """The port: OS-assigned at the first start unless given."""
+        self.tls = tls
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
@@ -86,10 +103,10 @@ class EmbeddedMongo:
             self._workdir = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
             (self._workdir / "data").mkdir()
             if self.auth is not None:
-                self._launch(auth=False)
+                self._launch(auth=False, tls=False)
                 self._create_user(*self.auth)
                 self.stop()
-        self._launch(auth=self.auth is not None)
+        self._launch(auth=self.auth is not None, tls=self.tls is not None)
         return self.uri
 
     def stop(self) -> None:
@@ -164,16 +181,19 @@ class EmbeddedMongo:
     @property
     def uri(self) -> str:
         """``mongodb://`` URI of the server (with credentials when ``auth`` is set)."""
-        return self._uri(with_credentials=True)
+        return self._uri(bare=False)
 
-    def _uri(self, *, with_credentials: bool) -> str:
+    def _uri(self, *, bare: bool) -> str:
+        """The URI; ``bare``: without credentials and TLS, for the launch that creates the user."""
         if self.port is None:
             raise EmbeddedServerError("the embedded server has not been started")
         credentials = ""
         options = "directConnection=true"
-        if self.auth is not None and with_credentials:
+        if self.auth is not None and not bare:
             credentials = f"{quote_plus(self.auth[0])}:{quote_plus(self.auth[1])}@"
             options += "&authSource=admin"
+        if self.tls is not None and not bare:
+            options += f"&tls=true&tlsCAFile={quote_plus(str(self.tls.ca))}"
         return f"mongodb://{credentials}127.0.0.1:{self.port}/?{options}"
 
     def log_tail(self, lines: int = 40) -> str:
@@ -209,7 +229,7 @@ class EmbeddedMongo:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _launch(self, *, auth: bool) -> None:
+    def _launch(self, *, auth: bool, tls: bool) -> None:
         assert self._workdir is not None and self.log_path is not None
         command = [
             sys.executable, "-c", _LAUNCH,
@@ -225,6 +245,10 @@ class EmbeddedMongo:
             command.append("--enable-test-commands")
         if auth:
             command.append("--auth")
+        if tls and self.tls is not None:
+            command += ["--tls-cert-file", str(self.tls.certificate), "--tls-key-file", str(self.tls.key)]
+            if self.tls.client_ca is not None:
+                command += ["--tls-ca-file", str(self.tls.client_ca), "--tls-require-client-cert"]
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
@@ -263,7 +287,7 @@ class EmbeddedMongo:
         from pymongo import MongoClient
 
         client: MongoClient[dict[str, object]]
-        with MongoClient(self._uri(with_credentials=False), serverSelectionTimeoutMS=10_000) as client:
+        with MongoClient(self._uri(bare=True), serverSelectionTimeoutMS=10_000) as client:
             client.admin.command("createUser", user, pwd=password, roles=["root"])
 
     def _require_process(self) -> subprocess.Popen[bytes]:
