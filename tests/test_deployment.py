@@ -21,9 +21,10 @@ from pymongo.errors import PyMongoError
 from pymongo.server_api import ServerApi
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
+from mongolock_async import AsyncMongoLock, cli, ensure_idle_cleanup_index
 from mongolock_async._diagnosis import cause_of
 from mongolock_async.fencing import fenced_update_one
+from mongolock_async.privileges import lock_privileges, operator_privileges
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
@@ -234,3 +235,117 @@ async def test_each_misconfiguration_is_named_and_no_password_shows(
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert cause in result.stderr or mistake == "wrong password", result.stderr
     assert PASSWORD not in result.stdout + result.stderr
+
+
+# -- least privileges ------------------------------------------------------------------------------
+
+# What each command needs, from MongoDB's privilege reference ("Privilege Actions"): findAndModify
+# needs find and update, and insert with upsert; update needs update (and insert with upsert); find and
+# aggregate need find, a change stream also changeStream; getMore and killCursors of one's own
+# cursors, ping, hello, endSessions and the transaction commands need nothing.
+NEEDS: dict[str, set[str]] = {
+    "findAndModify": {"find", "update"},
+    "update": {"update"},
+    "find": {"find"},
+    "aggregate": {"find"},
+    "createIndexes": {"createIndex"},
+    "collMod": {"collMod"},
+    "listIndexes": {"listIndexes"},
+    "listCollections": {"listCollections"},
+    **{name: set() for name in ("getMore", "killCursors", "ping", "hello", "endSessions", "commitTransaction")},
+}
+
+
+def actions_needed(commands: list[dict[str, Any]], database: str, collection: str) -> dict[str, set[str]]:
+    """The actions per resource ("" for the database) the commands sent to ``database`` need."""
+    needed: dict[str, set[str]] = {}
+    for command in commands:
+        if not command:
+            continue  # authentication commands, which monitoring redacts
+        name = next(iter(command))
+        if command.get("$db") not in (database, "admin"):
+            continue
+        assert name in NEEDS, f"{name} is not in the privilege table: look it up and add it"
+        actions = set(NEEDS[name])
+        if name == "aggregate" and command["pipeline"] and "$changeStream" in command["pipeline"][0]:
+            actions.add("changeStream")
+        if command.get("upsert") or any(statement.get("upsert") for statement in command.get("updates", ())):
+            actions.add("insert")
+        resource = "" if name == "listCollections" else command[name]
+        if actions:
+            assert resource == collection or resource == "", f"{name} on {resource}"
+            needed.setdefault(resource, set()).update(actions)
+    return needed
+
+
+def granted(privileges: list[dict[str, Any]]) -> dict[str, set[str]]:
+    actions: dict[str, set[str]] = {}
+    for privilege in privileges:
+        actions.setdefault(privilege["resource"]["collection"], set()).update(privilege["actions"])
+    return actions
+
+
+async def test_the_documented_roles_grant_what_is_sent_and_no_more(
+    driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The embedded server authenticates (SCRAM-SHA-256) but does not enforce roles: the users below
+    # run everything with the documented roles, and each command sent is checked against MongoDB's
+    # privilege reference, which is what a real server would enforce.
+    database, collection = "mongolock", "locks"
+    with EmbeddedMongo(auth=("admin", "admin-pw")) as server:
+        admin = make_client(driver, server.uri)
+        try:
+            await admin.admin.command(
+                "createRole", "mongolockUser", privileges=lock_privileges(database, collection), roles=[]
+            )
+            operator_role = [{"role": "mongolockUser", "db": "admin"}]
+            await admin.admin.command(
+                "createRole",
+                "mongolockOperator",
+                privileges=operator_privileges(database, collection),
+                roles=operator_role,
+            )
+            await admin.admin.command("createUser", "app", pwd="app-pw", roles=operator_role)
+            await admin.admin.command(
+                "createUser", "ops", pwd="ops-pw", roles=[{"role": "mongolockOperator", "db": "admin"}]
+            )
+        finally:
+            await close_client(admin)
+        address = f"127.0.0.1:{server.port}/?directConnection=true&authSource=admin"
+        app_counter, ops_counter = CommandCounter(), CommandCounter()
+        app = make_client(driver, f"mongodb://app:app-pw@{address}", event_listeners=[app_counter])
+        other = make_client(driver, f"mongodb://app:app-pw@{address}", event_listeners=[app_counter])
+        try:
+            locks = app[database][collection]
+            holder = AsyncMongoLock(locks, "job", ttl=2.0, heartbeat=0.5)
+            async with holder:
+                waiter = AsyncMongoLock(other[database][collection], "job", ttl=30.0)
+                waiting = asyncio.create_task(waiter.acquire(timeout=20))
+                await asyncio.sleep(1.2)
+                assert await holder.locked() and await holder.owned()
+                await holder.extend(3.0)
+                async with transaction(app) as session:
+                    await holder.guard_transaction(session)
+            assert await waiting  # the waiter holds "job" while an operator looks at it and breaks it
+            ops_uri = f"mongodb://ops:ops-pw@{address}"
+            monkeypatch.setattr(cli, "connect", lambda uri: make_client("pymongo", uri, event_listeners=[ops_counter]))
+            for arguments in (["list"], ["inspect", "job"], ["release", "job", "--force", "--yes"]):
+                assert await cli._operate(cli.build_parser().parse_args([*arguments, "--uri", ops_uri])) == 0
+            assert not await waiter.release(), "the operator broke the lease"
+        finally:
+            await close_client(other)
+            await close_client(app)
+        ops = make_client(driver, ops_uri, event_listeners=[ops_counter])
+        try:
+            await ensure_idle_cleanup_index(ops[database][collection], idle_after=3600)
+            await ensure_idle_cleanup_index(ops[database][collection], idle_after=7200)
+        finally:
+            await close_client(ops)
+    assert actions_needed(app_counter.commands, database, collection) == granted(lock_privileges(database, collection))
+    operator = granted(lock_privileges(database, collection) + operator_privileges(database, collection))
+    needed = actions_needed(ops_counter.commands, database, collection)
+    assert needed == {
+        "": {"listCollections"},
+        collection: {"find", "update", "createIndex", "collMod", "listIndexes"},
+    }
+    assert all(needed[resource] <= operator[resource] for resource in needed)

@@ -1,0 +1,35 @@
+"""The least privileges the library and the ``mongolock`` command need, for a custom role.
+
+::
+
+    await client.admin.command(
+        "createRole", "mongolockUser", privileges=lock_privileges("mongolock", "locks"), roles=[]
+    )
+
+Each action is what MongoDB's privilege reference ("Privilege Actions") requires of the commands
+the library sends: ``findAndModify`` with ``upsert`` needs ``find``, ``update`` and ``insert``;
+``update`` needs ``update``; ``find`` and ``aggregate`` need ``find``; a change stream needs
+``changeStream`` and ``find``; ``getMore`` and ``killCursors`` of one's own cursors need nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["lock_privileges", "operator_privileges"]
+
+
+def lock_privileges(database: str, collection: str) -> list[dict[str, Any]]:
+    """What an application needs to take, renew, release and wait for locks in ``database.collection``
+    (and to tie transactions to them), for ``createRole``'s ``privileges``."""
+    actions = ["changeStream", "find", "insert", "update"]
+    return [{"resource": {"db": database, "collection": collection}, "actions": actions}]
+
+
+def operator_privileges(database: str, collection: str) -> list[dict[str, Any]]:
+    """What ``mongolock list``/``inspect``/``release --force`` and
+    :func:`~mongolock_async.ensure_idle_cleanup_index` need on top of :func:`lock_privileges`."""
+    return [
+        {"resource": {"db": database, "collection": ""}, "actions": ["listCollections"]},
+        {"resource": {"db": database, "collection": collection}, "actions": ["collMod", "createIndex", "listIndexes"]},
+    ]
