@@ -2,15 +2,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from pymongo import monitoring
+from pymongo.errors import OperationFailure
 
 from mongolock_async.testing import EmbeddedMongo
-from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard
+
+_COMMAND_NOT_FOUND, _UNAUTHORIZED = 59, 13
 
 # The package's pytest plugin (registered by its entry point) provides the mongolock_* fixtures;
 # the suite calls them by the shorter names below.
@@ -107,6 +111,9 @@ async def counted_collection(driver: str, mongodb_uri: str, command_counter: Com
     """A fresh collection on a client whose commands ``command_counter`` records."""
     client = make_client(driver, mongodb_uri, event_listeners=[command_counter])
     collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
+    if os.environ.get("MONGOLOCK_TEST_SHARDED") == "1":
+        await shard(collection)
+        command_counter.clear()
     try:
         yield collection
     finally:
@@ -133,11 +140,17 @@ async def private_collection(driver: str, private_server: EmbeddedMongo) -> Asyn
 
 
 async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
-    """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point."""
+    """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point; skip the test on a
+    server without it (a MongoDB started without ``enableTestCommands``)."""
     command: dict[str, Any] = {"configureFailPoint": "failCommand", "mode": mode}
     if data:
         command["data"] = data
-    await collection.database.client.admin.command(command)
+    try:
+        await collection.database.client.admin.command(command)
+    except OperationFailure as error:
+        if error.code not in (_COMMAND_NOT_FOUND, _UNAUTHORIZED):
+            raise
+        pytest.skip(f"this server has no failCommand fail point (start mongod with enableTestCommands=1): {error}")
 
 
 @contextlib.asynccontextmanager

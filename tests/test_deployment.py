@@ -28,7 +28,7 @@ from mongolock_async.privileges import lock_privileges, operator_privileges
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, transaction
+from tests.conftest import CommandCounter, set_fail_point, transaction
 
 # The operators the library's requests use, all in MongoDB's Stable API (V1) since 5.0.0. SERVER-58076
 # left out of V1 only what 5.0 itself brought ($dateAdd, $dateSubtract, $dateDiff, $dateTrunc,
@@ -349,3 +349,15 @@ async def test_the_documented_roles_grant_what_is_sent_and_no_more(
         collection: {"find", "update", "createIndex", "collMod", "listIndexes"},
     }
     assert all(needed[resource] <= operator[resource] for resource in needed)
+
+
+async def test_fault_tests_are_skipped_with_the_reason_where_the_server_has_no_fail_points(driver: str) -> None:
+    # Against a MongoDB started without enableTestCommands (a managed service, say), the tests that
+    # inject faults with failCommand are skipped, saying why, rather than failing or passing.
+    with EmbeddedMongo(test_commands=False) as server:
+        client = make_client(driver, server.uri)
+        try:
+            with pytest.raises(pytest.skip.Exception, match="enableTestCommands"):
+                await set_fail_point(client[TEST_DATABASE]["locks"], "off")
+        finally:
+            await close_client(client)

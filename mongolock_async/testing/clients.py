@@ -27,3 +27,10 @@ async def close_client(client: Any) -> None:
     result = client.close()
     if result is not None:
         await result
+
+
+async def shard(collection: Any) -> None:
+    """Shard ``collection`` on ``{_id: "hashed"}`` (through a mongos), as docs/deploying.md advises."""
+    admin = collection.database.client.admin
+    await admin.command("enableSharding", collection.database.name)
+    await admin.command("shardCollection", collection.full_name, key={"_id": "hashed"})

@@ -6,9 +6,10 @@ collection. Registered automatically (a ``pytest11`` entry point) when the packa
   ``embedded`` extra). A :class:`~mongolock_async.testing.ServerChoice`.
 - ``mongolock_uri`` (session): its URI.
 - ``mongolock_driver``: ``"pymongo"``, and ``"motor"`` too when Motor is installed: tests that use
-  the fixtures below run once per driver.
+  the fixtures below run once per driver (``MONGOLOCK_TEST_DRIVERS=pymongo`` picks, comma-separated).
 - ``mongolock_client``: an async client of that driver, closed after the test.
-- ``mongolock_collection``: a fresh, uniquely named collection for locks, dropped after the test.
+- ``mongolock_collection``: a fresh, uniquely named collection for locks, dropped after the test;
+  with ``MONGOLOCK_TEST_SHARDED=1`` (against a mongos) sharded on ``{_id: "hashed"}``.
 
 The async fixtures are pytest-asyncio fixtures (``pip install pytest-asyncio``), so they work in
 its strict mode as well as in auto mode.
@@ -17,6 +18,7 @@ its strict mode as well as in auto mode.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from .clients import TEST_DATABASE, close_client, make_client
+from .clients import TEST_DATABASE, close_client, make_client, shard
 from .selection import ServerChoice, select_server
 
 
@@ -34,7 +36,14 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-DRIVERS = ["pymongo", *(["motor"] if _installed("motor") else [])]
+def _drivers() -> list[str]:
+    chosen = os.environ.get("MONGOLOCK_TEST_DRIVERS")
+    if chosen:
+        return [driver.strip() for driver in chosen.split(",") if driver.strip()]
+    return ["pymongo", *(["motor"] if _installed("motor") else [])]
+
+
+DRIVERS = _drivers()
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +81,8 @@ if _installed("pytest_asyncio"):
     async def mongolock_collection(mongolock_client: Any) -> AsyncIterator[Any]:
         """A fresh, uniquely named collection for locks, dropped after the test."""
         collection = mongolock_client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
+        if os.environ.get("MONGOLOCK_TEST_SHARDED") == "1":
+            await shard(collection)
         try:
             yield collection
         finally:
