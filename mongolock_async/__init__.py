@@ -15,6 +15,7 @@ from .errors import (
     LockNotOwnedError,
     LockTimeoutError,
     ServerTooOldError,
+    ServerUnreachableError,
     TransactionsUnsupportedError,
 )
 from .hooks import LockHooks
@@ -35,6 +36,7 @@ __all__ = [
     "LockTimeoutError",
     "OnLost",
     "ServerTooOldError",
+    "ServerUnreachableError",
     "TransactionsUnsupportedError",
     "__version__",
     "ensure_idle_cleanup_index",

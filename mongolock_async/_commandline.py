@@ -130,16 +130,8 @@ def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
         hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
         seen = _failures.get(client)
         cause = cause_of(error, *(seen.errors if seen is not None else ()))
-        if "closed the connection" in cause and _tls_without_client_certificate(uri):
-            cause += " (a server that requires a TLS client certificate does that: set tlsCertificateKeyFile)"
         where = f"{hosts or 'its hosts'} (URI {redact_uri(uri)})"
         return UserError(f"cannot reach MongoDB at {where}: {cause}", EXIT_UNREACHABLE)
     if isinstance(error, OperationFailure):
         return UserError(f"MongoDB refused the command: {(error.details or {}).get('errmsg', error.code)}", EXIT_FAILED)
     return UserError(f"MongoDB failed: {type(error).__name__}: {cause_of(error)}", EXIT_FAILED)
-
-
-def _tls_without_client_certificate(uri: str) -> bool:
-    options = {key.lower(): value for key, value in _uri_options(uri).items()}
-    tls = str(options.get("tls", options.get("ssl", ""))).lower() == "true" or uri.startswith("mongodb+srv://")
-    return tls and "tlscertificatekeyfile" not in options

@@ -37,7 +37,12 @@ _CAUSES: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
             "the host name does not resolve (DNS)",
             True,
         ),
-        (r"connection is already closed|connection reset|connection closed", "the server closed the connection", True),
+        (
+            r"connection is already closed|connection reset|connection closed",
+            "the server closed the connection (as one does that requires a TLS client certificate the client "
+            "lacks, or that is shutting down)",
+            True,
+        ),
         (r"timed out", "no answer in time", True),
         (r"no servers found yet|no replica set members|no primary", "no server answered", True),
     )

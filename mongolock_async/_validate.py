@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pymongo.collection import Collection as SyncCollection
 from pymongo.write_concern import WriteConcern
@@ -64,6 +64,14 @@ def optional_timeout(value: object, argument: str = "timeout") -> float | None:
     if value is None:
         return None
     return seconds(value, argument, allow_zero=True)
+
+
+def unreachable_timeout(value: object) -> float | Literal["server_selection"] | None:
+    if value is None or value == "server_selection":
+        return None if value is None else "server_selection"
+    if isinstance(value, str):
+        raise ValueError(f"unreachable_timeout must be seconds, None or 'server_selection', not {value!r}")
+    return seconds(value, "unreachable_timeout", allow_zero=True)
 
 
 def timeout_needs_blocking(blocking: bool, timeout: float | None) -> None:

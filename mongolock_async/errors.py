@@ -10,15 +10,36 @@ class LockError(Exception):
 
 
 class LockTimeoutError(LockError, TimeoutError):
-    """A blocking acquire gave up: the lock stayed held by someone else until the timeout."""
+    """A blocking acquire gave up: the lock stayed held by someone else until the timeout, or
+    (``unreachable`` set, the driver's error as ``__cause__``) MongoDB could not be reached when
+    the timeout passed."""
 
-    def __init__(self, name: str, timeout: float | None) -> None:
+    def __init__(self, name: str, timeout: float | None, unreachable: str | None = None) -> None:
         self.name = name
         self.timeout = timeout
-        if timeout is None:
+        self.unreachable = unreachable
+        """Why MongoDB could not be reached when the timeout passed; None if it answered that the
+        lock was held."""
+        if unreachable is not None:
+            within = "" if timeout is None else f" within {timeout:g} s"
+            reason = f"MongoDB could not be reached ({unreachable})"
+            super().__init__(f"lock {name!r} could not be acquired{within}: {reason}")
+        elif timeout is None:
             super().__init__(f"lock {name!r} is held by another owner")
         else:
             super().__init__(f"lock {name!r} could not be acquired within {timeout:g} s")
+
+
+class ServerUnreachableError(LockError):
+    """MongoDB could not be reached for longer than the handle's ``unreachable_timeout`` while
+    acquiring (or at all, for a non-blocking acquire). ``__cause__`` is the driver's last error;
+    ``reason`` says in words what it ran into."""
+
+    def __init__(self, name: str, reason: str, waited: float) -> None:
+        self.name = name
+        self.reason = reason
+        self.waited = waited
+        super().__init__(f"lock {name!r}: MongoDB could not be reached for {waited:.1f} s: {reason}")
 
 
 class LockNotOwnedError(LockError):

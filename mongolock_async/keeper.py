@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 from pymongo.errors import PyMongoError
 
 from .lease import Lease, logger
-from .queues import LocalQueue
+from .queues import LocalQueue, PlaceState
 from .store import LockStore, bounded
 
 RENEWAL_CHUNK = 100
@@ -131,7 +131,7 @@ class LeaseKeeper:
     def _forget_finished(self) -> None:
         for lease in [lease for lease in self._leases if lease.ended or lease.lost_error is not None]:
             self.drop(lease)
-        for queue in [queue for queue in self._places if not queue.waiters or not queue.slot_queued]:
+        for queue in [queue for queue in self._places if not queue.waiters or queue.place is PlaceState.ABSENT]:
             self.drop_place(queue)
 
     async def _renew(self, store: LockStore, leases: list[Lease]) -> None:
@@ -182,10 +182,9 @@ class LeaseKeeper:
             if queue.slot != slot:
                 continue  # the place changed meanwhile
             if alive is None:
-                queue.slot_written_at = max(queue.slot_written_at, sent_at)  # it was there when this arrived
+                queue.on_place_confirmed(sent_at)
             elif queue.name not in alive:
-                queue.slot_queued = False
-                queue.wake_head()
+                queue.on_place_gone()
 
 
 def _batching(lease: Lease) -> float:

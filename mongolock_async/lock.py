@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import socket
@@ -11,14 +12,15 @@ import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
-from pymongo.errors import PyMongoError
+from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._collection import AsyncCollectionLike
+from ._diagnosis import cause_of
 from ._shield import run_shielded
 from .documents import LockState
 from .errors import (
@@ -26,6 +28,7 @@ from .errors import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    ServerUnreachableError,
     TransactionsUnsupportedError,
 )
 from .hooks import LockHooks, notify
@@ -73,6 +76,13 @@ class AsyncMongoLock:
     - ``retry_base``/``retry_cap``: the jittered exponential backoff of a blocking acquire where
       no change stream reports releases (a standalone server), in seconds. A waiter also wakes when
       the holder's lease expires, and at once when the lock is released or handed to it.
+    - ``unreachable_timeout``: how long a blocking acquire rides out an outage (MongoDB not
+      reached: no server to select, connections failing, no primary) before it raises
+      :class:`~mongolock_async.ServerUnreachableError`. ``"server_selection"`` (the default) is the
+      client's ``serverSelectionTimeoutMS`` (30 s unless the URI or the client says otherwise),
+      which rides out an election; a number of seconds; or ``None`` to wait through any outage.
+      Errors that retrying cannot fix (a certificate that does not verify, rejected credentials)
+      are raised at once.
     """
 
     def __init__(
@@ -92,6 +102,7 @@ class AsyncMongoLock:
         hooks: LockHooks | None = None,
         retry_base: float = 0.05,
         retry_cap: float = 1.0,
+        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
     ) -> None:
         collection = _validate.async_collection(collection)
         self._name = _validate.lock_name(name)
@@ -118,6 +129,7 @@ class AsyncMongoLock:
         self._hooks = hooks
         self._retry_base = _validate.seconds(retry_base, "retry_base")
         self._retry_cap = _validate.seconds(retry_cap, "retry_cap", minimum=self._retry_base)
+        self._unreachable_timeout = _validate.unreachable_timeout(unreachable_timeout)
         self._store = LockStore(collection, _validate.write_concern(write_concern))
         self._lease: Lease | None = None
         self._orphan_guard: weakref.finalize[Any, Any] | None = None
@@ -168,8 +180,16 @@ class AsyncMongoLock:
 
         ``blocking=False`` tries once. A blocking acquire queues behind the other tasks of this
         process that wait for the same name (first come, first served) and waits up to ``timeout``
-        seconds (the handle's default when None), returning False past it; one request already on
-        its way is allowed to finish, so the wait can overrun by one round trip.
+        seconds (the handle's default when None), returning False past it while someone else holds
+        the lock; one request already on its way is allowed to finish, so the wait can overrun by
+        one round trip.
+
+        An unreachable MongoDB is never reported as a busy lock: if the timeout passes while MongoDB
+        cannot be reached, :class:`LockTimeoutError` says so (its ``unreachable`` says why, and the
+        driver's error is its ``__cause__``); an outage longer than ``unreachable_timeout`` raises
+        :class:`ServerUnreachableError`, as does a non-blocking acquire that finds no server.
+        Errors retrying cannot fix (a certificate that does not verify, rejected credentials)
+        propagate as the driver raised them.
 
         Raises :class:`LockAlreadyHeldError` if this handle already holds or is acquiring the lock,
         and :class:`LockDataError` if the lock's document was corrupted by hand or another tool.
@@ -190,7 +210,7 @@ class AsyncMongoLock:
         try:
             give_up_at = None if timeout is None else started + timeout
             while True:
-                grant = await (self._wait(give_up_at) if blocking else self._try_once())
+                grant = await (self._wait(give_up_at, timeout) if blocking else self._try_once())
                 if grant is None:
                     logger.debug("%r not acquired after %.3f s", self._name, time.monotonic() - started)
                     notify(self._hooks, "not_acquired", self._name, waited=time.monotonic() - started)
@@ -207,26 +227,31 @@ class AsyncMongoLock:
         finally:
             self._acquiring = False
 
-    def _request(self) -> AcquireRequest:
-        holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": self._label}
-        return AcquireRequest(
+    def _holder(self) -> dict[str, Any]:
+        return {"host": _hostname(), "pid": os.getpid(), "label": self._label}
+
+    async def _wait(self, give_up_at: float | None, timeout: float | None) -> Grant | None:
+        unreachable_timeout = self._unreachable_timeout
+        if unreachable_timeout == "server_selection":
+            unreachable_timeout = float(self._store.client.options.server_selection_timeout)
+        request = AcquireRequest(
             store=self._store,
             name=self._name,
             ttl=self._ttl,
-            holder=holder,
+            holder=self._holder(),
             fair=self._fair,
             retry_base=self._retry_base,
             retry_cap=self._retry_cap,
             fresh_for=default_safety_margin(self._ttl) if self._safety_margin is None else self._safety_margin,
+            timeout=timeout,
+            unreachable_timeout=unreachable_timeout,
         )
-
-    async def _wait(self, give_up_at: float | None) -> Grant | None:
-        return await wait_for_lease(self._request(), give_up_at)
+        return await wait_for_lease(request, give_up_at)
 
     async def _try_once(self) -> Grant | None:
         """One acquire request, without queueing."""
-        request = self._request()
         owner = secrets.token_hex(16)
+        ttl_ms = _ms(self._ttl)
 
         async def hand_on_if_taken(state: LockState) -> None:
             if state.owner == owner:
@@ -236,16 +261,19 @@ class AsyncMongoLock:
         try:
             with bounded(self._ttl, self._store.client):
                 state = await run_shielded(
-                    self._store.try_acquire(self._name, owner, request.ttl_ms, request.holder, fair=self._fair),
+                    self._store.try_acquire(self._name, owner, ttl_ms, self._holder(), fair=self._fair),
                     grace=self._ttl,
                     on_cancelled=hand_on_if_taken,
                 )
+        except ServerSelectionTimeoutError as error:
+            # Never sent (see waiting._attempt): nothing to undo, and not a busy lock.
+            raise ServerUnreachableError(self._name, cause_of(error), time.monotonic() - sent_at) from error
         except PyMongoError as error:
             if is_transient(error):
                 # The server may have applied it: release what this token may hold, in the background.
                 spawn(hand_over(self._store, self._name, owner, fair=self._fair, until=deadline_in(self._ttl)))
             raise
-        return Grant(owner, state.fencing_token, sent_at, request.ttl_ms) if state.owner == owner else None
+        return Grant(owner, state.fencing_token, sent_at, ttl_ms) if state.owner == owner else None
 
     def _hold(self, grant: Grant) -> bool:
         """Make ``grant`` this handle's lease; False if its local deadline has already passed."""
@@ -494,6 +522,11 @@ def _heartbeat_interval(heartbeat: bool | float, ttl: float, safety_margin: floa
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+@functools.cache
+def _hostname() -> str:
+    return socket.gethostname()
 
 
 def _standalone(client: Any) -> bool:

@@ -1,12 +1,20 @@
-"""The tasks of this process waiting for a lock, per event loop and lock name, in arrival order.
+"""The tasks of this process waiting for a lock, per event loop and lock name, in arrival order, and
+the two state types of waiting: where a task's blocked acquire stands (:class:`Turn`), and where this
+process's place in the queue stored with the lock stands (:class:`PlaceState`).
 
-Nothing here sends a request; :mod:`.waiting` drives the queues and :mod:`.watcher` wakes them.
+Every transition is a method of :class:`LocalQueue`, named after what triggers it; the diagram is in
+docs/design.md ("The states of a blocked acquire"). Nothing here sends a request: :mod:`.waiting`
+drives a waiting task through the states and calls the store; the change stream (:mod:`.watcher`),
+the heartbeat (:mod:`.keeper`) and releases of this process (:mod:`.waiting`) report what they saw
+through the ``on_*`` methods.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import secrets
+import time
 import weakref
 from collections import deque
 from collections.abc import Mapping
@@ -18,6 +26,37 @@ from .store import LockStore, PlaceRequest
 QueueKey = tuple[int, str, str]
 """(id of the client, collection full name, lock name). A queue holds its store, so the client it
 names stays alive, and its id unique, for as long as the queue is registered."""
+
+
+class Turn(enum.Enum):
+    """Where one task's blocked acquire stands."""
+
+    QUEUED = "queued"
+    """Behind earlier tasks of this process: sends nothing, waits to be first."""
+    DUE = "due"
+    """First in line, its next attempt due now (held back only while a release of this process,
+    which may hand it the lease, is in flight)."""
+    ATTEMPTING = "attempting"
+    """First in line, its acquire request in flight. Events that arrive meanwhile move it on (to
+    ``DUE`` or ``GRANTED``) and the request's reply does not undo that."""
+    PLACED = "placed"
+    """First in line, the lock held elsewhere and this process's place stored: sleeps until news (a
+    release, a hand-off), the holder's expiry, or its backoff where no change stream reports news."""
+    BACKING_OFF = "backing off"
+    """First in line, its last request failed in transit: tries again after a backoff."""
+    GRANTED = "granted"
+    """The lease is this task's: taken or claimed by its attempt, or handed to it by a release."""
+
+
+class PlaceState(enum.Enum):
+    """Where this process's place in the queue stored with the lock stands."""
+
+    ABSENT = "absent"
+    """None written, or the server showed it gone (its turn came, or it expired)."""
+    STORED = "stored"
+    """A reply showed it in the queue; the heartbeat keeps it alive."""
+    UNCERTAIN = "uncertain"
+    """A request that may have written it failed: kept alive, and withdrawn when nobody waits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,22 +75,22 @@ class Grant:
 
 @dataclass(eq=False, slots=True)
 class Waiter:
-    """One task's blocking acquire, queued.
-
-    ``wake`` makes the task look at its state again (it became the head, was granted the lease,
-    or has news); ``news`` says that something happened on the server that is worth an attempt.
-    """
+    """One task's blocked acquire, queued."""
 
     ttl_ms: int
     holder: Mapping[str, Any]
     fresh_for: float
     """How old the place's last write may be for a hand-off to be taken without a claim: the
-    handle's safety margin (see :func:`.waiting.wait_for_lease`)."""
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    news: bool = False
-    uncovered: bool = False
-    """Its last attempt failed and no change stream covers the time since: try again in a session."""
+    handle's safety margin (see :meth:`LocalQueue.on_handed_to_place`)."""
+    turn: Turn = Turn.QUEUED
+    attempt_at: float | None = None
+    """In ``PLACED`` and ``BACKING_OFF``: when to attempt if no news comes first (None: not set yet)."""
+    in_session: bool = False
+    """Its next attempt runs in a session: no change stream covers the time since the place was
+    written, and the stream must start at that attempt's ``operationTime``."""
     grant: Grant | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set on every transition made by someone else, so the waiting task looks again."""
 
 
 class LocalQueue:
@@ -64,26 +103,28 @@ class LocalQueue:
         self.token_prefix = token_prefix
         """Starts every owner token of this process's places, so hand-offs reach only its stream."""
         self.waiters: deque[Waiter] = deque()
+        self.place = PlaceState.ABSENT
         self.slot: str | None = None
         """The owner token of this process's place: what the lease is handed to at its turn."""
-        self.slot_queued = False
-        """Whether a place with ``slot`` was written to the server's queue (and may still be there)."""
-        self.slot_written_at = 0.0
+        self.place_written_at = 0.0
         """Monotonic send time of the last request whose reply showed the place in the queue. A
-        hand-off to the place comes after that write, so its lease ends at least a TTL after it."""
-        self.slot_ttl_ms = 0
+        hand-off to the place lasts a TTL from that write's server time at least (see the store)."""
+        self.place_ttl_ms = 0
         """The lease length that write put in the place: what a hand-off to it grants."""
-        self.slot_follower: PlaceRequest | None = None
-        """The follower that write recorded with the place: queued by the hand-off to it."""
+        self.place_follower: PlaceRequest | None = None
+        """The follower recorded with the place: the place a hand-off to it queues next."""
         self.upcoming: PlaceRequest | None = None
-        """The follower for the place: the place of the waiter after the head. Every request that
-        writes the head's place names the same one, so whichever of them gives the head the lease,
+        """The follower for the place: the place of the waiter after the first. Every request that
+        writes the first waiter's place names the same one, so whichever of them gives the lease,
         the process's next place is the one this process expects."""
-        self.head_attempting = False
-        self.handing_over = 0
-        """Releases in flight that may hand the lease to the head; the head does not attempt meanwhile."""
-        self.streak = 0
-        """Consecutive local hand-offs; reset when the lease goes elsewhere."""
+        self.releases_in_flight = 0
+        """Releases of this process in flight that may hand the lease to the first waiter."""
+        self.local_streak = 0
+        """Consecutive hand-offs between tasks of this process; reset when the lease goes elsewhere."""
+        self.failing_since: float | None = None
+        """Monotonic time of the first attempt, since the last answered one, that failed in transit."""
+        self.last_error: Exception | None = None
+        """The error of the last attempt, if it failed in transit."""
 
     @property
     def head(self) -> Waiter | None:
@@ -92,54 +133,175 @@ class LocalQueue:
     def new_token(self) -> str:
         return self.token_prefix + secrets.token_hex(16)
 
-    def slot_token(self) -> str:
+    def head_place(self) -> PlaceRequest:
+        """The place of the first waiter (its token is the slot), with the follower for the second."""
+        head = self.waiters[0]
         if self.slot is None:
             self.slot = self.new_token()
-        return self.slot
-
-    def head_place(self) -> PlaceRequest:
-        """The place of the head waiter (its token is the slot), with the follower for the second."""
-        head = self.waiters[0]
         if len(self.waiters) > 1 and self.upcoming is None:
             self.upcoming = PlaceRequest(self.new_token(), self.waiters[1].ttl_ms, self.waiters[1].holder)
         follower = self.upcoming if len(self.waiters) > 1 else None
-        return PlaceRequest(self.slot_token(), head.ttl_ms, head.holder, follower)
-
-    def queued(self, place: PlaceRequest | None, written_at: float) -> None:
-        """Record that a request sent at ``written_at`` left ``place`` in the server's queue (or that
-        this process has no place there, for None)."""
-        if place is not None and place is self.upcoming:
-            self.upcoming = None
-        self.slot = None if place is None else place.token
-        self.slot_queued = place is not None
-        self.slot_written_at = written_at
-        self.slot_ttl_ms = 0 if place is None else place.ttl_ms
-        self.slot_follower = None if place is None else place.follower
+        return PlaceRequest(self.slot, head.ttl_ms, head.holder, follower)
 
     def tokens(self) -> list[str]:
         """The tokens of this process's places on the server (the slot and its follower)."""
-        return [token for token in (self.slot, self.slot_follower and self.slot_follower.token) if token]
+        return [token for token in (self.slot, self.place_follower and self.place_follower.token) if token]
 
-    def wake_head(self, *, news: bool = True) -> None:
-        """Make the head look again; with ``news``, also try the server again."""
+    # -- transitions ---------------------------------------------------------------------------------
+
+    def _move(self, waiter: Waiter, turn: Turn) -> None:
+        waiter.turn = turn
+        waiter.wake.set()
+
+    def _first_in_line(self, waiter: Waiter) -> None:
+        """QUEUED -> DUE, or PLACED (not yet scheduled) when a place of this process is already
+        stored and covered by a change stream or a backoff: it just waits for its turn there."""
+        if self.place is PlaceState.ABSENT or waiter.in_session:
+            self._move(waiter, Turn.DUE)
+        else:
+            waiter.attempt_at = None
+            self._move(waiter, Turn.PLACED)
+
+    def on_joined(self, waiter: Waiter) -> None:
+        """A task starts waiting: last in line, first if nobody else waits."""
+        self.waiters.append(waiter)
+        if len(self.waiters) == 1:
+            self._first_in_line(waiter)
+
+    def on_left(self, waiter: Waiter) -> None:
+        """A task stops waiting (granted, timed out, cancelled, failed): the next one is first."""
+        was_head = self.head is waiter
+        if waiter in self.waiters:
+            self.waiters.remove(waiter)
         head = self.head
-        if head is not None:
-            head.news = head.news or news
-            head.wake.set()
+        if was_head and head is not None:
+            self._first_in_line(head)
 
-    def grant_head(self, grant: Grant, *, follower: PlaceRequest | None) -> bool:
-        """Give the lease to the head, which leaves the queue; False if nobody waits any more.
+    def on_attempt_sent(self, waiter: Waiter) -> None:
+        """DUE -> ATTEMPTING."""
+        waiter.turn = Turn.ATTEMPTING
 
-        ``follower`` is the place the same write queued for the next waiter, if any.
-        """
-        self.queued(follower, grant.sent_at)
+    def on_taken(self, grant: Grant, *, follower: PlaceRequest | None) -> bool:
+        """The first waiter's place got the lease (its own attempt, a release, a hand-off):
+        -> GRANTED, and the next waiter is first, with ``follower`` (queued by the same write) as
+        the process's place. False if nobody waits any more."""
+        self._placed(follower, grant.sent_at)
         if not self.waiters:
             return False
         head = self.waiters.popleft()
         head.grant = grant
-        head.wake.set()
-        self.wake_head(news=False)
+        self._move(head, Turn.GRANTED)
+        if self.waiters:
+            self._first_in_line(self.waiters[0])
         return True
+
+    def on_placed(self, waiter: Waiter, place: PlaceRequest, sent_at: float, *, covered: bool) -> None:
+        """The attempt's reply shows the lock held elsewhere and the place stored: ATTEMPTING ->
+        PLACED (scheduled by the caller), or -> DUE in a session when no change stream covers the
+        time since the write. An event that moved the waiter meanwhile stands."""
+        self._placed(place, sent_at)
+        if waiter.turn is not Turn.ATTEMPTING:
+            return
+        waiter.in_session = not covered
+        if covered:
+            waiter.attempt_at = None
+            self._move(waiter, Turn.PLACED)
+        else:
+            self._move(waiter, Turn.DUE)
+
+    def on_attempt_failed(
+        self, waiter: Waiter, place: PlaceRequest, error: Exception, now: float, *, maybe_applied: bool
+    ) -> None:
+        """The attempt failed in transit: ATTEMPTING -> BACKING_OFF (scheduled by the caller), and
+        the outage clock runs. If the server may have applied it, the place (and the follower it
+        records, or queues with the lease) may be there: UNCERTAIN."""
+        if maybe_applied:
+            self.place = PlaceState.UNCERTAIN
+            self.place_follower = place.follower or self.place_follower
+        if self.failing_since is None:
+            self.failing_since = now
+        self.last_error = error
+        waiter.in_session = False
+        if waiter.turn is Turn.ATTEMPTING:
+            waiter.attempt_at = None
+            self._move(waiter, Turn.BACKING_OFF)
+
+    def on_place_uncovered(self) -> None:
+        """The write that gave the first waiter's predecessor the lease queued this process's next
+        place, and no change stream reports hand-offs from that write on: the first waiter looks
+        again at once, in a session (-> DUE), so that its place never waits for a hand-off nobody
+        will report."""
+        head = self.head
+        if head is not None:
+            head.in_session = True
+            self._move(head, Turn.DUE)
+
+    def on_answered(self) -> None:
+        """An attempt got a reply: whatever outage there was is over."""
+        self.failing_since = None
+        self.last_error = None
+
+    def on_news(self) -> None:
+        """Something happened that is worth an attempt (a release seen, the lock found free, the
+        place found gone): PLACED, BACKING_OFF or ATTEMPTING -> DUE."""
+        head = self.head
+        if head is not None and head.turn in (Turn.PLACED, Turn.BACKING_OFF, Turn.ATTEMPTING):
+            self._move(head, Turn.DUE)
+
+    def on_handed_to_place(self, owner: str, fence: object) -> None:
+        """The change stream saw the lease handed to this process's place.
+
+        The hand-off lasts a TTL from the place's last write at least, so the first waiter takes it
+        as it is (-> GRANTED) if that write is recent enough; else, or while its own attempt or a
+        release of this process is in flight, it claims it with an attempt (-> DUE), which
+        restarts the expiry from that attempt's send time.
+        """
+        head = self.head
+        if owner != self.slot or head is None:
+            return
+        fresh = head.turn is Turn.PLACED and not self.releases_in_flight
+        fresh = fresh and time.monotonic() - self.place_written_at <= head.fresh_for
+        if not fresh or isinstance(fence, bool) or not isinstance(fence, int):
+            self.on_news()
+            return
+        self.on_taken(Grant(owner, fence, self.place_written_at, self.place_ttl_ms), follower=self.place_follower)
+
+    def on_release_sent(self) -> None:
+        """A release of this process that may hand the lease to the first waiter is in flight: it
+        holds back its attempts."""
+        self.releases_in_flight += 1
+
+    def on_release_done(self) -> None:
+        self.releases_in_flight -= 1
+        if self.releases_in_flight == 0 and self.head is not None:
+            self.head.wake.set()  # a DUE waiter held back can go now
+
+    def on_place_confirmed(self, sent_at: float) -> None:
+        """The heartbeat refreshed the place (it was there when the request sent at ``sent_at`` arrived)."""
+        self.place_written_at = max(self.place_written_at, sent_at)
+
+    def on_place_gone(self) -> None:
+        """The heartbeat found the place gone (its turn came, or it expired): it must be written again."""
+        self.place = PlaceState.ABSENT
+        self.on_news()
+
+    def on_lease_went_elsewhere(self, place: PlaceRequest, sent_at: float) -> None:
+        """A release of this process handed the lease to another process; its write stored this
+        process's place (the successor's) in the queue."""
+        self.local_streak = 0
+        if self.slot == place.token:
+            self._placed(place, sent_at)
+
+    def _placed(self, place: PlaceRequest | None, written_at: float) -> None:
+        """A request sent at ``written_at`` left ``place`` in the server's queue (or, for None, this
+        process has no place there)."""
+        if place is not None and place is self.upcoming:
+            self.upcoming = None
+        self.slot = None if place is None else place.token
+        self.place = PlaceState.ABSENT if place is None else PlaceState.STORED
+        self.place_written_at = written_at
+        self.place_ttl_ms = 0 if place is None else place.ttl_ms
+        self.place_follower = None if place is None else place.follower
 
 
 _queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[QueueKey, LocalQueue]] = (
@@ -169,17 +331,13 @@ def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str) -> L
     queue = queues.get(key)
     if queue is None:
         queue = queues[key] = LocalQueue(store, name, key, token_prefix)
-    queue.waiters.append(waiter)
+    queue.on_joined(waiter)
     return queue
 
 
-def remove(queue: LocalQueue, waiter: Waiter) -> bool:
-    """Take ``waiter`` out; wake the next head. True if the queue is now empty and unregistered."""
-    was_head = queue.head is waiter
-    if waiter in queue.waiters:
-        queue.waiters.remove(waiter)
-    if was_head:
-        queue.wake_head(news=False)
+def leave(queue: LocalQueue, waiter: Waiter) -> bool:
+    """Take ``waiter`` out. True if the queue is now empty and unregistered."""
+    queue.on_left(waiter)
     if queue.waiters:
         return False
     queues = _queues.get(asyncio.get_running_loop(), {})

@@ -1,20 +1,29 @@
-"""How blocked acquires wait, and how a release hands the lease to the next waiter.
+"""How a blocked acquire waits for its lease, and how a release hands the lease to the next waiter.
 
-The tasks of one process (strictly: one event loop) that wait for one name queue in arrival order
-(:mod:`.queues`), and only the first of them, the *head*, talks to the server. Its failed attempt
-also takes a *place* for the process in the queue stored with the lock (see :mod:`.store`); the
-place carries the owner token the lease is handed to when its turn comes. The process's batched
-heartbeat keeps the place alive (:mod:`.keeper`); if the process dies, the place expires.
+Read :func:`wait_for_lease` from the top: it drives one task through the states of
+:class:`~.queues.Turn` (the diagram is in docs/design.md). The tasks of one process (strictly: one
+event loop) that wait for one name queue in arrival order (:mod:`.queues`), and only the first of
+them talks to the server. Its attempt that finds the lock held also stores a *place* for the
+process in the queue stored with the lock (see :mod:`.store`); the place carries the owner token the
+lease is handed to when its turn comes. The process's heartbeat keeps the place alive
+(:mod:`.keeper`); if the process dies, the place expires.
 
-A release by a handle of this process passes the lease to the head in the same write (a *local
-hand-off*: one request for the release and the next acquisition). So that one process cannot keep
-a hot lock to itself, at most :data:`LOCAL_STREAK` local hand-offs happen in a row while another
-process has a place; then the lease goes to that place. With ``fair=True`` every release hands to
-the oldest place, whichever process it belongs to, and a free lock is not taken past an older place.
+A release by a handle of this process (:func:`hand_over`) passes the lease to the first waiter in
+the same write (a *local hand-off*: one request for the release and the next acquisition). So that
+one process cannot keep a hot lock to itself, at most :data:`LOCAL_STREAK` local hand-offs happen in
+a row while another process has a place; then the lease goes to that place. With ``fair=True``
+every release hands to the oldest place, whichever process it belongs to, and a free lock is not
+taken past an older place.
 
-A head learns that it was handed the lease by another process through the collection's change
-stream (:mod:`.watcher`), or else when its backoff ends; it then *claims* the lease with its next
-attempt, which restarts the expiry from that request's send time, so its local deadline is sound.
+The first waiter learns that another process handed the lease to its place through the
+collection's change stream (:mod:`.watcher`), or else when its backoff ends; it then *claims* the
+lease with its next attempt, which restarts the expiry from that request's send time.
+
+An outage is ridden out, not mistaken for a busy lock: attempts that fail in transit are retried
+with backoff (each retry logged at WARNING, at most every :data:`WARNING_INTERVAL` seconds), until
+MongoDB has not been reached for the handle's ``unreachable_timeout``, or the acquire's timeout
+passes; either raises, with the driver's error as the cause. Errors retrying cannot fix
+(certificates, credentials) are raised at once.
 """
 
 from __future__ import annotations
@@ -28,13 +37,15 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pymongo.errors import PyMongoError
+from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from ._backoff import Backoff
+from ._diagnosis import cause_of
 from ._shield import run_shielded
 from .documents import LockState
+from .errors import LockTimeoutError, ServerUnreachableError
 from .keeper import keeper_for_running_loop
-from .queues import Grant, LocalQueue, Waiter, existing_queue, join, remove
+from .queues import Grant, LocalQueue, PlaceState, Turn, Waiter, existing_queue, join, leave
 from .store import LockStore, PlaceRequest, bounded, is_transient
 from .watcher import ReleaseWatcher, watcher_for
 
@@ -42,6 +53,8 @@ logger = logging.getLogger("mongolock_async")
 
 LOCAL_STREAK = 8
 """Local hand-offs in a row after which another process's place gets the lease (default mode)."""
+WARNING_INTERVAL = 10.0
+"""Seconds between two warnings about retried acquires, per process."""
 _RETRY_BASE, _RETRY_CAP = 0.05, 1.0
 
 _background: set[asyncio.Task[Any]] = set()
@@ -61,6 +74,10 @@ class AcquireRequest:
     fresh_for: float
     """The handle's safety margin: a hand-off seen by the change stream within this long of the
     place's last write is taken without a claim (the lease then ends at most this much earlier)."""
+    timeout: float | None
+    """The acquire's timeout, for the error that says it passed while MongoDB could not be reached."""
+    unreachable_timeout: float | None
+    """How long MongoDB may stay unreachable before the acquire raises (None: for ever)."""
 
     @property
     def ttl_ms(self) -> int:
@@ -70,46 +87,47 @@ class AcquireRequest:
 async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> Grant | None:
     """Queue behind this process's other waiters and wait for the lease; None past ``give_up_at``.
 
-    The head tries at once; others wait for their turn. If the caller is cancelled, a lease this
-    produced is handed on and only the cancellation propagates.
+    Drives one task through the states of :class:`~.queues.Turn`: QUEUED until it is first in line;
+    then DUE, ATTEMPTING, and PLACED (or BACKING_OFF after a failure in transit) until an attempt,
+    a release or a hand-off makes it GRANTED. Events from elsewhere (the change stream, releases of
+    this process, the heartbeat) move it through the :class:`~.queues.LocalQueue` and wake it.
+
+    Raises :class:`LockTimeoutError` if ``give_up_at`` passes while MongoDB cannot be reached, and
+    :class:`ServerUnreachableError` once it has not been reached for ``request.unreachable_timeout``.
+    If the caller is cancelled, a lease this produced is handed on and only the cancellation
+    propagates.
     """
     watcher = watcher_for(request.store)
     waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for)
     queue = join(request.store, request.name, waiter, token_prefix=watcher.token_prefix)
     backoff = Backoff(request.retry_base, request.retry_cap)
-    keeper = keeper_for_running_loop()
     attempted = False
-    attempt_at: float | None = None  # the head's next attempt when no news comes first
     try:
-        while waiter.grant is None:
+        while waiter.turn is not Turn.GRANTED:
             waiter.wake.clear()
             now = time.monotonic()
-            is_head = queue.head is waiter
-            if not is_head:
-                attempt_at = None
-            # A release of this process in flight may hand the head the lease: it waits for that.
-            can_attempt = is_head and not queue.handing_over
-            must_attempt = can_attempt and (
-                waiter.news
-                or waiter.uncovered
-                or not queue.slot_queued
-                or (attempt_at is not None and now >= attempt_at)
-            )
-            if give_up_at is not None and now >= give_up_at and (attempted or not must_attempt):
+            _give_up_if_unreachable(queue, request, now)
+            due = waiter.turn is Turn.DUE and not queue.releases_in_flight
+            if give_up_at is not None and now >= give_up_at and (attempted or not due):
+                _give_up_if_unreachable(queue, request, now, timed_out=give_up_at)
                 return None
-            if must_attempt:
-                delay = await _attempt(
-                    queue, waiter, request, watcher, backoff, first=not attempted, give_up_at=give_up_at
-                )
+            if due:
+                await _attempt(queue, waiter, request, watcher, backoff, first=not attempted, give_up_at=give_up_at)
                 attempted = True
-                attempt_at = None if delay is None else time.monotonic() + delay
-            elif can_attempt and attempt_at is None:
-                attempt_at = now + _sleep_without_news(watcher, request, backoff)
-            if waiter.grant is not None:
-                break
-            if is_head and queue.slot_queued:
-                keeper.keep_place(queue)
-            await _sleep_until(waiter, attempt_at if can_attempt else None, give_up_at)
+                continue
+            if waiter.turn in (Turn.PLACED, Turn.BACKING_OFF):
+                if waiter.attempt_at is None:
+                    waiter.attempt_at = now + (
+                        backoff.next_delay()
+                        if waiter.turn is Turn.BACKING_OFF
+                        else _sleep_without_news(watcher, request, backoff)
+                    )
+                elif now >= waiter.attempt_at:
+                    waiter.turn = Turn.DUE
+                    continue
+                keeper_for_running_loop().keep_place(queue)
+            wake_at = waiter.attempt_at if waiter.turn in (Turn.PLACED, Turn.BACKING_OFF) else None
+            await _sleep_until(waiter, wake_at, give_up_at, _unreachable_at(queue, request))
         return waiter.grant
     except asyncio.CancelledError:
         if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
@@ -117,9 +135,9 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             spawn(hand_over(request.store, request.name, owner, fair=request.fair, until=deadline_in(request.ttl)))
         raise
     finally:
-        if remove(queue, waiter):
+        if leave(queue, waiter):
             keeper_for_running_loop().drop_place(queue)
-            if queue.slot_queued:
+            if queue.place is not PlaceState.ABSENT:
                 # Nobody here wants the places any more: withdraw them, and if the lease was handed
                 # to one meanwhile, pass that on. In the background: giving up returns at once.
                 spawn(_withdraw(queue.store, queue.name, queue.tokens(), fair=request.fair, within=request.ttl))
@@ -134,32 +152,31 @@ async def _attempt(
     *,
     first: bool,
     give_up_at: float | None,
-) -> float | None:
-    """The head's attempt: take, claim, or queue a place. Returns how long to sleep if not taken.
+) -> None:
+    """DUE -> ATTEMPTING -> GRANTED, PLACED, DUE (again, in a session) or BACKING_OFF: the first
+    waiter's attempt takes the lock, claims a lease handed to its place, or stores the place.
 
     When no change stream reports releases yet, the attempt runs in a session, whose
     ``operationTime`` is where the stream starts. Except the first of an acquire: it most often
     takes a free lock, and a session would only slow that down; if it fails, the next attempt
-    follows at once, in a session. (A head that inherits an uncovered place, queued by the attempt
-    that won the lease for the waiter before it, uses a session from its first attempt.)
+    follows at once, in a session.
     """
-    waiter.news = False
     place = queue.head_place()
     token = place.token
     covered = watcher.covers_new_requests()
-    with_session = not covered and (not first or waiter.uncovered)
+    with_session = not covered and (not first or waiter.in_session)
+    queue.on_attempt_sent(waiter)
     sent_at = time.monotonic()
 
     async def hand_on_if_taken(result: tuple[LockState, Any]) -> None:
         if result[0].owner == token:
             # Taken for a task that is gone: it leaves the queue, and the lease goes to the next.
             if queue.slot == token:
-                queue.queued(place.follower, sent_at)
-            remove(queue, waiter)
+                queue.on_taken(Grant(token, result[0].fencing_token, sent_at, place.ttl_ms), follower=place.follower)
+            leave(queue, waiter)
             await hand_over(request.store, request.name, token, fair=request.fair, until=deadline_in(request.ttl))
 
     left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
-    queue.head_attempting = True
     try:
         with bounded(left, request.store.client):
             state, operation_time = await run_shielded(
@@ -170,43 +187,76 @@ async def _attempt(
     except PyMongoError as error:
         if not is_transient(error):
             raise
-        # The server may have applied it: the place (maybe the lease) can be there, and so can
-        # the follower's place that the same write queues. Either the next head claims it with the
-        # same token, or the last one to leave withdraws both.
-        queue.slot_queued = True
-        queue.slot_follower = place.follower or queue.slot_follower
-        waiter.uncovered = False
-        logger.debug("an attempt on %r failed (%s); trying again", request.name, str(error))
-        return backoff.next_delay()
-    finally:
-        queue.head_attempting = False
-    if waiter.grant is not None or queue.slot != token:
-        return None  # a release of this process handed it the lease while this was in flight
+        # PyMongo raises ServerSelectionTimeoutError only for a write it never sent (on a retry it
+        # raises the first attempt's error instead: pymongo/asynchronous/mongo_client.py,
+        # _ClientConnectionRetryable.run).
+        sent = not isinstance(error, ServerSelectionTimeoutError)
+        queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent)
+        _warn_retrying(request.name, error)
+        return
+    queue.on_answered()
+    if waiter.turn is Turn.GRANTED or queue.slot != token:
+        return  # a release of this process handed it the lease while this was in flight
     if state.owner == token:
-        queue.streak = 0
-        queue.grant_head(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
-        next_head = queue.head
+        queue.local_streak = 0
+        queue.on_taken(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
         # The same write queued a place for the next waiter: the hand-off to it must be reported
-        # too, by a stream from this write on, or else the next head looks again, in a session.
+        # too, by a stream from this write on, or else the next waiter looks again, in a session.
         if (
             place.follower is not None
-            and next_head is not None
+            and queue.head is not None
             and not covered
             and (operation_time is None or not watcher.cover_from(request.store, operation_time))
         ):
-            next_head.uncovered = True
-            next_head.wake.set()
-        return None
-    queue.queued(place, sent_at)
+            queue.on_place_uncovered()
+        return
     # Unless a stream reports releases from before this attempt on, one could go unnoticed.
-    waiter.uncovered = not covered and (not with_session or not watcher.cover_from(request.store, operation_time))
-    if waiter.uncovered:
-        return 0.0
-    written = state.place_of(token)
-    until_expiry = None
-    if state.expires_at is not None and written is not None and written.refreshed_at is not None:
-        until_expiry = max(0.0, (state.expires_at - written.refreshed_at).total_seconds())
-    return _sleep_without_news(watcher, request, backoff, until_expiry)
+    covered = covered or (with_session and watcher.cover_from(request.store, operation_time))
+    queue.on_placed(waiter, place, sent_at, covered=covered)
+    if waiter.turn is Turn.PLACED:
+        written = state.place_of(token)
+        until_expiry = None
+        if state.expires_at is not None and written is not None and written.refreshed_at is not None:
+            until_expiry = max(0.0, (state.expires_at - written.refreshed_at).total_seconds())
+        waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_expiry)
+
+
+def _give_up_if_unreachable(
+    queue: LocalQueue, request: AcquireRequest, now: float, *, timed_out: float | None = None
+) -> None:
+    """Raise if MongoDB has not been reached for too long, or the acquire timed out meanwhile."""
+    error = queue.last_error
+    if queue.failing_since is None or error is None:
+        return
+    if timed_out is not None:
+        timeout = request.timeout if request.timeout is not None else now - queue.failing_since
+        raise LockTimeoutError(request.name, timeout, unreachable=cause_of(error)) from error
+    bound = request.unreachable_timeout
+    if bound is not None and now - queue.failing_since >= bound:
+        raise ServerUnreachableError(request.name, cause_of(error), now - queue.failing_since) from error
+
+
+def _unreachable_at(queue: LocalQueue, request: AcquireRequest) -> float | None:
+    if queue.failing_since is None or request.unreachable_timeout is None:
+        return None
+    return queue.failing_since + request.unreachable_timeout
+
+
+_last_warning = 0.0
+_retries_unreported = 0
+
+
+def _warn_retrying(name: str, error: Exception) -> None:
+    """Log a retry after an error at WARNING, at most once per :data:`WARNING_INTERVAL` per process
+    (saying how many retries went unreported since)."""
+    global _last_warning, _retries_unreported
+    now = time.monotonic()
+    if now - _last_warning < WARNING_INTERVAL:
+        _retries_unreported += 1
+        return
+    since = f" ({_retries_unreported} more retries since the last such message)" if _retries_unreported else ""
+    logger.warning("acquiring %r: MongoDB could not be reached (%s); retrying%s", name, cause_of(error), since)
+    _last_warning, _retries_unreported = now, 0
 
 
 async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_session: bool) -> tuple[LockState, Any]:
@@ -224,15 +274,15 @@ async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_se
 def _sleep_without_news(
     watcher: ReleaseWatcher, request: AcquireRequest, backoff: Backoff, until_expiry: float | None = None
 ) -> float:
-    """How long a head sleeps unless woken: while the change stream reports releases and
+    """How long a PLACED waiter sleeps unless woken: while the change stream reports releases and
     hand-offs, until the holder's expiry (at most a TTL); else jittered backoff, never past the expiry."""
     delay = max(request.retry_cap, request.ttl) if watcher.streaming else backoff.next_delay()
     return delay if until_expiry is None else min(delay, until_expiry)
 
 
-async def _sleep_until(waiter: Waiter, wake_at: float | None, give_up_at: float | None) -> None:
-    """Sleep until woken, ``wake_at`` or ``give_up_at``, whichever comes first."""
-    until = min((moment for moment in (wake_at, give_up_at) if moment is not None), default=None)
+async def _sleep_until(waiter: Waiter, *moments: float | None) -> None:
+    """Sleep until woken or the earliest of ``moments``."""
+    until = min((moment for moment in moments if moment is not None), default=None)
     delay = None if until is None else until - time.monotonic()
     if (delay is not None and delay <= 0) or waiter.wake.is_set():
         return
@@ -281,10 +331,10 @@ async def _hand_over_once(
     queue = existing_queue(store, name)
     successor = None
     if queue is not None and queue.waiters:
-        # Named even while the head's own attempt is in flight: both carry the same tokens,
+        # Named even while the first waiter's own attempt is in flight: both carry the same tokens,
         # and whichever reply comes first gives the lease (the other finds the slot moved on).
         successor = queue.head_place()
-        queue.handing_over += 1
+        queue.on_release_sent()
     sent_at = time.monotonic()
     try:
         with bounded(until - sent_at, store.client):
@@ -294,35 +344,31 @@ async def _hand_over_once(
                     owner,
                     successor=successor,
                     fair=fair,
-                    successor_first=queue is not None and queue.streak < LOCAL_STREAK,
+                    successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
                 ),
                 grace=max(0.0, until - sent_at),
             )
     finally:
         if successor is not None and queue is not None:
-            queue.handing_over -= 1
-            if queue.handing_over == 0:
-                queue.wake_head(news=False)  # it skipped its turn while this release was in flight
+            queue.on_release_done()
     if queue is None or state is None:
         if state is None and queue is not None:
-            queue.wake_head()  # not ours any more (expired): the lock may be free
+            queue.on_news()  # not ours any more (expired): the lock may be free
         return state is not None
     if successor is None:
         if state.owner is None:
-            queue.wake_head()  # free: a head that came meanwhile takes it
+            queue.on_news()  # free: a waiter that came meanwhile takes it
         return True
     if state.owner == successor.token:
         if queue.slot != successor.token:
-            return True  # the head's own attempt claimed it first, and has it
+            return True  # the first waiter's own attempt claimed it first, and has it
         grant = Grant(successor.token, state.fencing_token, first_sent_at, successor.ttl_ms)
-        if not queue.grant_head(grant, follower=successor.follower):
+        if not queue.on_taken(grant, follower=successor.follower):
             follower = [successor.follower.token] if successor.follower is not None else []
             raise _HandedToNobody([successor.token, *follower])
-        queue.streak += 1
+        queue.local_streak += 1
         return True
-    queue.streak = 0
-    if queue.slot == successor.token:
-        queue.queued(successor, first_sent_at)  # the lease went elsewhere; our successor's place is queued
+    queue.on_lease_went_elsewhere(successor, first_sent_at)
     return True
 
 

@@ -29,7 +29,7 @@ from pymongo.errors import InvalidOperation, PyMongoError
 
 from ._backoff import Backoff
 from ._weak import WeakIdentityMap
-from .queues import Grant, LocalQueue, queues_on
+from .queues import LocalQueue, queues_on
 from .store import LockStore
 
 logger = logging.getLogger("mongolock_async")
@@ -132,7 +132,7 @@ class ReleaseWatcher:
                 self._task = None
             self._wake_all()
 
-    def _queues(self) -> list[Any]:
+    def _queues(self) -> list[LocalQueue]:
         return queues_on(self._client_id, self._full_name)
 
     def _has_waiters(self) -> bool:
@@ -140,7 +140,7 @@ class ReleaseWatcher:
 
     def _wake_all(self) -> None:
         for queue in self._queues():
-            queue.wake_head()
+            queue.on_news()
 
     def _dispatch(self, change: dict[str, Any]) -> None:
         operation = change.get("operationType")
@@ -152,7 +152,7 @@ class ReleaseWatcher:
         if queue is None:
             return
         if operation == "delete":
-            queue.wake_head()
+            queue.on_news()
             return
         if operation == "update":
             fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
@@ -160,27 +160,11 @@ class ReleaseWatcher:
             fields = change.get("fullDocument") or {}
         if "owner" not in fields:
             return
-        owner, fence = fields["owner"], fields.get("fence")
+        owner = fields["owner"]
         if owner is None:
-            queue.wake_head()  # released: the head tries
-        elif owner == queue.slot:
-            self._handed_to(queue, owner, fence)
-
-    @staticmethod
-    def _handed_to(queue: LocalQueue, owner: str, fence: object) -> None:
-        """The lease was handed to this process's place. The hand-off came after the place was last
-        written, so the lease runs at least a TTL from that write's send time: if that is recent
-        enough, the head takes it as it is; else (or mid-request) the head claims it, which
-        restarts the expiry from its own send time."""
-        head = queue.head
-        if head is None or queue.head_attempting or queue.handing_over:
-            queue.wake_head()
-            return
-        fresh = time.monotonic() - queue.slot_written_at <= head.fresh_for
-        if not fresh or isinstance(fence, bool) or not isinstance(fence, int):
-            queue.wake_head()
-            return
-        queue.grant_head(Grant(owner, fence, queue.slot_written_at, queue.slot_ttl_ms), follower=queue.slot_follower)
+            queue.on_news()  # released: the first waiter tries
+        else:
+            queue.on_handed_to_place(owner, fields.get("fence"))
 
 
 _PerLoop = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, ReleaseWatcher]]

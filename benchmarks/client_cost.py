@@ -1,0 +1,269 @@
+"""The library's own client-side cost: CPU, wall time and memory in the client process.
+
+1. Uncontended acquire + release against a raw replay of the very two commands it sends (recorded
+   by command monitoring, then sent with ``database.command`` through the same client), interleaved
+   cycle by cycle: client CPU (``time.process_time``) and wall time per cycle, and their ratios.
+2. A cProfile of the uncontended loop: where the library's own time goes (``--profile N``).
+3. Client CPU per acquisition with 64 tasks of one process waiting on one lock, against the
+   uncontended figure of part 1 (waiting tasks should cost nothing while they wait).
+4. Memory (tracemalloc): per lease held with the heartbeat, at ``--leases`` leases; and the memory
+   left after batches of acquire/release cycles on distinct names (``--cycles``), which must not grow.
+
+    python benchmarks/client_cost.py [--uri URI] [--parts 1,2,3,4] [--rounds 300] [--leases 10000] [--cycles 100000]
+
+Run it with ``PYTHONPATH=<another checkout>`` to measure another version of the library. Without
+``--uri`` it starts an embedded server per part. It prints the environment first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import io
+import platform
+import pstats
+import statistics
+import sys
+import time
+import tracemalloc
+import uuid
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
+from bson import SON
+from pymongo import AsyncMongoClient, monitoring
+
+import mongolock_async
+from mongolock_async import AsyncMongoLock
+
+# Fields the driver adds to every command it sends; a replay through database.command adds its own.
+DRIVER_FIELDS = {"lsid", "$clusterTime", "txnNumber", "$db", "$readPreference"}
+
+
+class Recorder(monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.commands: list[dict[str, Any]] = []
+        self.on = False
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.on:
+            self.commands.append(SON((key, value) for key, value in event.command.items() if key not in DRIVER_FIELDS))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def environment() -> None:
+    print(
+        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
+        f"{len(__import__('os').sched_getaffinity(0))} cores"
+    )
+    print(
+        f"mongolock-async {mongolock_async.__version__} from {Path(mongolock_async.__file__).parent} | "
+        f"pymongo {version('pymongo')} | server embedded SecantusDB {version('secantusdb')} unless --uri"
+    )
+
+
+async def uncontended(uri: str, rounds: int, profile: int) -> float:
+    """Part 1 (and 2): returns the library's client CPU per cycle, in seconds."""
+    recorder = Recorder()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[recorder])
+    try:
+        database = client["bench"]
+        collection = database[f"cost_{uuid.uuid4().hex[:6]}"]
+        lock = AsyncMongoLock(collection, "cycle", ttl=30.0)
+
+        async def library() -> None:
+            async with lock:
+                pass
+
+        await library()  # the version check and the first connection
+        recorder.on = True
+        await library()
+        recorder.on = False
+        commands = [SON(command) for command in recorder.commands]
+        for command in commands:  # the replay takes a lock of its own name
+            command["query"] = SON((("_id", "replayed"), *((k, v) for k, v in command["query"].items() if k != "_id")))
+
+        async def replay() -> None:
+            for command in commands:
+                await database.command(command)
+
+        await replay()
+        cpu: dict[str, list[float]] = {"library": [], "replay": []}
+        wall: dict[str, list[float]] = {"library": [], "replay": []}
+        for _ in range(rounds):
+            for name, action in (("library", library), ("replay", replay)):
+                started_cpu, started = time.process_time(), time.perf_counter()
+                await action()
+                wall[name].append(time.perf_counter() - started)
+                cpu[name].append(time.process_time() - started_cpu)
+        # CPU per cycle is a few hundred microseconds against a clock tick of about a millisecond
+        # on some kernels: the mean over all cycles is exact, a median of ticks is not.
+        cpu_library, cpu_replay = statistics.fmean(cpu["library"]), statistics.fmean(cpu["replay"])
+        wall_library, wall_replay = statistics.median(wall["library"]), statistics.median(wall["replay"])
+        print(
+            f"uncontended acquire+release ({len(commands)} commands: {', '.join(next(iter(c)) for c in commands)}), "
+            f"{rounds} cycles interleaved:\n"
+            f"  client CPU per cycle  library {cpu_library * 1000:6.3f} ms | replay {cpu_replay * 1000:6.3f} ms | "
+            f"library/replay {cpu_library / cpu_replay:4.2f}x (means)\n"
+            f"  wall time per cycle   library {wall_library * 1000:6.3f} ms | replay {wall_replay * 1000:6.3f} ms | "
+            f"library/replay {wall_library / wall_replay:4.2f}x (medians)"
+        )
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(profile):
+                await library()
+            profiler.disable()
+            out = io.StringIO()
+            stats = pstats.Stats(profiler, stream=out).sort_stats("tottime")
+            stats.print_stats(20)
+            print(f"cProfile of {profile} library cycles, by own time (top 20; a call per coroutine resumption):")
+            print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
+            rows = stats.stats.items()  # type: ignore[attr-defined]
+            ours = sorted(((row[2], key) for key, row in rows if "mongolock_async" in key[0]), reverse=True)
+            print(f"own time in mongolock_async modules: {sum(t for t, _ in ours) / profile * 1e6:.0f} us per cycle:")
+            for own, (filename, line, function) in ours[:15]:
+                print(f"    {own / profile * 1e6:6.1f} us  {Path(filename).name}:{line}({function})")
+        return cpu_library
+    finally:
+        await client.close()
+
+
+async def contended(uri: str, tasks: int, seconds: float, uncontended_cpu: float | None) -> None:
+    """Part 3: one process, ``tasks`` tasks taking one lock in turn with empty bodies."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        collection = client["bench"][f"hot_{uuid.uuid4().hex[:6]}"]
+        await AsyncMongoLock(collection, "warm", ttl=30.0).acquire()
+        acquisitions = 0
+        stop = False
+
+        async def worker() -> None:
+            nonlocal acquisitions
+            lock = AsyncMongoLock(collection, "hot", ttl=30.0)
+            while not stop:
+                async with lock:
+                    acquisitions += 1
+
+        runners = [asyncio.create_task(worker()) for _ in range(tasks)]
+        await asyncio.sleep(1.0)  # everyone queued
+        counted, started_cpu, started = acquisitions, time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        spent_cpu, elapsed = time.process_time() - started_cpu, time.perf_counter() - started
+        done = acquisitions - counted
+        stop = True
+        await asyncio.gather(*runners)
+        per = spent_cpu / max(1, done)
+        ratio = f" | against uncontended {per / uncontended_cpu:4.2f}x" if uncontended_cpu else ""
+        print(
+            f"{tasks} tasks, one process, one lock: {done} acquisitions in {elapsed:.1f} s "
+            f"({done / elapsed:.0f}/s) | client CPU per acquisition {per * 1000:6.3f} ms{ratio}"
+        )
+    finally:
+        await client.close()
+
+
+async def leases_memory(uri: str, leases: int) -> None:
+    """Part 4a: memory per lease held with the heartbeat (100 collections, so each stays small)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, maxPoolSize=50)
+    try:
+        collections = [client["bench"][f"leases_{n}_{uuid.uuid4().hex[:4]}"] for n in range(100)]
+        await AsyncMongoLock(collections[0], "warm", ttl=3600.0).acquire()  # the version check, a connection
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        held: list[AsyncMongoLock] = []
+        for start in range(0, leases, 25):
+            batch = [
+                AsyncMongoLock(collections[n % 100], f"lease-{n}", ttl=3600.0, heartbeat=600.0)
+                for n in range(start, min(leases, start + 25))
+            ]
+            assert all(await asyncio.gather(*(lock.acquire(blocking=False) for lock in batch)))
+            held.extend(batch)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        top = after.compare_to(before, "lineno")[:6]
+        print(f"{leases} leases held with the heartbeat: {grown / leases:7.0f} bytes per lease (tracemalloc)")
+        for stat in top:
+            print(f"    {stat.size_diff / leases:6.0f} B/lease  {stat.traceback.format()[-1].strip()}")
+        for start in range(0, len(held), 25):
+            await asyncio.gather(*(lock.release() for lock in held[start : start + 25]))
+    finally:
+        await client.close()
+
+
+async def cycles_memory(uri: str, cycles: int) -> None:
+    """Part 4b: acquire/release on distinct names; memory after each tenth of the cycles."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        tracemalloc.start()
+        marks: list[int] = []
+        step = max(1, cycles // 10)
+        collection = None
+        for n in range(cycles):
+            if n % 1000 == 0:  # a fresh collection now and then, so each stays small on the server
+                if collection is not None:
+                    await collection.drop()
+                collection = client["bench"][f"cycles_{n}_{uuid.uuid4().hex[:4]}"]
+            assert collection is not None
+            async with AsyncMongoLock(collection, f"name-{n}", ttl=30.0):
+                pass
+            if (n + 1) % step == 0:
+                gc.collect()
+                marks.append(tracemalloc.get_traced_memory()[0])
+        tracemalloc.stop()
+        shown = " ".join(f"{mark / 1024:.0f}" for mark in marks)
+        print(
+            f"{cycles} acquire/release cycles on distinct names: traced memory (KiB) after each tenth: {shown} | "
+            f"last - second: {(marks[-1] - marks[1]) / 1024:+.0f} KiB"
+        )
+        if collection is not None:
+            await collection.drop()
+    finally:
+        await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--uri")
+    parser.add_argument("--parts", default="1,2,3,4")
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--profile", type=int, default=300, help="cycles profiled in part 2 (0: none)")
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--leases", type=int, default=10_000)
+    parser.add_argument("--cycles", type=int, default=100_000)
+    arguments = parser.parse_args()
+    parts = {int(part) for part in arguments.parts.split(",")}
+    environment()
+    cpu = None
+    if parts & {1, 2}:
+        with mongodb(arguments.uri) as uri:
+            cpu = asyncio.run(uncontended(uri, arguments.rounds, arguments.profile if 2 in parts else 0))
+    if 3 in parts:
+        with mongodb(arguments.uri) as uri:
+            asyncio.run(contended(uri, arguments.tasks, arguments.seconds, cpu))
+    if 4 in parts:
+        with mongodb(arguments.uri) as uri:
+            asyncio.run(leases_memory(uri, arguments.leases))
+        with mongodb(arguments.uri) as uri:
+            asyncio.run(cycles_memory(uri, arguments.cycles))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

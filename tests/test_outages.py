@@ -1,0 +1,140 @@
+"""An unreachable or dead server never looks like a busy lock: a blocking acquire rides out a short
+outage, raises after ``unreachable_timeout`` (or says so when its own timeout passes first), and
+says why; a non-blocking one honours the client's server selection timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+from pymongo.errors import ServerSelectionTimeoutError
+
+from mongolock_async import AsyncMongoLock, LockTimeoutError, ServerUnreachableError, waiting
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.conftest import CommandCounter
+
+
+def stopped(server: EmbeddedMongo) -> str:
+    """The URI of ``server`` once it is stopped: nothing listens at its port any more."""
+    uri = server.uri
+    server.stop()
+    return uri
+
+
+async def test_a_blocking_acquire_without_timeout_raises_once_the_server_stays_unreachable(
+    driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.WARNING, logger="mongolock_async")
+    monkeypatch.setattr(waiting, "_last_warning", 0.0)  # the retry warning is rate-limited per process
+    client = make_client(driver, stopped(private_server), serverSelectionTimeoutMS=1500)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ServerUnreachableError) as raised:
+            async with AsyncMongoLock(client[TEST_DATABASE]["locks"], "nightly-report", ttl=30.0):
+                pytest.fail("entered without a server")
+        took = time.monotonic() - started
+        # The default bound is the client's serverSelectionTimeoutMS (1.5 s here), plus one attempt.
+        assert 1.4 < took < 6.0, took
+        assert isinstance(raised.value.__cause__, ServerSelectionTimeoutError)
+        assert "connection refused" in str(raised.value), str(raised.value)
+        retries = [record for record in caplog.records if "could not be reached" in record.getMessage()]
+        assert retries and all(record.levelno == logging.WARNING for record in retries), caplog.text
+    finally:
+        await close_client(client)
+
+
+async def test_a_timeout_that_passes_while_unreachable_says_so(driver: str, private_server: EmbeddedMongo) -> None:
+    client = make_client(driver, stopped(private_server))  # serverSelectionTimeoutMS 10 s
+    try:
+        lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0)
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError) as raised:
+            await lock.acquire(timeout=1.0)
+        assert time.monotonic() - started < 3.0
+        assert raised.value.unreachable is not None and "connection refused" in raised.value.unreachable
+        assert "within 1 s: MongoDB could not be reached" in str(raised.value)
+        assert isinstance(raised.value.__cause__, ServerSelectionTimeoutError)
+    finally:
+        await close_client(client)
+
+
+async def test_a_non_blocking_acquire_honours_the_uris_server_selection_timeout(
+    driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = stopped(private_server)
+    client = make_client(driver, uri, serverSelectionTimeoutMS=1500)  # what the URI would say
+    try:
+        lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0)
+        started = time.monotonic()
+        with pytest.raises(ServerUnreachableError):
+            await lock.acquire(blocking=False)
+        assert time.monotonic() - started < 3.0, "the lock's own bound overrode serverSelectionTimeoutMS"
+    finally:
+        await close_client(client)
+    await asyncio.sleep(0.2)  # any background work would run now
+    assert "background" not in caplog.text, "a release was attempted for a request never sent"
+
+
+async def test_a_short_outage_is_ridden_out(driver: str, private_server: EmbeddedMongo) -> None:
+    client = make_client(driver, private_server.uri, serverSelectionTimeoutMS=1000)
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        await collection.find_one({})  # connected
+        lock = AsyncMongoLock(collection, "failover", ttl=30.0, unreachable_timeout=20.0, retry_cap=0.2)
+        private_server.stop()
+        acquiring = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(2.5)  # longer than the client's serverSelectionTimeoutMS
+        assert not acquiring.done(), "gave up inside unreachable_timeout"
+        await asyncio.to_thread(private_server.start)
+        assert await asyncio.wait_for(acquiring, 20), "not acquired once the server was back"
+        assert await lock.release()
+    finally:
+        await close_client(client)
+
+
+async def test_unreachable_timeout_none_waits_through_any_outage(driver: str, private_server: EmbeddedMongo) -> None:
+    client = make_client(driver, private_server.uri, serverSelectionTimeoutMS=500)
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        await collection.find_one({})
+        lock = AsyncMongoLock(collection, "patient", ttl=30.0, unreachable_timeout=None, retry_cap=0.2)
+        private_server.stop()
+        acquiring = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(3.0)  # six server selection timeouts
+        assert not acquiring.done()
+        await asyncio.to_thread(private_server.start)
+        assert await asyncio.wait_for(acquiring, 20)
+        assert await lock.release()
+    finally:
+        await close_client(client)
+
+
+async def test_every_waiting_task_gives_up_together(driver: str, private_server: EmbeddedMongo) -> None:
+    # Only the first waiter of a process talks to the server; the others must not wait their turn
+    # to find out, one server selection timeout each.
+    client = make_client(driver, stopped(private_server), serverSelectionTimeoutMS=1000)
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        started = time.monotonic()
+        results: list[Any] = await asyncio.gather(
+            *(AsyncMongoLock(collection, "busy", ttl=30.0).acquire() for _ in range(6)), return_exceptions=True
+        )
+        assert all(isinstance(result, ServerUnreachableError) for result in results), results
+        assert time.monotonic() - started < 5.0, "the waiting tasks found out one after another"
+    finally:
+        await close_client(client)
+
+
+async def test_unreachable_timeout_is_checked_before_any_io(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    command_counter.clear()
+    with pytest.raises(ValueError, match="server_selection"):
+        AsyncMongoLock(counted_collection, "x", unreachable_timeout="never")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unreachable_timeout"):
+        AsyncMongoLock(counted_collection, "x", unreachable_timeout=-1)
+    assert command_counter.names == []
