@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .errors import LockLostError, LockTimeoutError
+from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
 from .manager import LockManager
 
@@ -42,9 +42,9 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Han
 
     ``locks`` is a :class:`~mongolock_async.LockManager`, or a function of the request returning one
     (``lambda request: request.app[LOCKS]``); ``name`` a string or a function of the request.
-    The held lock is ``request[LOCK]``. If it cannot be taken within the timeout, the response is
-    423 Locked (with ``Retry-After: 1``); if the lease is lost while the handler runs, the handler is
-    cancelled and the response is 503 Service Unavailable.
+    The held lock is ``request[LOCK]``. If someone else holds it past the timeout, the response is
+    423 Locked (with ``Retry-After: 1``); if MongoDB cannot be reached, or the lease is lost while
+    the handler runs (which is then cancelled), 503 Service Unavailable.
     """
 
     def decorate(handler: Handler) -> Handler:
@@ -59,7 +59,13 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Han
             except LockTimeoutError as error:
                 if request.get(LOCK) is lock:
                     raise  # raised by the handler itself, not by taking this lock
+                if error.unreachable is not None:
+                    raise web.HTTPServiceUnavailable(text=str(error)) from error
                 raise HTTPLocked(text=str(error), headers={"Retry-After": "1"}) from error
+            except ServerUnreachableError as error:
+                if request.get(LOCK) is lock:
+                    raise
+                raise web.HTTPServiceUnavailable(text=str(error)) from error
             except LockLostError as error:
                 if error.name != lock.name:
                     raise

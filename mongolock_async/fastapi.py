@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import Depends, HTTPException, Request, status
 
-from .errors import LockLostError, LockTimeoutError
+from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
 from .manager import LockManager
 
@@ -34,9 +34,10 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
     ``locks`` is a :class:`~mongolock_async.LockManager`, or a function of the request returning one
     (``lambda request: request.app.state.locks``); ``name`` a string or a function of the request.
     ``overrides`` set handle options for this dependency. The lock is released as soon as the path
-    operation returns, before the response is sent. If it cannot be taken within the timeout, the
-    request fails with 423 Locked (and ``Retry-After: 1``); if the lease is lost while the path
-    operation runs, it is cancelled and the request fails with 503 Service Unavailable.
+    operation returns, before the response is sent. If someone else holds it past the timeout, the
+    request fails with 423 Locked (and ``Retry-After: 1``); if MongoDB cannot be reached, or the
+    lease is lost while the path operation runs (which is then cancelled), with 503 Service
+    Unavailable.
     """
 
     async def dependency(request: Request) -> AsyncIterator[AsyncMongoLock]:
@@ -45,7 +46,11 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
         try:
             await lock.__aenter__()
         except LockTimeoutError as error:
+            if error.unreachable is not None:
+                raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
             raise HTTPException(status.HTTP_423_LOCKED, str(error), headers={"Retry-After": "1"}) from error
+        except ServerUnreachableError as error:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
         try:
             yield lock
         except BaseException as error:

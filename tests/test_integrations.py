@@ -24,7 +24,8 @@ from fastapi import FastAPI
 
 from mongolock_async import AsyncMongoLock, LockLostError, LockManager, LockTimeoutError
 from mongolock_async.fastapi import hold_lock
-from mongolock_async.testing.clients import close_client, make_client
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -228,6 +229,36 @@ async def test_aiohttp_maps_a_held_lock_to_423(lock_collection: Any) -> None:
         async with locks("shared"):
             locked = await http.get("/")
             assert locked.status == 423 and locked.headers["Retry-After"] == "1"
+
+
+async def test_an_unreachable_server_is_503_not_423(private_server: EmbeddedMongo) -> None:
+    from mongolock_async.aiohttp import hold_lock as aiohttp_hold_lock
+
+    uri = private_server.uri
+    private_server.stop()
+    client = make_client("pymongo", uri, serverSelectionTimeoutMS=500)
+    try:
+        locks = LockManager(client[TEST_DATABASE]["locks"], ttl=5.0, timeout=0.3)
+        app = FastAPI()
+
+        @app.get("/")
+        async def route(lock: Annotated[AsyncMongoLock, hold_lock(locks, "shared")]) -> dict[str, Any]:
+            return {}
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+            response = await http.get("/")
+        assert response.status_code == 503 and "could not be reached" in response.json()["detail"], response.text
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.json_response({})
+
+        web_app = web.Application()
+        web_app.router.add_get("/", aiohttp_hold_lock(locks, "shared")(handler))
+        async with test_utils.TestClient(test_utils.TestServer(web_app)) as web_client:
+            answer = await web_client.get("/")
+            assert answer.status == 503 and "could not be reached" in await answer.text()
+    finally:
+        await close_client(client)
 
 
 # -- FastAPI under uvicorn, two worker processes ---------------------------------------------------
