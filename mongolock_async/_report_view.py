@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from .documents import LockReport, LockState
 
-COLUMNS = ("NAME", "STATE", "HOLDER", "FENCING TOKEN", "TIME", "WAITING")
+# The table fits an 80-column terminal; fencing tokens and full times are in `inspect` and --json.
+COLUMNS = ("NAME", "STATE", "HOLDER", "TIME", "WAITING")
 
 
 def state_of(report: LockReport) -> str:
@@ -45,7 +46,8 @@ def as_dict(report: LockReport) -> dict[str, Any]:
         "expires_at": _iso(state.expires_at),
         "acquired_at": _iso(state.acquired_at),
         "renewed_at": _iso(state.renewed_at),
-        "released_at": _iso(state.released_at),
+        # While held, the stored release time is the previous lease's: not shown as this one's.
+        "released_at": None if report.remaining_ms is not None else _iso(state.released_at),
         "waiting": [dict(place.holder) for place in state.queue],
     }
 
@@ -61,15 +63,27 @@ def print_table(reports: Sequence[LockReport]) -> None:
     rows = [_row(report) for report in reports]
     if sys.stdout.isatty():
         try:
+            from rich import box
             from rich.console import Console
             from rich.table import Table
         except ImportError:
             pass
         else:
-            table = Table(*COLUMNS)
+            console = Console()
+            # Fixed columns, the rest of the terminal's width shared by the name (wrapped, never
+            # cut) and the holder (shortened): fits 80 columns.
+            state, time, waiting = 14, 16, 7
+            flexible = max(24, console.width - (state + time + waiting) - 12)  # 4 gaps of 3
+            name = (flexible * 3 + 4) // 5
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+            table.add_column("NAME", overflow="fold", width=name)
+            table.add_column("STATE", no_wrap=True, width=state)
+            table.add_column("HOLDER", overflow="ellipsis", no_wrap=True, width=flexible - name)
+            table.add_column("TIME", no_wrap=True, width=time)
+            table.add_column("WAITING", justify="right", no_wrap=True, width=waiting)
             for row in rows:
                 table.add_row(*row)
-            Console().print(table)
+            console.print(table)
             return
     _utf8_stdout()
     widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=False)]
@@ -90,12 +104,10 @@ def print_detail(report: LockReport) -> None:
     print(f"{'holder' if held else 'last by':9} {_holder(state.holder) or '-'}")
     print(f"token     {state.fencing_token}")
     print(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
-    for label, moment in (
-        ("acquired", state.acquired_at),
-        ("renewed", state.renewed_at),
-        ("released", state.released_at),
-        ("expires", state.expires_at),
-    ):
+    moments = [("acquired", state.acquired_at), ("renewed", state.renewed_at)]
+    if not held:  # while held, the stored release time is the previous lease's
+        moments.append(("released", state.released_at))
+    for label, moment in [*moments, ("expires", state.expires_at)]:
         print(f"{label:9} {_when(moment)}")
     waiting = [_holder(place.holder) or place.token[:8] for place in state.queue]
     print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
@@ -104,16 +116,17 @@ def print_detail(report: LockReport) -> None:
 def _row(report: LockReport) -> tuple[str, ...]:
     state = report.state
     if state is None:
-        return (str(report.name), "unreadable", str(report.error), "", "", "")
+        return (str(report.name), "unreadable", str(report.error), "", "")
     kind = state_of(report)
+    shown = "force-released" if kind == "released by force" else kind
     if kind == "held":
         time = f"{(report.remaining_ms or 0) / 1000:.1f} s left"
     elif kind == "expired":
-        time = f"since {_when(state.expires_at)}"
+        time = f"since {_short(state.expires_at)}"
     else:
-        time = "" if state.released_at is None else f"since {_when(state.released_at)}"
+        time = "" if state.released_at is None else f"since {_short(state.released_at)}"
     holder = _holder(state.holder) if kind == "held" else ""
-    return (state.name, kind, holder, str(state.fencing_token), time, str(len(state.queue)) if state.queue else "")
+    return (state.name, shown, holder, time, str(len(state.queue)) if state.queue else "")
 
 
 def _state_line(report: LockReport, state: LockState) -> str:
@@ -135,6 +148,13 @@ def _holder(holder: Mapping[str, Any]) -> str:
 
 def _when(moment: datetime | None) -> str:
     return "never" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
+
+
+def _short(moment: datetime | None) -> str:
+    """The time of day if ``moment`` is today (UTC), else the date."""
+    if moment is None:
+        return "never"
+    return f"{moment:%H:%M:%S}" if moment.date() == datetime.now(UTC).date() else f"{moment:%Y-%m-%d}"
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -20,8 +20,8 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
+from . import __version__, _validate
 from . import _report_view as view
-from . import _validate
 from ._commandline import (
     EXIT_FAILED,
     EXIT_MISSING,
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"lock collection (env MONGOLOCK_COLLECTION, default {DEFAULT_COLLECTION})",
     )
     parser = argparse.ArgumentParser(prog="mongolock", description="Distributed locks on MongoDB.")
+    parser.add_argument("--version", action="version", version=f"mongolock {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser(
@@ -99,10 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--prefix", default="", help="only locks whose name starts with this")
 
     inspect = commands.add_parser("inspect", parents=[connection, output], help="show one lock in detail")
-    inspect.add_argument("name")
+    inspect.add_argument("name", help="the lock's name (its document's _id)")
 
     release = commands.add_parser("release", parents=[connection, output], help="break-glass release of a lock")
-    release.add_argument("name")
+    release.add_argument("name", help="the lock's name (its document's _id)")
     release.add_argument("--force", action="store_true", help="release a lease this command does not own")
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     return parser
@@ -144,7 +145,15 @@ def _serve(arguments: argparse.Namespace) -> int:
             stop.wait()
             print("mongolock: stopping", flush=True)
     except EmbeddedServerError as error:
-        raise UserError(str(error).splitlines()[0], EXIT_FAILED) from None
+        message = str(error)
+        if "address already in use" in message.lower():
+            raise UserError(
+                f"port {arguments.port} is already in use (another MongoDB?): pass --port N, or --port 0 for any "
+                "free port",
+                EXIT_FAILED,
+            ) from None
+        cause = next((line for line in reversed(message.splitlines()) if line.strip()), "")
+        raise UserError(f"{message.splitlines()[0]} {cause}".strip(), EXIT_FAILED) from None
     return 0
 
 

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo.errors import ServerSelectionTimeoutError
+from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
-from ._commandline import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, UserError, connect, redact_uri
+from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, connect, explain, redact_uri
 from ._process import die_with_parent
 from .demo_worker import ACCOUNTS, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
 from .store import LockStore
@@ -129,8 +129,6 @@ def run_demo(arguments: argparse.Namespace) -> int:
         # Started here, on the main thread, so that the server dies with this process however it ends.
         with _server(arguments.uri, view) as uri:
             return asyncio.run(_demo(uri, arguments, view))
-    except ServerSelectionTimeoutError:
-        raise UserError(f"cannot reach MongoDB at {redact_uri(arguments.uri or '')}", EXIT_UNREACHABLE) from None
     finally:
         view.close()
 
@@ -140,7 +138,10 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
     client = connect(uri)
     database_name = f"mongolock_demo_{uuid.uuid4().hex[:8]}"
     try:
-        await client.admin.command("ping")  # unreachable: one line, before anything starts
+        try:
+            await client.admin.command("ping")  # unreachable, credentials: one line, before anything starts
+        except PyMongoError as error:
+            raise explain(error, uri, client) from None
         try:
             database = client[database_name]
             await flash_sale(uri, database, arguments, view, checks)

@@ -3,8 +3,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,3 +168,32 @@ async def transaction(client: Any) -> AsyncIterator[Any]:
             started = await started
         async with started:
             yield session
+
+
+# -- nothing left behind ----------------------------------------------------------------------------
+
+_EMBEDDED_DIRS = "mongolock-embedded-*"
+_dirs_before: set[Path] = set()
+
+
+def _embedded_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob(_EMBEDDED_DIRS))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, or a run without workers
+        _dirs_before.update(_embedded_dirs())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if it left an embedded server's data directory in the temporary directory."""
+    if hasattr(session.config, "workerinput"):
+        return
+    give_up_at = time.monotonic() + 5.0  # reapers remove a directory half a second after its process ended
+    left = _embedded_dirs() - _dirs_before
+    while left and time.monotonic() < give_up_at:
+        time.sleep(0.2)
+        left = _embedded_dirs() - _dirs_before
+    if left:
+        print(f"\nthe test run left {len(left)} embedded server directories behind: {sorted(map(str, left))}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

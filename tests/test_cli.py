@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
 
@@ -24,10 +27,14 @@ SMALL_DEMO = ["--workers", "2", "--tasks", "2", "--items", "1", "--stock", "4", 
               "--job-ttls", "1"]  # fmt: skip
 
 
-def mongolock(*arguments: str, uri: str | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def mongolock(
+    *arguments: str, uri: str | None = None, stdin: str | None = None, temporary: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
     if uri is not None:
         env["MONGODB_URI"] = uri
+    if temporary is not None:
+        env["TMPDIR"] = str(temporary)
     return subprocess.run(
         [sys.executable, "-m", "mongolock_async", *arguments],
         capture_output=True,
@@ -80,9 +87,9 @@ def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[s
     result = mongolock("list", "--db", database, "--collection", collection, uri=mongodb_uri)
     assert result.returncode == 0, result.stderr
     header, *rows = result.stdout.splitlines()
-    assert header.split() == ["NAME", "STATE", "HOLDER", "FENCING", "TOKEN", "TIME", "WAITING"]
+    assert header.split() == ["NAME", "STATE", "HOLDER", "TIME", "WAITING"]
     assert [row.split()[:3] for row in rows] == [["alpha", "held", "alpha-worker"], ["beta", "held", "beta-worker"]]
-    assert str(tokens["beta"]) in rows[1] and "s left" in rows[1]
+    assert "s left" in rows[1] and all(len(line) <= 80 for line in result.stdout.splitlines())
 
     listed = mongolock("list", "--json", "--db", database, "--collection", collection, uri=mongodb_uri)
     payload = json.loads(listed.stdout)
@@ -287,3 +294,98 @@ def test_release_force_asks_on_a_terminal(
     assert "About to break this lease" in result.stdout
     detail = json.loads(mongolock("inspect", "alpha", "--json", *where, uri=mongodb_uri).stdout)
     assert detail["held"] is held_after
+
+
+# -- the first hour: every failure one line, with a documented exit code -------------------------------
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    return result.stderr
+
+
+@pytest.mark.parametrize(
+    ("uri", "code", "cause"),
+    [
+        (f"mongodb+srv://alice:{PASSWORD}@nowhere.invalid/", 3, "does not resolve (DNS)"),
+        ("SESSION&authMechanism=MONGODB-AWS", 3, "pymongo-auth-aws"),
+        ("mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300", 3, "connection refused"),
+    ],
+    ids=["srv-dns", "aws-extra", "refused"],
+)
+def test_connection_failures_are_one_line_naming_the_cause(mongodb_uri: str, uri: str, code: int, cause: str) -> None:
+    result = mongolock("list", uri=uri.replace("SESSION", mongodb_uri))
+    assert result.returncode == code
+    assert cause in one_line(result) and PASSWORD not in result.stderr
+
+
+def test_the_demo_with_rejected_credentials_is_one_line() -> None:
+    with EmbeddedMongo(auth=("operator", PASSWORD)) as server:
+        result = mongolock("demo", "--uri", server.uri.replace(PASSWORD, "wrong-password"))
+    assert result.returncode == 6
+    assert "rejected the credentials" in one_line(result) and "wrong-password" not in result.stderr
+
+
+def test_a_busy_port_for_the_embedded_server_is_one_line_with_a_hint(tmp_path: Path) -> None:
+    with EmbeddedMongo() as other:
+        port = other.port
+        result = mongolock("server", "--port", str(port), temporary=tmp_path)
+    assert result.returncode == 1
+    line = one_line(result)
+    assert f"port {port} is already in use" in line and "--port 0" in line
+    assert not list(tmp_path.iterdir()), "the failed start left its directory behind"
+
+
+def test_version_and_help() -> None:
+    version = mongolock("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"mongolock {__version__}"
+    for command in ("inspect", "release"):
+        assert "the lock's name" in mongolock(command, "--help").stdout
+
+
+def test_inspect_of_a_held_lock_shows_no_release_of_it(mongodb_uri: str) -> None:
+    database, collection = "mongolock_cli", f"relock_{uuid.uuid4().hex[:8]}"
+
+    async def release_then_hold() -> None:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+        try:
+            first = AsyncMongoLock(client[database][collection], "job", ttl=120.0)
+            assert await first.acquire() and await first.release()
+        finally:
+            await client.close()
+        await hold(mongodb_uri, database, collection, "job", "second")
+
+    asyncio.run(release_then_hold())
+    where = ("--db", database, "--collection", collection)
+    detail = json.loads(mongolock("inspect", "job", "--json", *where, uri=mongodb_uri).stdout)
+    assert detail["held"] is True and detail["released_at"] is None
+    text = mongolock("inspect", "job", *where, uri=mongodb_uri).stdout
+    assert "state     held" in text and "released" not in text
+
+
+def test_the_table_fits_an_80_column_terminal(mongodb_uri: str) -> None:
+    database, collection = "mongolock_cli", f"wide_{uuid.uuid4().hex[:8]}"
+    long_name = "nightly-report:" + "tenant-with-a-rather-long-name:" * 3 + "end"
+    asyncio.run(hold(mongodb_uri, database, collection, long_name, "a-label-for-the-report-worker-of-tenant-x"))
+    controller, terminal = os.openpty()
+    try:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
+        subprocess.run(
+            [sys.executable, "-m", "mongolock_async", "list", "--uri", mongodb_uri, "--db", database,
+             "--collection", collection],
+            stdout=terminal, stderr=terminal, env={**env, "COLUMNS": "80", "TERM": "xterm"}, timeout=60, check=True,
+        )  # fmt: skip
+        os.close(terminal)
+        output = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(controller, 65536):
+                output += chunk
+    finally:
+        os.close(controller)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", output.decode())
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    assert lines[0].split() == ["NAME", "STATE", "HOLDER", "TIME", "WAITING"] and "─" in lines[1], text  # rich
+    assert all(len(line) <= 80 for line in lines), "\n".join(line for line in lines if len(line) > 80)
+    name = "".join(line.split()[0] for line in lines[2:])  # the name column, wrapped over several lines
+    assert name == long_name, f"the name was cut: {name!r}\n{text}"
+    assert "held" in lines[2] and "s left" in lines[2]

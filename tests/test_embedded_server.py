@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -157,3 +158,71 @@ def test_no_orphan_when_the_owner_process_fails() -> None:
     child.wait(timeout=60)
     assert child.returncode != 0
     assert wait_until_gone(server_pid), "the embedded server outlived the failing process that started it"
+
+
+def workdir_of(pid: int) -> Path:
+    return Path(os.readlink(f"/proc/{pid}/cwd"))
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["exit without close", "exception", "SIGTERM", "SIGKILL", "started from a thread, SIGKILL"],
+)
+def test_nothing_is_left_behind_however_the_owner_ends(ending: str) -> None:
+    start = (
+        "import threading; from mongolock_async.testing import EmbeddedMongo\n"
+        "server = EmbeddedMongo()\n"
+        + (
+            "thread = threading.Thread(target=server.start); thread.start(); thread.join()\n"
+            if "thread" in ending
+            else "server.start()\n"
+        )
+        + "print(server.pid, flush=True)\n"
+    )
+    finish = {
+        "exit without close": "",
+        "exception": "raise RuntimeError('a failing script')\n",
+        "SIGTERM": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)\n",
+        "SIGKILL": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n",
+    }[ending.split(", ")[-1]]
+    child = subprocess.Popen(
+        [sys.executable, "-c", start + "import time; time.sleep(0.5)\n" + finish], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    server_pid = int(child.stdout.readline())
+    workdir = workdir_of(server_pid)
+    child.wait(timeout=60)
+    assert wait_until_gone(server_pid), "the server outlived its owner"
+    give_up_at = time.monotonic() + 10
+    while workdir.exists() and time.monotonic() < give_up_at:
+        time.sleep(0.1)
+    assert not workdir.exists(), f"{workdir} was left behind"
+
+
+def test_a_failed_start_leaves_nothing_behind() -> None:
+    with EmbeddedMongo() as first:
+        clash = EmbeddedMongo(port=first.port, startup_timeout=15)
+        before = set(Path(tempfile.gettempdir()).glob("mongolock-embedded-*"))
+        with pytest.raises(EmbeddedServerError, match="Address already in use"):
+            clash.start()
+        assert set(Path(tempfile.gettempdir()).glob("mongolock-embedded-*")) <= before
+
+
+def test_the_suite_fails_if_it_leaves_a_directory_behind(tmp_path: Path) -> None:
+    # The check this suite runs at its end (tests/conftest.py), on a run that leaks a directory.
+    (tmp_path / "conftest.py").write_text(Path(__file__).with_name("conftest.py").read_text())
+    (tmp_path / "test_leak.py").write_text(
+        "import tempfile\n\ndef test_leaks() -> None:\n    tempfile.mkdtemp(prefix='mongolock-embedded-')\n"
+    )
+    scratch = tmp_path / "tmp"  # the run's temporary directory: the leak stays in there
+    scratch.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_leak.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "TMPDIR": str(scratch)},
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "left 1 embedded server directories behind" in result.stdout

@@ -4,8 +4,12 @@
 directory and ``--sync-on-commit`` (without it, a SIGKILL loses acknowledged writes). It can be
 restarted on the same data directory and port (after a clean stop or a SIGKILL), paused and resumed
 (SIGSTOP/SIGCONT, a stand-in for a network partition), and closed, which stops it, frees the port and
-removes the directory. The server process dies with the process that started it, and every server
-still running at interpreter exit is closed, so a failing test leaves no orphan.
+removes the directory.
+
+Nothing is left behind however the process that started it ends: a failed start removes what it
+made; and a small reaper process (``sh``) holds the read end of a pipe from this process, so that
+when this process ends without ``close()`` (a normal exit, an exception, SIGTERM, SIGKILL), the
+pipe closes and the reaper stops the server and removes the directory.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -34,7 +37,19 @@ from .._process import die_with_parent
 
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 _LAUNCH = "import sys; from secantus.cli import main; sys.argv[0] = 'secantusd-py'; sys.exit(main())"
-_running: weakref.WeakSet[EmbeddedMongo] = weakref.WeakSet()
+# Reads the server's pid each time it starts; "closed" when close() cleaned up. At end of input
+# without "closed" (the starting process is gone), kills the last server (if it still runs in the
+# directory) and removes the directory.
+_REAPER = """
+last=''
+while read -r line; do
+  [ "$line" = closed ] && exit 0
+  last=$line
+done
+if [ -n "$last" ] && [ "$(readlink "/proc/$last/cwd" 2>/dev/null)" = "$1" ]; then kill -9 "$last" 2>/dev/null; fi
+sleep 0.5
+rm -rf "$1"
+"""
 
 
 class EmbeddedServerError(RuntimeError):
@@ -92,6 +107,7 @@ class EmbeddedMongo:
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -99,14 +115,27 @@ class EmbeddedMongo:
         """Start the server (on a new temporary directory the first time) and return its URI."""
         if self.running:
             return self.uri
-        if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+        if self._workdir is not None:
+            self._launch(auth=self.auth is not None, tls=self.tls is not None)
+            return self.uri
+        self._workdir = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+        try:
             (self._workdir / "data").mkdir()
+            self._reaper = subprocess.Popen(
+                ["sh", "-c", _REAPER, "mongolock-embedded-reaper", str(self._workdir)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # not stopped by a Ctrl-C meant for this process
+            )
             if self.auth is not None:
                 self._launch(auth=False, tls=False)
                 self._create_user(*self.auth)
                 self.stop()
-        self._launch(auth=self.auth is not None, tls=self.tls is not None)
+            self._launch(auth=self.auth is not None, tls=self.tls is not None)
+        except BaseException:
+            self.close()  # a failed first start leaves nothing behind
+            raise
         return self.uri
 
     def stop(self) -> None:
@@ -124,7 +153,6 @@ class EmbeddedMongo:
                 process.kill()
                 process.wait()
         self._process = None
-        _running.discard(self)
 
     def kill(self) -> None:
         """SIGKILL the server, as a crash would; keep its data for a restart."""
@@ -135,7 +163,6 @@ class EmbeddedMongo:
         process.wait()
         self._process = None
         self._paused = False
-        _running.discard(self)
 
     def restart(self, *, crash: bool = False) -> str:
         """Stop (or with ``crash=True`` SIGKILL) and start again on the same data directory and port."""
@@ -158,6 +185,12 @@ class EmbeddedMongo:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        if self._reaper is not None:
+            self._tell_reaper("closed")
+            with contextlib.suppress(OSError, ValueError):
+                self._reaper.stdin.close()  # type: ignore[union-attr]
+            self._reaper.wait()
+            self._reaper = None
         self.port = None
 
     # -- facts ------------------------------------------------------------------------------------
@@ -258,11 +291,17 @@ class EmbeddedMongo:
                 stderr=subprocess.STDOUT,
                 cwd=self._workdir,
                 # PR_SET_PDEATHSIG follows the thread that forks; only the main thread lives as long
-                # as the process. Servers started elsewhere rely on the atexit hook alone.
+                # as the process. Servers started elsewhere rely on the reaper alone.
                 preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else os.setpgrp,
             )
-        _running.add(self)
+        self._tell_reaper(str(self._process.pid))
         self._wait_until_listening(log_start)
+
+    def _tell_reaper(self, line: str) -> None:
+        if self._reaper is not None and self._reaper.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._reaper.stdin.write(f"{line}\n".encode())
+                self._reaper.stdin.flush()
 
     def _wait_until_listening(self, log_start: int) -> None:
         assert self._process is not None and self.log_path is not None
