@@ -15,11 +15,11 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PYTHON) -m pytest -n 4
 
-## ruff and mypy --strict (the package, the examples, a user-style file, every example in the docs),
+## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),
 ## and the real-MongoDB workflow and its compose files checked against their schemas.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --strict mongolock_async examples tests/typing
+	$(VENV)/bin/mypy --strict mongolock_async tests/typing
 	examples=$$(mktemp -d) && $(PYTHON) tests/doc_examples.py $$examples && \
 		$(VENV)/bin/mypy --strict $$examples; status=$$?; rm -rf $$examples; exit $$status
 	$(VENV)/bin/mypy --strict .ci/mongodb/initiate.py

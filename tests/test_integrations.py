@@ -4,6 +4,7 @@ No ``from __future__ import annotations`` here: FastAPI resolves an endpoint's a
 module's globals, and some endpoints below are defined inside tests, with local lock managers.
 """
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -14,7 +15,6 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import httpx
@@ -26,10 +26,6 @@ from mongolock_async import AsyncMongoLock, LockLostError, LockManager, LockTime
 from mongolock_async.fastapi import hold_lock
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-
-EXAMPLES = Path(__file__).parent.parent / "examples"
-sys.path.insert(0, str(EXAMPLES))
-
 
 # -- the manager and run-once jobs ----------------------------------------------------------------
 
@@ -156,7 +152,7 @@ async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
     async with shop(mongodb_uri, {"sku-1": 5, "sku-2": 3}) as database:
         monkeypatch.setenv("MONGODB_URI", mongodb_uri)
         monkeypatch.setenv("SHOP_DATABASE", database)
-        import fastapi_app
+        from mongolock_async.examples import fastapi_app
 
         async with fastapi_app.app.router.lifespan_context(fastapi_app.app):
             transport = httpx.ASGITransport(app=fastapi_app.app)
@@ -201,7 +197,7 @@ async def test_aiohttp_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
     async with shop(mongodb_uri, {"sku-1": 4}) as database:
         monkeypatch.setenv("MONGODB_URI", mongodb_uri)
         monkeypatch.setenv("SHOP_DATABASE", database)
-        import aiohttp_app
+        from mongolock_async.examples import aiohttp_app
 
         async with test_utils.TestClient(test_utils.TestServer(aiohttp_app.make_app())) as http:
             responses = await asyncio.gather(*(buy(http.post, "/items/sku-1/buy", aiohttp_status) for _ in range(20)))
@@ -274,9 +270,9 @@ def free_port() -> int:
 def uvicorn(uri: str, database: str) -> Iterator[str]:
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--workers", "2", "--port", str(port), "--log-level",
-         "warning"],
-        cwd=EXAMPLES, env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database},
+        [sys.executable, "-m", "uvicorn", "mongolock_async.examples.fastapi_app:app", "--workers", "2", "--port",
+         str(port), "--log-level", "warning"],
+        env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database},
     )  # fmt: skip
     try:
         for _ in range(200):
@@ -309,3 +305,53 @@ async def test_fastapi_under_uvicorn_with_two_workers_never_oversells(mongodb_ur
         assert stock == {"sku-1": (0, 10), "sku-2": (0, 10)}, "exactly the stock was sold"
         assert sum(sold_of for _, sold_of in stock.values()) == sold, "every sale answered was recorded"
         assert await held_locks(mongodb_uri, database) == 0, "a lock was left held"
+
+
+# -- the examples, run from the package as the guides say -------------------------------------------
+
+
+def run_example(module: str, uri: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", f"mongolock_async.examples.{module}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MONGODB_URI": uri, **env},
+        timeout=120,
+    )
+
+
+def test_the_worker_and_job_examples_print_what_the_guide_shows(mongodb_uri: str) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    worker = run_example("worker", mongodb_uri, WORKER_DATABASE=f"worker_{suffix}")
+    assert worker.returncode == 0, worker.stderr
+    assert worker.stdout == "processed 20 items; 0 left\n"
+    job = run_example("scheduled_job", mongodb_uri, JOBS_DATABASE=f"jobs_{suffix}")
+    assert job.returncode == 0, job.stderr
+    results = ast.literal_eval(job.stdout)
+    assert results.count("skipped") == 2 and any("ran the report" in result for result in results), job.stdout
+
+
+@pytest.mark.parametrize(("module", "port_option"), [("fastapi_app", "--port"), ("aiohttp_app", "--port")])
+def test_the_web_examples_serve_from_the_package_on_localhost(mongodb_uri: str, module: str, port_option: str) -> None:
+    port = free_port()
+    database = f"shop_{uuid.uuid4().hex[:8]}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", f"mongolock_async.examples.{module}", port_option, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "MONGODB_URI": mongodb_uri, "SHOP_DATABASE": database},
+    )
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                break
+            time.sleep(0.1)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+            sold = [http.post("/items/sku-1/buy").json()["sold"] for _ in range(4)]
+        assert sold == [True, True, True, False], "sku-1 starts with 3 units"
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    assert f"seeded {database}.items: {{'sku-1': 3, 'sku-2': 5, 'sku-3': 10}}" in out, out
+    assert f"127.0.0.1:{port}" in out, "not listening on 127.0.0.1"

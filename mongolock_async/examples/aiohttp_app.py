@@ -1,10 +1,15 @@
 """The same flash sale on aiohttp.
 
-    MONGODB_URI=mongodb://... python examples/aiohttp_app.py
+    mongolock server                                  # in another terminal (or set MONGODB_URI)
+    python -m mongolock_async.examples.aiohttp_app    # http://127.0.0.1:8080
+    curl -X POST http://127.0.0.1:8080/items/sku-1/buy
+
+The app seeds three items into an empty ``shop`` database when it starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 from collections.abc import AsyncIterator
@@ -16,15 +21,20 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from mongolock_async import LockManager
 from mongolock_async.aiohttp import LOCK, hold_lock
+from mongolock_async.examples import mongodb_uri
 
 DATABASE = web.AppKey("database", AsyncDatabase[dict[str, Any]])
 LOCKS = web.AppKey("locks", LockManager)
 routes = web.RouteTableDef()
+STOCK = {"sku-1": 3, "sku-2": 5, "sku-3": 10}
 
 
 async def mongodb(app: web.Application) -> AsyncIterator[None]:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(os.environ["MONGODB_URI"])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri())
     database = client[os.environ.get("SHOP_DATABASE", "shop")]
+    if await database["items"].count_documents({}, limit=1) == 0:
+        await database["items"].insert_many([{"_id": sku, "stock": stock, "sold": 0} for sku, stock in STOCK.items()])
+        print(f"seeded {database.name}.items: {STOCK}", flush=True)
     app[DATABASE] = database
     app[LOCKS] = LockManager(database["locks"], ttl=10, timeout=2, label="checkout")
     yield
@@ -52,4 +62,8 @@ def make_app() -> web.Application:
 
 
 if __name__ == "__main__":
-    web.run_app(make_app(), port=int(os.environ.get("PORT", "8080")))
+    parser = argparse.ArgumentParser(description="The flash-sale example on aiohttp.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    arguments = parser.parse_args()
+    web.run_app(make_app(), host=arguments.host, port=arguments.port)

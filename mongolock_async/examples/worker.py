@@ -1,7 +1,8 @@
 """An asyncio worker: tasks (in as many processes as you like) take items from a queue collection;
 each item is processed under a lock of its own, kept alive by the heartbeat however long it takes.
 
-    MONGODB_URI=mongodb://... python examples/worker.py
+    mongolock server                                    # in another terminal (or set MONGODB_URI)
+    python -m mongolock_async.examples.worker
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 
 from mongolock_async import LockManager
+from mongolock_async.examples import mongodb_uri
 
 Queue = AsyncCollection[dict[str, Any]]
 
@@ -44,7 +46,7 @@ async def work(locks: LockManager, queue: Queue, worker: str) -> int:
 
 
 async def main() -> None:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(os.environ["MONGODB_URI"])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri())
     database = client[os.environ.get("WORKER_DATABASE", "worker_example")]
     queue = database["queue"]
     if await queue.count_documents({}) == 0:

@@ -1,7 +1,8 @@
 """A nightly job that every replica of a service starts on the same schedule: exactly one runs it,
 the others skip at once. The heartbeat keeps the lock however long the job takes.
 
-    MONGODB_URI=mongodb://... python examples/scheduled_job.py
+    mongolock server                                    # in another terminal (or set MONGODB_URI)
+    python -m mongolock_async.examples.scheduled_job
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 from pymongo import AsyncMongoClient
 
 from mongolock_async import LockManager
+from mongolock_async.examples import mongodb_uri
 
 
 async def main() -> None:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(os.environ["MONGODB_URI"])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri())
     database = client[os.environ.get("JOBS_DATABASE", "jobs")]
     locks = LockManager(database["locks"], ttl=30, heartbeat=True)
 
