@@ -63,7 +63,7 @@ def redact_uri(uri: str) -> str:
 
 def client_options(uri: str) -> dict[str, Any]:
     """Options for a command's client: give up on an unreachable server after
-    :data:`DEFAULT_SERVER_SELECTION_MS`, unless the URI says otherwise."""
+    ``DEFAULT_SERVER_SELECTION_MS``, unless the URI says otherwise."""
     keys = {key.lower() for key in _uri_options(uri)}
     defaults: dict[str, Any] = {}
     if "serverselectiontimeoutms" not in keys:
@@ -104,7 +104,7 @@ def _uri_options(uri: str) -> dict[str, Any]:
 
 
 def connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
-    """A client for ``uri``, or a :class:`UserError` that never quotes a credential."""
+    """A client for ``uri``, or a ``UserError`` that never quotes a credential."""
     if not uri:
         raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
     if not uri.startswith(_SCHEMES):

@@ -17,7 +17,12 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+try:
+    from aiohttp import web
+except ModuleNotFoundError as error:
+    raise ModuleNotFoundError(
+        f"mongolock_async.aiohttp needs aiohttp: pip install 'mongolock-async[aiohttp]' ({error})", name=error.name
+    ) from error
 
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
@@ -28,7 +33,7 @@ NameOf = str | Callable[[web.Request], str]
 ManagerOf = LockManager | Callable[[web.Request], LockManager]
 
 LOCK = web.RequestKey("mongolock_async.lock", AsyncMongoLock)
-"""The request key under which :func:`hold_lock` puts the held lock."""
+"""The request key under which [`hold_lock`][mongolock_async.aiohttp.hold_lock] puts the held lock."""
 
 
 class HTTPLocked(web.HTTPClientError):
@@ -40,7 +45,7 @@ class HTTPLocked(web.HTTPClientError):
 def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Handler], Handler]:
     """Decorate a handler so that it runs holding the lock ``name``.
 
-    ``locks`` is a :class:`~mongolock_async.LockManager`, or a function of the request returning one
+    ``locks`` is a [`LockManager`][mongolock_async.LockManager], or a function of the request returning one
     (``lambda request: request.app[LOCKS]``); ``name`` a string or a function of the request.
     The held lock is ``request[LOCK]``. If someone else holds it past the timeout, the response is
     423 Locked (with ``Retry-After: 1``); if MongoDB cannot be reached, or the lease is lost while

@@ -2,7 +2,7 @@
 
 A document can have been edited by hand or by another tool. Every field the lock's safety depends
 on (``owner``, ``expiresAt``, ``fence``, ``queue``) is checked here the same way the store's
-pipelines check it on the server, and a bad one raises :class:`LockDataError` naming the lock and
+pipelines check it on the server, and a bad one raises ``LockDataError`` naming the lock and
 the field. Fields kept only for operators (``holder``, ``ttlMs``, timestamps) are read leniently:
 a wrong type shows as missing rather than breaking a listing of every other lock.
 """
@@ -57,7 +57,7 @@ class LockState:
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> LockState:
-        """Parse a stored lock document; :class:`LockDataError` if a field the lock relies on is corrupt."""
+        """Parse a stored lock document; ``LockDataError`` if a field the lock relies on is corrupt."""
         name = doc.get("_id")
         if not isinstance(name, str):
             raise LockDataError(name, "_id", f"holds {_type_name(name)}, expected a string lock name")

@@ -1,4 +1,4 @@
-"""The library's exceptions. Every one of them is a :class:`LockError`."""
+"""The library's exceptions. Every one of them is a [`LockError`][mongolock_async.LockError]."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class ServerTooOldError(LockError):
 
 
 class TransactionsUnsupportedError(LockError):
-    """:meth:`~mongolock_async.AsyncMongoLock.guard_transaction` needs multi-document transactions,
+    """[`guard_transaction`][mongolock_async.AsyncMongoLock.guard_transaction] needs multi-document transactions,
     which a standalone server does not have (a replica set or a sharded cluster does)."""
 
 

@@ -17,7 +17,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Depends, HTTPException, Request, status
+try:
+    from fastapi import Depends, HTTPException, Request, status
+except ModuleNotFoundError as error:
+    raise ModuleNotFoundError(
+        f"mongolock_async.fastapi needs FastAPI: pip install 'mongolock-async[fastapi]' ({error})", name=error.name
+    ) from error
 
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
@@ -31,7 +36,7 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
     """A dependency (already wrapped in ``Depends``: use it as ``Annotated[AsyncMongoLock, hold_lock(...)]``)
     that holds the lock ``name`` for the request.
 
-    ``locks`` is a :class:`~mongolock_async.LockManager`, or a function of the request returning one
+    ``locks`` is a [`LockManager`][mongolock_async.LockManager], or a function of the request returning one
     (``lambda request: request.app.state.locks``); ``name`` a string or a function of the request.
     ``overrides`` set handle options for this dependency. The lock is released as soon as the path
     operation returns, before the response is sent. If someone else holds it past the timeout, the

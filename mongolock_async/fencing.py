@@ -11,7 +11,7 @@ not older than the one stored on it, and records the writer's token, in one requ
 This protects a document even from a holder that does not know its lease ended (a process paused
 past its TTL, a long GC pause, a partition): once a newer holder has written the document, the old
 holder's writes no longer match. The check is per document; to protect several documents together,
-use :meth:`~mongolock_async.AsyncMongoLock.guard_transaction` in a transaction.
+use [`guard_transaction`][mongolock_async.AsyncMongoLock.guard_transaction] in a transaction.
 
 The token is stored in the field ``fence`` (``field=`` to choose another). Tokens of one lock only go
 up; every document protected this way should be written under one lock name, since tokens of two
@@ -59,11 +59,12 @@ async def fenced_update_one(
     """Apply ``update`` (update operators, or a pipeline) to one document matching ``filter`` whose
     stored token is at most ``token``, and store ``token`` on it. One ``update`` request.
 
-    ``token`` is a fencing token or a lock handle (its current token; :class:`LockNotOwnedError`,
-    before any I/O, if it holds no live lease as far as this process knows). With ``upsert=True``,
-    ``filter`` must select by ``_id``: a document holding a newer token then refuses the write
-    (the insert collides with it) instead of a second document being inserted. ``TypeError`` or
-    ``ValueError`` for bad arguments, before any I/O, among them an update that sets ``field``.
+    ``token`` is a fencing token or a lock handle (its current token;
+    [`LockNotOwnedError`][mongolock_async.LockNotOwnedError], before any I/O, if it holds no live
+    lease as far as this process knows). With ``upsert=True``, ``filter`` must select by ``_id``: a
+    document holding a newer token then refuses the write (the insert collides with it) instead of a
+    second document being inserted. ``TypeError`` or ``ValueError`` for bad arguments, before any
+    I/O, among them an update that sets ``field``.
     """
     checked_token = _token(token)
     _check_field(field)
@@ -98,7 +99,8 @@ async def fenced_replace_one(
 ) -> FencedWriteResult:
     """Replace one document matching ``filter`` whose stored token is at most ``token`` by
     ``replacement`` with ``token`` stored in it. One ``update`` request; arguments and errors as
-    :func:`fenced_update_one` (``replacement`` must not hold ``field`` nor update operators)."""
+    [`fenced_update_one`][mongolock_async.fencing.fenced_update_one] (``replacement`` must not hold
+    ``field`` nor update operators)."""
     checked_token = _token(token)
     _check_field(field)
     _check_upsert(filter, upsert)

@@ -1,8 +1,10 @@
 """Observing locks: a callback per event, for metrics, traces or logs of your own.
 
-Subclass :class:`LockHooks`, override what you need, and pass an instance as ``hooks=`` to
-:class:`~mongolock_async.AsyncMongoLock` or :class:`~mongolock_async.LockManager`. The
-OpenTelemetry integration (:mod:`mongolock_async.opentelemetry`) is one such subclass.
+Subclass [`LockHooks`][mongolock_async.LockHooks], override what you need, and pass an instance as
+``hooks=`` to [`AsyncMongoLock`][mongolock_async.AsyncMongoLock] or
+[`LockManager`][mongolock_async.LockManager]. The OpenTelemetry integration
+([`mongolock_async.opentelemetry`][mongolock_async.opentelemetry.OpenTelemetryHooks]) is one such
+subclass.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ this process's places in the locks' queues alive.
 
 Each lease is renewed when its own interval has passed since its last confirmed renewal; leases
 due within half an interval ride along, so a tick renews many leases at once. Renewals are sent per
-collection in chunks of at most :data:`RENEWAL_CHUNK` leases, earliest local deadline first, one
+collection in chunks of at most ``RENEWAL_CHUNK`` leases, earliest local deadline first, one
 request per chunk: the server's work per lease stays flat however many are held, and no single
 write holds the server long enough to stall other requests. Each request is bounded by the driver's
 operation timeout to the earliest deadline it covers. A failed renewal is retried with backoff; a
-lease whose deadline passes unrenewed is lost by its own timer (:mod:`.lease`), with the last
+lease whose deadline passes unrenewed is lost by its own timer (``lease``), with the last
 failure as the reason. A lease the server shows as no longer ours is marked lost at once.
 
 The task exists only while there is something to renew.
@@ -67,7 +67,7 @@ class LeaseKeeper:
         return bool(self._leases or self._places)
 
     def keep(self, lease: Lease) -> None:
-        """Renew ``lease`` from now on, every ``heartbeat_interval``, until :meth:`drop`."""
+        """Renew ``lease`` from now on, every ``heartbeat_interval``, until ``drop``."""
         assert lease.heartbeat_interval is not None
         self._leases[lease] = time.monotonic() + lease.heartbeat_interval
         self._wake()
@@ -199,7 +199,7 @@ def _place_interval(queue: LocalQueue) -> float:
 
 def _chunks_by_collection(items: Iterable[_T], *, key: Any) -> list[tuple[LockStore, list[list[_T]]]]:
     """Items grouped by the collection (and write concern) they are written to, each group sorted
-    by ``key`` and cut into chunks of :data:`RENEWAL_CHUNK`."""
+    by ``key`` and cut into chunks of ``RENEWAL_CHUNK``."""
     groups: dict[tuple[int, str, str], list[_T]] = defaultdict(list)
     stores: dict[tuple[int, str, str], LockStore] = {}
     for item in items:

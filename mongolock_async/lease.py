@@ -43,7 +43,7 @@ class BodyGuard:
 
     def close(self, exc_type: type[BaseException] | None) -> bool:
         """The block has ended: fire no more. Returns whether it ended by our cancellation alone,
-        which the caller turns into :class:`LockLostError`."""
+        which the caller turns into ``LockLostError``."""
         self.closed = True
         if not self.fired or self._task is None:
             return False
@@ -66,7 +66,7 @@ class Lease:
     fencing_token: int
     ttl: float
     safety_margin: float | None
-    """The configured margin, or None for :func:`default_safety_margin` of the TTL."""
+    """The configured margin, or None for ``default_safety_margin`` of the TTL."""
     deadline: float
     heartbeat_interval: float | None
     lost: asyncio.Event

@@ -40,7 +40,6 @@ from .waiting import AcquireRequest, deadline_in, hand_over, spawn, wait_for_lea
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
 
-_MAJORITY = WriteConcern(w="majority")
 # A release is sent even for a lease about to expire; it gets at least this long to complete.
 _MIN_RELEASE_TIME = 1.0
 
@@ -54,8 +53,8 @@ class AsyncMongoLock:
     Arguments (all checked before any I/O; ``TypeError``/``ValueError`` name the argument):
 
     - ``ttl``: lease length in seconds (default 30). Expiry is set and judged by the server's clock.
-    - ``blocking``/``timeout``: defaults for :meth:`acquire` and ``async with`` (``timeout=None``
-      waits forever).
+    - ``blocking``/``timeout``: defaults for [`acquire`][mongolock_async.AsyncMongoLock.acquire] and
+      ``async with`` (``timeout=None`` waits forever).
     - ``label``: free text shown to operators as the holder (with host and pid).
     - ``write_concern``: for every write; ``majority`` by default so an acknowledged acquisition
       survives a primary failover.
@@ -70,16 +69,17 @@ class AsyncMongoLock:
       queue stored with the lock and every release hands the lease to the oldest place. Off by
       default: then a release prefers a waiting task of its own process (one request for both),
       for at most a few hand-offs in a row while other processes wait. Within one process, waiting
-      tasks are always served in arrival order. See docs/design.md for the trade-offs.
-    - ``hooks``: a :class:`~mongolock_async.LockHooks` told of every acquisition, renewal,
+      tasks are always served in arrival order. The trade-offs are in
+      [the design notes][waiting-a-queue-per-process-places-across-processes].
+    - ``hooks``: a [`LockHooks`][mongolock_async.LockHooks] told of every acquisition, renewal,
       release and loss (for metrics and traces).
     - ``retry_base``/``retry_cap``: the jittered exponential backoff of a blocking acquire where
       no change stream reports releases (a standalone server), in seconds. A waiter also wakes when
       the holder's lease expires, and at once when the lock is released or handed to it.
     - ``unreachable_timeout``: how long a blocking acquire rides out an outage (MongoDB not
       reached: no server to select, connections failing, no primary) before it raises
-      :class:`~mongolock_async.ServerUnreachableError`. ``"server_selection"`` (the default) is the
-      client's ``serverSelectionTimeoutMS`` (30 s unless the URI or the client says otherwise),
+      [`ServerUnreachableError`][mongolock_async.ServerUnreachableError]. ``"server_selection"``
+      (the default) is the client's ``serverSelectionTimeoutMS`` (30 s unless the URI or the client says otherwise),
       which rides out an election; a number of seconds; or ``None`` to wait through any outage.
       Errors that retrying cannot fix (a certificate that does not verify, rejected credentials)
       are raised at once.
@@ -94,7 +94,7 @@ class AsyncMongoLock:
         blocking: bool = True,
         timeout: float | None = None,
         label: str | None = None,
-        write_concern: WriteConcern = _MAJORITY,
+        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
         heartbeat: bool | float = False,
         safety_margin: float | None = None,
         on_lost: OnLost | None = None,
@@ -146,7 +146,8 @@ class AsyncMongoLock:
 
     @property
     def ttl(self) -> float:
-        """The TTL of the current lease (changed by :meth:`extend`), else the configured one."""
+        """The TTL of the current lease (changed by [`extend`][mongolock_async.AsyncMongoLock.extend]),
+        else the configured one."""
         return self._lease.ttl if self._lease is not None else self._ttl
 
     @property
@@ -185,16 +186,18 @@ class AsyncMongoLock:
         one round trip.
 
         An unreachable MongoDB is never reported as a busy lock: if the timeout passes while MongoDB
-        cannot be reached, :class:`LockTimeoutError` says so (its ``unreachable`` says why, and the
-        driver's error is its ``__cause__``); an outage longer than ``unreachable_timeout`` raises
-        :class:`ServerUnreachableError`, as does a non-blocking acquire that finds no server.
-        Errors retrying cannot fix (a certificate that does not verify, rejected credentials)
-        propagate as the driver raised them.
+        cannot be reached, [`LockTimeoutError`][mongolock_async.LockTimeoutError] says so (its
+        ``unreachable`` says why, and the driver's error is its ``__cause__``); an outage longer
+        than ``unreachable_timeout`` raises
+        [`ServerUnreachableError`][mongolock_async.ServerUnreachableError], as does a non-blocking
+        acquire that finds no server. Errors retrying cannot fix (a certificate that does not
+        verify, rejected credentials) propagate as the driver raised them.
 
-        Raises :class:`LockAlreadyHeldError` if this handle already holds or is acquiring the lock,
-        and :class:`LockDataError` if the lock's document was corrupted by hand or another tool.
-        If the caller is cancelled, the request in flight completes, any lease it took is handed
-        on, and the cancellation propagates.
+        Raises [`LockAlreadyHeldError`][mongolock_async.LockAlreadyHeldError] if this handle already
+        holds or is acquiring the lock, and [`LockDataError`][mongolock_async.LockDataError] if the
+        lock's document was corrupted by hand or another tool. If the caller is cancelled, the
+        request in flight completes, any lease it took is handed on, and the cancellation
+        propagates.
         """
         blocking = self._blocking if blocking is None else _validate.flag(blocking, "blocking")
         if timeout is None:
@@ -325,8 +328,8 @@ class AsyncMongoLock:
     async def extend(self, ttl: float | None = None) -> None:
         """Start a new lease of ``ttl`` seconds (default: the current TTL) from now, server time.
 
-        Raises :class:`LockNotOwnedError` if this handle holds no live lease; the lease then counts
-        as lost (``lost`` is set, ``on_lost`` is called).
+        Raises [`LockNotOwnedError`][mongolock_async.LockNotOwnedError] if this handle holds no live
+        lease; the lease then counts as lost (``lost`` is set, ``on_lost`` is called).
         """
         new_ttl = self.ttl if ttl is None else _validate.ttl(ttl)
         lease = self._lease
@@ -380,15 +383,17 @@ class AsyncMongoLock:
         commit: keep guarded transactions well under the TTL. MongoDB ends a transaction after 60 s
         (``transactionLifetimeLimitSeconds``).
 
-        Raises :class:`LockLostError` (and marks the lease lost, cancelling an ``async with`` block)
-        if the lease has ended, locally or on the server; the transaction must then be aborted, which
-        ``async with session.start_transaction()`` and ``session.with_transaction`` do on the error.
-        A ``WriteConflict`` error labelled ``TransientTransactionError`` propagates as the driver
-        raised it: the lock document changed since the transaction's snapshot (a takeover, or this
-        lease's own renewal); ``with_transaction`` then runs the callback again, and this call tells
-        which it was. :class:`LockNotOwnedError` if the handle never held the lock;
-        :class:`TransactionsUnsupportedError` on a standalone server; ``ValueError`` if ``session``
-        is not in a transaction. The checks before the request do no I/O.
+        Raises [`LockLostError`][mongolock_async.LockLostError] (and marks the lease lost,
+        cancelling an ``async with`` block) if the lease has ended, locally or on the server; the
+        transaction must then be aborted, which ``async with session.start_transaction()`` and
+        ``session.with_transaction`` do on the error. A ``WriteConflict`` error labelled
+        ``TransientTransactionError`` propagates as the driver raised it: the lock document changed
+        since the transaction's snapshot (a takeover, or this lease's own renewal);
+        ``with_transaction`` then runs the callback again, and this call tells which it was.
+        [`LockNotOwnedError`][mongolock_async.LockNotOwnedError] if the handle never held the lock;
+        [`TransactionsUnsupportedError`][mongolock_async.TransactionsUnsupportedError] on a
+        standalone server; ``ValueError`` if ``session`` is not in a transaction. The checks before
+        the request do no I/O.
         """
         if not getattr(session, "in_transaction", False):
             raise ValueError(

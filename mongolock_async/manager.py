@@ -23,7 +23,7 @@ class LockManager:
 
     ``locks = LockManager(collection, ttl=10, timeout=2, label="checkout")``, then
     ``async with locks("stock:" + sku): ...`` anywhere. Every keyword of
-    :class:`~mongolock_async.AsyncMongoLock` can be given here as a default and overridden per call.
+    [`AsyncMongoLock`][mongolock_async.AsyncMongoLock] can be given here as a default and overridden per call.
     The defaults are checked here, before any I/O, with the same errors as the handle's.
     """
 
@@ -57,9 +57,9 @@ class LockManager:
         A call made while another holds the lock returns None at once (``wait=False``, the
         default: for jobs that several replicas start on the same schedule), or waits for its turn
         (``wait=True``, up to the manager's or the call's ``timeout``, then
-        :class:`~mongolock_async.LockTimeoutError`). The function runs as the body of
+        [`LockTimeoutError`][mongolock_async.LockTimeoutError]). The function runs as the body of
         ``async with`` the lock: if the lease is lost, it is cancelled and
-        :class:`~mongolock_async.LockLostError` is raised. ``name`` defaults to the function's
+        [`LockLostError`][mongolock_async.LockLostError] is raised. ``name`` defaults to the function's
         module and qualified name; ``overrides`` set handle options (``heartbeat=True`` for long jobs).
         """
 

@@ -23,8 +23,15 @@ from __future__ import annotations
 
 import time
 
-from opentelemetry import metrics, trace
-from opentelemetry.trace import Status, StatusCode
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace import Status, StatusCode
+except ModuleNotFoundError as error:
+    raise ModuleNotFoundError(
+        f"mongolock_async.opentelemetry needs the OpenTelemetry API: pip install 'mongolock-async[opentelemetry]' "
+        f"({error})",
+        name=error.name,
+    ) from error
 
 from ._version import __version__
 from .hooks import LockHooks
@@ -35,7 +42,7 @@ _TOKEN = "mongolock.fencing_token"
 
 
 class OpenTelemetryHooks(LockHooks):
-    """:class:`~mongolock_async.LockHooks` that record OpenTelemetry metrics and spans."""
+    """[`LockHooks`][mongolock_async.LockHooks] that record OpenTelemetry metrics and spans."""
 
     def __init__(
         self,

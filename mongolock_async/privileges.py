@@ -28,7 +28,8 @@ def lock_privileges(database: str, collection: str) -> list[dict[str, Any]]:
 
 def operator_privileges(database: str, collection: str) -> list[dict[str, Any]]:
     """What ``mongolock list``/``inspect``/``release --force`` and
-    :func:`~mongolock_async.ensure_idle_cleanup_index` need on top of :func:`lock_privileges`."""
+    [`ensure_idle_cleanup_index`][mongolock_async.ensure_idle_cleanup_index] need on top of
+    [`lock_privileges`][mongolock_async.privileges.lock_privileges]."""
     return [
         {"resource": {"db": database, "collection": ""}, "actions": ["listCollections"]},
         {"resource": {"db": database, "collection": collection}, "actions": ["collMod", "createIndex", "listIndexes"]},

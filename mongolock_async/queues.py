@@ -1,11 +1,11 @@
 """The tasks of this process waiting for a lock, per event loop and lock name, in arrival order, and
-the two state types of waiting: where a task's blocked acquire stands (:class:`Turn`), and where this
-process's place in the queue stored with the lock stands (:class:`PlaceState`).
+the two state types of waiting: where a task's blocked acquire stands (``Turn``), and where this
+process's place in the queue stored with the lock stands (``PlaceState``).
 
-Every transition is a method of :class:`LocalQueue`, named after what triggers it; the diagram is in
-docs/design.md ("The states of a blocked acquire"). Nothing here sends a request: :mod:`.waiting`
-drives a waiting task through the states and calls the store; the change stream (:mod:`.watcher`),
-the heartbeat (:mod:`.keeper`) and releases of this process (:mod:`.waiting`) report what they saw
+Every transition is a method of ``LocalQueue``, named after what triggers it; the diagram is in
+docs/design.md ("The states of a blocked acquire"). Nothing here sends a request: ``waiting``
+drives a waiting task through the states and calls the store; the change stream (``watcher``),
+the heartbeat (``keeper``) and releases of this process (``waiting``) report what they saw
 through the ``on_*`` methods.
 """
 
@@ -81,7 +81,7 @@ class Waiter:
     holder: Mapping[str, Any]
     fresh_for: float
     """How old the place's last write may be for a hand-off to be taken without a claim: the
-    handle's safety margin (see :meth:`LocalQueue.on_handed_to_place`)."""
+    handle's safety margin (see ``LocalQueue.on_handed_to_place``)."""
     turn: Turn = Turn.QUEUED
     attempt_at: float | None = None
     """In ``PLACED`` and ``BACKING_OFF``: when to attempt if no news comes first (None: not set yet)."""

@@ -24,7 +24,7 @@ the next place in the same write, so a hand-off costs no extra request and no ra
 
 Every pipeline first checks that the fields it relies on have the types this library writes
 (``_sane``); on a document edited into another shape it changes nothing, and the caller raises
-:class:`LockDataError` from :class:`LockState` parsing.
+``LockDataError`` from ``LockState`` parsing.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ _TEMPORARY = [
 
 @dataclass(frozen=True, slots=True)
 class ForcedRelease:
-    """A lease broken by :meth:`LockStore.force_release`, as it was (read leniently: it may be corrupt)."""
+    """A lease broken by ``LockStore.force_release``, as it was (read leniently: it may be corrupt)."""
 
     name: str
     owner: str | None
@@ -173,7 +173,7 @@ class LockStore:
         lease was handed to ``owner`` (its place's turn came), this claims it: the expiry restarts
         from now and the fencing token stays the one issued at the hand-off. ``enqueue`` adds (or
         refreshes) ``owner``'s place in the queue when the lock is not taken; ``fair`` refuses a free
-        lock while an older place waits. ``follower`` (see :class:`PlaceRequest`) is queued in the
+        lock while an older place waits. ``follower`` (see ``PlaceRequest``) is queued in the
         same write when the lock is taken, and recorded with the place when it is not.
         """
         await self.check_server()
@@ -286,7 +286,7 @@ class LockStore:
     async def refresh_places(self, places: Sequence[tuple[str, str, int]]) -> set[str] | None:
         """Push back the expiry of each queue place ``(name, token, ttl_ms)``.
 
-        One request, like :meth:`renew`. Returns None if every place was there to be refreshed,
+        One request, like ``renew``. Returns None if every place was there to be refreshed,
         else the names that still hold one: a place that is gone (expired and pruned, or its turn
         came) is missing, and its waiter must queue again.
         """

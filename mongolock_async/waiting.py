@@ -1,26 +1,26 @@
 """How a blocked acquire waits for its lease, and how a release hands the lease to the next waiter.
 
-Read :func:`wait_for_lease` from the top: it drives one task through the states of
-:class:`~.queues.Turn` (the diagram is in docs/design.md). The tasks of one process (strictly: one
-event loop) that wait for one name queue in arrival order (:mod:`.queues`), and only the first of
+Read ``wait_for_lease`` from the top: it drives one task through the states of
+``Turn`` (the diagram is in docs/design.md). The tasks of one process (strictly: one
+event loop) that wait for one name queue in arrival order (``queues``), and only the first of
 them talks to the server. Its attempt that finds the lock held also stores a *place* for the
-process in the queue stored with the lock (see :mod:`.store`); the place carries the owner token the
+process in the queue stored with the lock (see ``store``); the place carries the owner token the
 lease is handed to when its turn comes. The process's heartbeat keeps the place alive
-(:mod:`.keeper`); if the process dies, the place expires.
+(``keeper``); if the process dies, the place expires.
 
-A release by a handle of this process (:func:`hand_over`) passes the lease to the first waiter in
+A release by a handle of this process (``hand_over``) passes the lease to the first waiter in
 the same write (a *local hand-off*: one request for the release and the next acquisition). So that
-one process cannot keep a hot lock to itself, at most :data:`LOCAL_STREAK` local hand-offs happen in
+one process cannot keep a hot lock to itself, at most ``LOCAL_STREAK`` local hand-offs happen in
 a row while another process has a place; then the lease goes to that place. With ``fair=True``
 every release hands to the oldest place, whichever process it belongs to, and a free lock is not
 taken past an older place.
 
 The first waiter learns that another process handed the lease to its place through the
-collection's change stream (:mod:`.watcher`), or else when its backoff ends; it then *claims* the
+collection's change stream (``watcher``), or else when its backoff ends; it then *claims* the
 lease with its next attempt, which restarts the expiry from that request's send time.
 
 An outage is ridden out, not mistaken for a busy lock: attempts that fail in transit are retried
-with backoff (each retry logged at WARNING, at most every :data:`WARNING_INTERVAL` seconds), until
+with backoff (each retry logged at WARNING, at most every ``WARNING_INTERVAL`` seconds), until
 MongoDB has not been reached for the handle's ``unreachable_timeout``, or the acquire's timeout
 passes; either raises, with the driver's error as the cause. Errors retrying cannot fix
 (certificates, credentials) are raised at once.
@@ -87,13 +87,13 @@ class AcquireRequest:
 async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> Grant | None:
     """Queue behind this process's other waiters and wait for the lease; None past ``give_up_at``.
 
-    Drives one task through the states of :class:`~.queues.Turn`: QUEUED until it is first in line;
+    Drives one task through the states of ``Turn``: QUEUED until it is first in line;
     then DUE, ATTEMPTING, and PLACED (or BACKING_OFF after a failure in transit) until an attempt,
     a release or a hand-off makes it GRANTED. Events from elsewhere (the change stream, releases of
-    this process, the heartbeat) move it through the :class:`~.queues.LocalQueue` and wake it.
+    this process, the heartbeat) move it through the ``LocalQueue`` and wake it.
 
-    Raises :class:`LockTimeoutError` if ``give_up_at`` passes while MongoDB cannot be reached, and
-    :class:`ServerUnreachableError` once it has not been reached for ``request.unreachable_timeout``.
+    Raises ``LockTimeoutError`` if ``give_up_at`` passes while MongoDB cannot be reached, and
+    ``ServerUnreachableError`` once it has not been reached for ``request.unreachable_timeout``.
     If the caller is cancelled, a lease this produced is handed on and only the cancellation
     propagates.
     """
@@ -247,7 +247,7 @@ _retries_unreported = 0
 
 
 def _warn_retrying(name: str, error: Exception) -> None:
-    """Log a retry after an error at WARNING, at most once per :data:`WARNING_INTERVAL` per process
+    """Log a retry after an error at WARNING, at most once per ``WARNING_INTERVAL`` per process
     (saying how many retries went unreported since)."""
     global _last_warning, _retries_unreported
     now = time.monotonic()

@@ -2,7 +2,7 @@
 
 One change stream per client, collection and event loop, opened only when a blocking acquire has
 to wait, and started at that failed attempt's ``operationTime``, so that a release between the
-attempt and the stream's start is still reported. It stays open :data:`LINGER` seconds after the
+attempt and the stream's start is still reported. It stays open ``LINGER`` seconds after the
 last waiter leaves, so a steady trickle of contention does not open and kill a stream per
 acquisition, and it is closed between two ``getMore``s (each waits at most ``maxAwaitTimeMS``), so
 no pooled connection is torn down mid-request.

@@ -9,6 +9,7 @@ project's configuration (so in pytest-asyncio's strict mode). Every other block 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,3 +52,46 @@ def test_every_example_runs_as_written(page: Path, docs_server: str, tmp_path: P
             command = [sys.executable, script.name]
         result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
         assert result.returncode == 0, f"{page.name}, python block {number}:\n{block}\n{result.stdout}{result.stderr}"
+
+
+def test_a_broken_cross_reference_fails_the_docs_build(tmp_path: Path) -> None:
+    # `make docs` builds with --strict; a reference to an object that does not exist must stop it,
+    # in a page and in a docstring's [text][identifier] link alike.
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(ROOT / ".ci", tmp_path / ".ci")
+    index = tmp_path / "docs" / "index.md"
+    index.write_text(index.read_text() + "\nSee [`acquire`][mongolock_async.AsyncMongoLock.acquire_soon].\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(tmp_path / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "acquire_soon" in result.stderr, result.stderr
+
+
+def test_code_blocks_fit_the_page() -> None:
+    # Material's content column at a 1280 px wide window holds about 84 characters of code.
+    long = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        fence = None
+        for number, line in enumerate(page.read_text().splitlines(), start=1):
+            if line.lstrip().startswith("```"):
+                fence = None if fence is not None else line.strip()[3:]
+            elif fence is not None and fence != "mermaid" and len(line) > 80:
+                long.append(f"{page.name}:{number}: {line}")
+    assert not long, "\n".join(long)

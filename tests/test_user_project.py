@@ -35,7 +35,10 @@ def test_the_uri(mongolock_uri):
 
 def run_user_project(directory: Path, uri: str, *, without_motor: bool) -> subprocess.CompletedProcess[str]:
     (directory / "test_locks.py").write_text(USER_TEST)
-    (directory / "pytest.ini").write_text("[pytest]\nasyncio_mode = strict\n")
+    # The configuration docs/testing.md gives.
+    (directory / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
+    )
     blocked = "sys.modules['motor'] = None; " if without_motor else ""  # as if Motor were not installed
     runner = f"import sys; {blocked}import pytest; sys.exit(pytest.main(['-v', '-p', 'no:cacheprovider']))"
     return subprocess.run(
@@ -54,6 +57,7 @@ def test_the_plugin_works_in_a_strict_mode_project(mongodb_uri: str, tmp_path: P
     assert result.returncode == 0, result.stdout + result.stderr
     assert "test_a_lock_in_a_fresh_collection[pymongo] PASSED" in result.stdout
     assert ("[motor] PASSED" in result.stdout) is not without_motor
+    assert "warning" not in result.stdout.lower(), "a user's first run shows a warning"
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -105,3 +107,14 @@ async def test_an_operator_shaped_name_is_a_plain_string(lock_collection: Any) -
     assert await lock_collection.count_documents({}) == 3
     for lock in (plain, tricky, dollar):
         assert await lock.release()
+
+
+@pytest.mark.parametrize(
+    ("module", "missing"), [("fastapi", "fastapi"), ("aiohttp", "aiohttp"), ("opentelemetry", "opentelemetry")]
+)
+def test_an_integration_without_its_extra_names_the_extra(module: str, missing: str) -> None:
+    # The dependency made unimportable, as in an environment without the extra.
+    script = f"import sys; sys.modules[{missing!r}] = None; import mongolock_async.{module}"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"pip install 'mongolock-async[{module}]'" in result.stderr.splitlines()[-1], result.stderr

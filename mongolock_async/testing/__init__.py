@@ -1,6 +1,7 @@
 """Testing helpers: an embedded MongoDB server, server selection, and pytest fixtures.
 
-The pytest fixtures live in :mod:`mongolock_async.testing.pytest_plugin`; enable them with
+The pytest fixtures live in
+[`mongolock_async.testing.pytest_plugin`][mongolock_async.testing.pytest_plugin]; enable them with
 ``pytest_plugins = ["mongolock_async.testing.pytest_plugin"]`` in a ``conftest.py``.
 """
 

@@ -3,7 +3,7 @@ collection. Registered automatically (a ``pytest11`` entry point) when the packa
 
 - ``mongolock_server`` (session): the server, chosen once per session: ``MONGODB_URI`` if set,
   else a testcontainers MongoDB where a Docker engine answers, else the embedded server (needs the
-  ``embedded`` extra). A :class:`~mongolock_async.testing.ServerChoice`.
+  ``embedded`` extra). A [`ServerChoice`][mongolock_async.testing.ServerChoice].
 - ``mongolock_uri`` (session): its URI.
 - ``mongolock_driver``: ``"pymongo"``, and ``"motor"`` too when Motor is installed: tests that use
   the fixtures below run once per driver (``MONGOLOCK_TEST_DRIVERS=pymongo`` picks, comma-separated).

@@ -77,8 +77,8 @@ class EmbeddedMongo:
     - ``auth``: ``(user, password)`` to require SCRAM authentication; the user is created with the
       ``root`` role and the URI carries the credentials.
     - ``port``: listen on this port (default: one the OS assigns).
-    - ``tls``: serve TLS only (:class:`EmbeddedTLS`); the URI then asks for TLS, verified with
-      the server's certificate authority.
+    - ``tls``: serve TLS only ([`EmbeddedTLS`][mongolock_async.testing.EmbeddedTLS]); the URI then
+      asks for TLS, verified with the server's certificate authority.
     """
 
     def __init__(
