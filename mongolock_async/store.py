@@ -29,8 +29,10 @@ Every pipeline first checks that the fields it relies on have the types this lib
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -54,10 +56,12 @@ from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 from pymongo.write_concern import WriteConcern
 
-from ._diagnosis import retrying_cannot_fix
+from ._diagnosis import cause_of, retrying_cannot_fix
 from ._weak import WeakIdentityMap
 from .documents import EXPIRY_HORIZON, MAX_FENCE, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
+
+logger = logging.getLogger("mongolock_async")
 
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
 # MongoDB 5.0 (wire version 13): the oldest release the library is tested and supported on.
@@ -844,8 +848,48 @@ def bounded(seconds: float, client: Any = None) -> contextlib.AbstractContextMan
     most that setting, and an unreachable server is reported when the URI says it should be.
     """
     if client is not None and not _writable_server_known(client):
-        seconds = min(seconds, client.options.server_selection_timeout)
+        return _WaitingForServer(client, min(seconds, client.options.server_selection_timeout))
     return pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
+
+
+NO_SERVER_WARNING_AFTER = 2.0
+"""Seconds a request may wait for a server before a warning says so (no silent waits)."""
+
+
+class _WaitingForServer:
+    """``bounded`` while no server to write to is known: the same bound, and a warning, should the
+    request still be waiting for a server after :data:`NO_SERVER_WARNING_AFTER` seconds."""
+
+    def __init__(self, client: Any, seconds: float) -> None:
+        self._client = client
+        self._timeout = pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
+        self._seconds = seconds
+        self._warning: Any = None
+
+    def __enter__(self) -> None:
+        if self._seconds > NO_SERVER_WARNING_AFTER:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to warn from
+                self._warning = asyncio.get_running_loop().call_later(NO_SERVER_WARNING_AFTER, self._warn)
+        self._timeout.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._warning is not None:
+            self._warning.cancel()
+        self._timeout.__exit__(*exc_info)
+
+    def _warn(self) -> None:
+        description = self._client.topology_description
+        hosts = ", ".join(f"{host}:{port}" for host, port in description.server_descriptions())
+        errors = [server.error for server in description.server_descriptions().values() if server.error]
+        seen = f": {cause_of(*errors)}" if errors else ""
+        logger.warning(
+            "no MongoDB server to write to has answered at %s for %.0f s%s; waiting up to %.0f s "
+            "(serverSelectionTimeoutMS)",
+            hosts or "the URI's hosts",
+            NO_SERVER_WARNING_AFTER,
+            seen,
+            self._seconds,
+        )
 
 
 _WRITABLE_OR_BALANCED = (*_WRITABLE, SERVER_TYPE.LoadBalancer)

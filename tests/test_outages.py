@@ -5,6 +5,7 @@ says why; a non-blocking one honours the client's server selection timeout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -138,3 +139,24 @@ async def test_unreachable_timeout_is_checked_before_any_io(
     with pytest.raises(ValueError, match="unreachable_timeout"):
         AsyncMongoLock(counted_collection, "x", unreachable_timeout=-1)
     assert command_counter.names == []
+
+
+async def test_a_wait_for_an_unreachable_server_is_never_silent(
+    driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture
+) -> None:
+    # README's first example with the server down: a warning within seconds, not once the
+    # client's serverSelectionTimeoutMS (30 s by default; 6 s here) has passed in silence.
+    caplog.set_level(logging.WARNING, logger="mongolock_async")
+    client = make_client(driver, stopped(private_server), serverSelectionTimeoutMS=6_000)
+    try:
+        acquiring = asyncio.create_task(AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0).acquire())
+        await asyncio.sleep(3.0)
+        assert not acquiring.done()
+        warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+        assert any("no MongoDB server to write to has answered" in message for message in warnings), warnings
+        assert any("connection refused" in message for message in warnings), warnings
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await acquiring
+    finally:
+        await close_client(client)
