@@ -28,6 +28,7 @@ from typing import Any
 
 from _common import collect_counts, start_worker  # benchmarks/ is the script's directory
 from pymongo import MongoClient
+from pymongo.errors import PyMongoError
 
 from mongolock_async.testing import EmbeddedMongo
 
@@ -35,7 +36,9 @@ WORKER = Path(__file__).resolve().with_name("fenced_soak_worker.py")
 DATABASE = "fenced_soak"
 
 
-def run(mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds: float) -> dict[str, Any]:
+def run(
+    mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds: float, *, until_stale: bool = False
+) -> dict[str, Any]:
     """One run: workers started, faults injected until the end, the resource's counters read."""
     with MongoClient(server.uri) as client:
         client.drop_database(DATABASE)
@@ -50,6 +53,9 @@ def run(mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
     stop_at = start_at + seconds
     next_restart = time.monotonic() + random.uniform(15, 30)
     while time.monotonic() < stop_at - 1:
+        if until_stale and _stale_writes(server) > 0:
+            _stop_workers(server)  # the detector fired: the control has shown what it must
+            break
         time.sleep(random.uniform(0.3, 1.5))
         if time.monotonic() >= next_restart:
             server.restart(crash=random.random() < 0.5)
@@ -64,14 +70,30 @@ def run(mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
     counts = collect_counts(workers)
     with MongoClient(server.uri) as client:
         resource = {doc["_id"]: doc for doc in client[DATABASE]["resource"].find()}
+        elapsed = time.monotonic() - start_at
     return {
         "mode": mode,
-        "seconds": seconds,
+        "seconds": round(min(seconds, elapsed), 1),
         **counts,
         "faults": dict(faults),
         "applied": {key: doc.get("writes", 0) for key, doc in resource.items()},
         "stale": {key: doc.get("stale", 0) for key, doc in resource.items()},
     }
+
+
+def _stale_writes(server: EmbeddedMongo) -> int:
+    """Stale writes landed so far (0 while the server cannot be read: it may be restarting)."""
+    try:
+        with MongoClient(server.uri, serverSelectionTimeoutMS=1000) as client:
+            return sum(doc.get("stale", 0) for doc in client[DATABASE]["resource"].find())
+    except PyMongoError:
+        return 0
+
+
+def _stop_workers(server: EmbeddedMongo) -> None:
+    """Ask the workers to end now (they look for this document between sections)."""
+    with MongoClient(server.uri, serverSelectionTimeoutMS=5000) as client:
+        client[DATABASE]["control"].insert_one({"_id": "stop"})
 
 
 def main() -> None:
@@ -80,6 +102,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=3)
     parser.add_argument("--control-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--control-until-stale",
+        action="store_true",
+        help="end the control run at its first stale write (--control-seconds is then the most it takes)",
+    )
     parser.add_argument("--json", action="store_true", help="print the two runs' results as one JSON line")
     arguments = parser.parse_args()
     environment = (
@@ -92,7 +119,8 @@ def main() -> None:
         print(f"{arguments.processes} processes x {arguments.tasks} tasks, one lock, TTL 1 s, no heartbeat", flush=True)
     with EmbeddedMongo(test_commands=True) as server:
         guarded = run("guarded", server, arguments, arguments.minutes * 60)
-        control = run("control", server, arguments, arguments.control_seconds)
+        until_stale = arguments.control_until_stale
+        control = run("control", server, arguments, arguments.control_seconds, until_stale=until_stale)
     ok = sum(guarded["stale"].values()) == 0 and sum(control["stale"].values()) > 0
     if arguments.json:
         print(json.dumps({"environment": environment, "guarded": guarded, "control": control, "ok": ok}))

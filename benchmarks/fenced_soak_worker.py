@@ -72,6 +72,17 @@ async def run(mode: str, uri: str, database: str, tasks: int, seconds: float, st
         result = await fenced_update_one(resource, {"_id": "token"}, count_stale(token), token=token)
         counts["writes" if result.applied else "refused"] += 1
 
+    async def watch_for_stop() -> None:
+        """End early when the driver asks (its control run has seen what it must)."""
+        nonlocal stop_at
+        while time.monotonic() < stop_at:
+            await asyncio.sleep(0.5)
+            try:
+                if await client[database]["control"].find_one({"_id": "stop"}) is not None:
+                    stop_at = time.monotonic()
+            except PyMongoError:
+                pass  # the server may be restarting
+
     async def task() -> None:
         while time.monotonic() < stop_at:
             lock = AsyncMongoLock(locks, "resource", ttl=TTL, timeout=10.0)
@@ -90,7 +101,7 @@ async def run(mode: str, uri: str, database: str, tasks: int, seconds: float, st
                 counts["errors"] += 1
                 await asyncio.sleep(random.uniform(0.05, 0.3))
 
-    await asyncio.gather(*(task() for _ in range(tasks)))
+    await asyncio.gather(watch_for_stop(), *(task() for _ in range(tasks)))
     await client.close()
     print(json.dumps(counts), flush=True)
 

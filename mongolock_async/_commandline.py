@@ -129,7 +129,8 @@ def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
     if isinstance(error, ConnectionFailure | ConfigurationError):
         hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
         seen = _failures.get(client)
-        cause = cause_of(error, *(seen.errors if seen is not None else ()))
+        latest = [server.error for server in client.topology_description.server_descriptions().values()]
+        cause = cause_of(error, *(seen.errors if seen is not None else ()), *(e for e in latest if e is not None))
         where = f"{hosts or 'its hosts'} (URI {redact_uri(uri)})"
         return UserError(f"cannot reach MongoDB at {where}: {cause}", EXIT_UNREACHABLE)
     if isinstance(error, OperationFailure):

@@ -1,10 +1,18 @@
-"""Finish a request the server may already be applying, even when the caller is cancelled.
+"""Send a request that runs to completion, within a bound, whatever happens to its caller.
 
 A request cut off mid-flight leaves its outcome unknown: an acquire may have taken the lock for a
-task that is gone. So lock requests run to completion in their own task, and a cancellation that
-arrives meanwhile is held back until the outcome is known and cleaned up, then re-raised as itself.
-This works for plain ``Task.cancel()`` (``asyncio.timeout``, ``wait_for``, a web server dropping a
-request) as well as anyio cancel scopes; anyio's own shielding does not stop the former.
+task that is gone. So each lock request runs in a task of its own, and a cancellation of the caller
+that arrives meanwhile is held back until the outcome is known and cleaned up, then re-raised as
+itself. This works for plain ``Task.cancel()`` (``asyncio.timeout``, ``wait_for``, a web server
+dropping a request) as well as anyio cancel scopes; anyio's own shielding does not stop the former.
+
+The request itself is bounded by a timer that cancels its task: the driver then closes the
+connection (PyMongo closes a connection on any exception during an operation,
+pymongo/asynchronous/pool.py) and the caller gets :class:`RequestTimeout`, which, like any error in
+transit, means the request may or may not have been applied. A timer costs a fraction of the
+driver's own client-side operation timeout (``pymongo.timeout``: context variables and per-command
+bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
+as the URI sets it.
 """
 
 from __future__ import annotations
@@ -14,46 +22,69 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from pymongo.errors import NetworkTimeout
+
 T = TypeVar("T")
+
+_BOUND = "mongolock_async: the request's bound passed"
+
+
+class RequestTimeout(NetworkTimeout):
+    """A lock request got no reply within its bound; the server may or may not have applied it."""
+
+
+class _Request(asyncio.Task[T]):
+    """The task of one request. Only its bound may cancel it: the cancellation of a task awaiting
+    it then does not reach it (``cancel`` says no), and asyncio delivers that cancellation to the
+    awaiting task once the request has finished (``Task.cancel`` marks a task whose awaited future
+    refuses to be cancelled, and raises in it when it next runs)."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return msg is _BOUND and super().cancel(msg)
 
 
 async def run_shielded(
     request: Coroutine[Any, Any, T],
     *,
-    grace: float,
+    bound: float,
     on_cancelled: Callable[[T], Awaitable[None]] | None = None,
 ) -> T:
-    """Await ``request``; if the caller is cancelled meanwhile, let it finish first.
+    """Await ``request`` for at most ``bound`` seconds; if the caller is cancelled meanwhile, the
+    request still finishes (within its bound), ``on_cancelled(result)`` runs on its outcome, and
+    then the cancellation is raised.
 
-    After a cancellation the request gets up to ``grace`` more seconds; when it completes in time,
-    ``on_cancelled(result)`` runs (also shielded, also within ``grace``). Then the cancellation is
-    re-raised. Without a cancellation this is a plain await: the driver's own timeouts apply.
-    """
-    task = asyncio.ensure_future(request)
-    cancellation: asyncio.CancelledError | None = None
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError as error:
-        cancellation = error
-    if await _finish(task, grace) and task.exception() is None and on_cancelled is not None:
-        await _finish(asyncio.ensure_future(on_cancelled(task.result())), grace)
-    raise cancellation
-
-
-async def _finish(task: asyncio.Future[Any], grace: float) -> bool:
-    """Wait up to ``grace`` seconds for ``task`` despite further cancellations; cancel it if late.
-
-    Returns whether it completed. anyio re-delivers a scope's cancellation on every loop iteration,
-    hence the loop.
+    Raises :class:`RequestTimeout` past the bound, and whatever the request raised.
     """
     loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + grace
-    while not task.done() and loop.time() < give_up_at:
+    bound = min(max(bound, 0.001), 86_400.0)
+    task = _Request(request, loop=loop)
+    timer = loop.call_later(bound, task.cancel, _BOUND)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.cancelled() and not _cancelling():
+            raise RequestTimeout(f"MongoDB did not answer within {bound:.3g} s") from None
+        # The caller was cancelled: the request has finished; clean up after it, then let the
+        # cancellation go on.
+        await _finish(task)
+        if not task.cancelled() and task.exception() is None and on_cancelled is not None:
+            await _finish(asyncio.ensure_future(on_cancelled(task.result())))
+        raise
+    finally:
+        timer.cancel()
+
+
+def _cancelling() -> bool:
+    """Whether someone asked to cancel the running task (and so the caller, not the bound, did)."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
+
+
+async def _finish(task: asyncio.Future[Any]) -> None:
+    """Wait for ``task`` despite further cancellations (anyio re-delivers a scope's cancellation on
+    every loop iteration, hence the loop): a request ends by its own bound."""
+    while not task.done():
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({task}, timeout=give_up_at - loop.time())
-    if not task.done():
-        task.cancel()
-        return False
+            await asyncio.wait({task})
     if not task.cancelled():
         task.exception()  # retrieved, so asyncio does not log it as never retrieved
-    return not task.cancelled()

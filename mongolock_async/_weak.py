@@ -6,6 +6,7 @@ point at the same servers, so two clients would share one entry.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -33,4 +34,29 @@ class WeakIdentityMap(Generic[K, V]):
             ident = id(key)
             value = make()
             self._entries[ident] = (weakref.ref(key, lambda _ref: self._entries.pop(ident, None)), value)
+        return value
+
+
+class PerLoop(Generic[V]):
+    """A value per event loop, made on first use and forgotten with its loop.
+
+    Looked up on every acquire and release, so the loop used last is remembered (weakly): a
+    ``WeakKeyDictionary`` lookup makes a weak reference each time.
+    """
+
+    def __init__(self, make: Callable[[], V]) -> None:
+        self._make = make
+        self._values: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, V] = weakref.WeakKeyDictionary()
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], V] | None = None
+
+    def get(self) -> V:
+        """The running loop's value."""
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
+        value = self._values.get(loop)
+        if value is None:
+            value = self._values[loop] = self._make()
+        self._last = (weakref.ref(loop), value)
         return value

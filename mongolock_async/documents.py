@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import LockDataError
 
@@ -23,8 +23,7 @@ MAX_FENCE = 2**62
 EXPIRY_HORIZON = timedelta(days=368)
 
 
-@dataclass(frozen=True, slots=True)
-class Place:
+class Place(NamedTuple):
     """A process's place in the fair queue stored with a lock."""
 
     token: str
@@ -37,8 +36,7 @@ class Place:
     holder: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class LockState:
+class LockState(NamedTuple):
     """A lock document as a waiter or an operator sees it."""
 
     name: str
@@ -153,7 +151,9 @@ def _utc(value: datetime) -> datetime:
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    if type(value) is dict:  # what the store decodes into; a Mapping check is an ABC check, slower
+        return value
+    return value if value is not None and isinstance(value, Mapping) else {}
 
 
 def _type_name(value: object) -> str:

@@ -20,16 +20,16 @@ import contextlib
 import contextvars
 import random
 import time
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
 from pymongo.errors import PyMongoError
 
+from ._weak import PerLoop
 from .lease import Lease, logger
 from .queues import LocalQueue, PlaceState
-from .store import LockStore, bounded
+from .store import LockStore
 
 RENEWAL_CHUNK = 100
 """Leases renewed per request (see benchmarks/README.md for the measurement behind it)."""
@@ -139,8 +139,9 @@ class LeaseKeeper:
         earliest = min(lease.deadline for lease in leases)
         sent_at = time.monotonic()
         try:
-            with bounded(earliest - sent_at, store.client):
-                renewed = await store.renew([(lease.name, lease.owner, _ms(lease.ttl)) for lease in leases])
+            renewed = await store.send(
+                store.renew([(lease.name, lease.owner, _ms(lease.ttl)) for lease in leases]), bound=earliest - sent_at
+            )
         except PyMongoError as error:
             reason = f"{type(error).__name__}: {error}"
             if getattr(error, "timeout", False):
@@ -172,8 +173,10 @@ class LeaseKeeper:
             return
         sent_at = time.monotonic()
         try:
-            with bounded(min(_place_interval(queue) for queue, _, _ in places), store.client):
-                alive = await store.refresh_places([(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places])
+            alive = await store.send(
+                store.refresh_places([(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places]),
+                bound=min(_place_interval(queue) for queue, _, _ in places),
+            )
         except PyMongoError:
             alive = set()  # the heads try the server themselves
         for queue, slot, _ in places:
@@ -219,14 +222,9 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-_keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeaseKeeper] = weakref.WeakKeyDictionary()
+_keepers: PerLoop[LeaseKeeper] = PerLoop(LeaseKeeper)
 
 
 def keeper_for_running_loop() -> LeaseKeeper:
     """The keeper of the running event loop, created on first use."""
-    loop = asyncio.get_running_loop()
-    keeper = _keepers.get(loop)
-    if keeper is None:
-        keeper = _keepers[loop] = LeaseKeeper()
-    return keeper
-
+    return _keepers.get()

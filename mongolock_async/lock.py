@@ -21,7 +21,6 @@ from pymongo.write_concern import WriteConcern
 from . import _validate
 from ._collection import AsyncCollectionLike
 from ._diagnosis import cause_of
-from ._shield import run_shielded
 from .documents import LockState
 from .errors import (
     LockAlreadyHeldError,
@@ -35,7 +34,7 @@ from .hooks import LockHooks, notify
 from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .queues import Grant
-from .store import LockStore, bounded, is_transient
+from .store import LockStore, is_transient
 from .waiting import AcquireRequest, deadline_in, hand_over, spawn, wait_for_lease
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
@@ -262,12 +261,11 @@ class AsyncMongoLock:
 
         sent_at = time.monotonic()
         try:
-            with bounded(self._ttl, self._store.client):
-                state = await run_shielded(
-                    self._store.try_acquire(self._name, owner, ttl_ms, self._holder(), fair=self._fair),
-                    grace=self._ttl,
-                    on_cancelled=hand_on_if_taken,
-                )
+            state = await self._store.send(
+                self._store.try_acquire(self._name, owner, ttl_ms, self._holder(), fair=self._fair),
+                bound=self._ttl,
+                on_cancelled=hand_on_if_taken,
+            )
         except ServerSelectionTimeoutError as error:
             # Never sent (see waiting._attempt): nothing to undo, and not a busy lock.
             raise ServerUnreachableError(self._name, cause_of(error), time.monotonic() - sent_at) from error
@@ -337,8 +335,9 @@ class AsyncMongoLock:
             raise LockNotOwnedError(self._name)
         interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
         sent_at = time.monotonic()
-        with bounded(lease.server_expiry_floor - sent_at, self._store.client):
-            extended = await self._store.extend(self._name, lease.owner, _ms(new_ttl))
+        extended = await self._store.send(
+            self._store.extend(self._name, lease.owner, _ms(new_ttl)), bound=lease.server_expiry_floor - sent_at
+        )
         if not extended:
             lease.mark_lost("extend found the lease expired or held by another owner")
             raise LockNotOwnedError(self._name, "the lease expired or another owner holds it now")
@@ -353,16 +352,16 @@ class AsyncMongoLock:
         Advisory: the answer can be out of date by the time it arrives. It is read with read
         concern ``majority``, so it never shows an acquisition a failover could still roll back.
         """
-        with bounded(self._ttl, self._store.client):
-            return await self._store.is_held(self._name)
+        return await self._store.send(self._store.is_held(self._name), bound=self._ttl)
 
     async def owned(self) -> bool:
         """Whether this handle holds the lease: live on the server and before the local deadline."""
         lease = self._lease
         if lease is None or not lease.believed_held:
             return False
-        with bounded(lease.deadline - time.monotonic(), self._store.client):
-            held = await self._store.is_held(self._name, lease.owner)
+        held = await self._store.send(
+            self._store.is_held(self._name, lease.owner), bound=lease.deadline - time.monotonic()
+        )
         return held and lease.believed_held
 
     async def guard_transaction(self, session: Any) -> None:
@@ -414,8 +413,10 @@ class AsyncMongoLock:
                 f"lock {self._name!r}: guard_transaction needs a replica set or a sharded cluster; "
                 "this server is a standalone, without multi-document transactions"
             )
-        with bounded(lease.deadline - time.monotonic(), self._store.client):
-            live = await self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session)
+        live = await self._store.send(
+            self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session),
+            bound=lease.deadline - time.monotonic(),
+        )
         if not live:
             lease.mark_lost("guard_transaction found the lease expired, released by force, or taken over")
         if lease.lost_error is not None:

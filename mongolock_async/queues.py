@@ -15,12 +15,12 @@ import asyncio
 import enum
 import secrets
 import time
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from ._weak import PerLoop
 from .store import LockStore, PlaceRequest
 
 QueueKey = tuple[int, str, str]
@@ -59,8 +59,7 @@ class PlaceState(enum.Enum):
     """A request that may have written it failed: kept alive, and withdrawn when nobody waits."""
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(NamedTuple):
     """A lease given to a waiting task: its owner and fencing tokens, and when it started.
 
     ``sent_at`` is the local monotonic time at which the request that produced the lease was sent;
@@ -304,9 +303,8 @@ class LocalQueue:
         self.place_follower = None if place is None else place.follower
 
 
-_queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[QueueKey, LocalQueue]] = (
-    weakref.WeakKeyDictionary()
-)
+_queues: PerLoop[dict[QueueKey, LocalQueue]] = PerLoop(dict)
+"""The running loop's queues, by key."""
 
 
 def queue_key(store: LockStore, name: str) -> QueueKey:
@@ -315,18 +313,17 @@ def queue_key(store: LockStore, name: str) -> QueueKey:
 
 def existing_queue(store: LockStore, name: str) -> LocalQueue | None:
     """The running loop's queue for ``name``, if anyone waits for it."""
-    return _queues.get(asyncio.get_running_loop(), {}).get(queue_key(store, name))
+    return _queues.get().get(queue_key(store, name))
 
 
 def queues_on(client_id: int, full_name: str) -> list[LocalQueue]:
     """The running loop's queues on one collection of one client."""
-    queues = _queues.get(asyncio.get_running_loop(), {})
-    return [queue for key, queue in queues.items() if key[0] == client_id and key[1] == full_name]
+    return [queue for key, queue in _queues.get().items() if key[0] == client_id and key[1] == full_name]
 
 
 def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str) -> LocalQueue:
     """Queue ``waiter`` last for ``name``, creating the queue if needed."""
-    queues = _queues.setdefault(asyncio.get_running_loop(), {})
+    queues = _queues.get()
     key = queue_key(store, name)
     queue = queues.get(key)
     if queue is None:
@@ -340,7 +337,7 @@ def leave(queue: LocalQueue, waiter: Waiter) -> bool:
     queue.on_left(waiter)
     if queue.waiters:
         return False
-    queues = _queues.get(asyncio.get_running_loop(), {})
+    queues = _queues.get()
     if queues.get(queue.key) is queue:
         del queues[queue.key]
     return True

@@ -35,12 +35,11 @@ import functools
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
-import pymongo
 from bson.codec_options import DatetimeConversion
 from pymongo import ReadPreference, ReturnDocument, UpdateOne
 from pymongo.errors import (
@@ -49,6 +48,7 @@ from pymongo.errors import (
     DuplicateKeyError,
     ExecutionTimeout,
     PyMongoError,
+    ServerSelectionTimeoutError,
     WriteConcernError,
 )
 from pymongo.read_concern import ReadConcern
@@ -57,11 +57,13 @@ from pymongo.topology_description import TOPOLOGY_TYPE
 from pymongo.write_concern import WriteConcern
 
 from ._diagnosis import cause_of, retrying_cannot_fix
+from ._shield import RequestTimeout, run_shielded
 from ._weak import WeakIdentityMap
 from .documents import EXPIRY_HORIZON, MAX_FENCE, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
 
 logger = logging.getLogger("mongolock_async")
+T = TypeVar("T")
 
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
 # MongoDB 5.0 (wire version 13): the oldest release the library is tested and supported on.
@@ -77,6 +79,9 @@ _EXPIRY_HORIZON_MS = int(EXPIRY_HORIZON.total_seconds() * 1000)
 # Racing upserts of a new name can fail with a duplicate key; the retry then finds the document.
 _UPSERT_RACE_RETRIES = 10
 
+# What acquires and releases read back: the fields their callers decide on (less to send back,
+# decode and check than the whole document).
+_DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1}
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed", "_remote"
@@ -93,8 +98,7 @@ class ForcedRelease:
     fencing_token: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class PlaceRequest:
+class PlaceRequest(NamedTuple):
     """What a waiting process asks to be handed: its token, the lease length and who it is.
 
     ``follower`` is the place for the process's next waiting task: whichever write gives this
@@ -124,6 +128,8 @@ class LockStore:
         self._collection = collection.with_options(
             codec_options=codec_options, write_concern=write_concern, read_preference=ReadPreference.PRIMARY
         )
+        self._codec_options = codec_options
+        self._write_concern_document = write_concern.document
         self.client: Any = collection.database.client
         self.full_name: str = collection.full_name
         self.write_concern = write_concern
@@ -133,6 +139,35 @@ class LockStore:
         # What operators and `locked()` are shown: only state a majority has, which no failover
         # rolls back (a deposed primary's, or a write that fails over before it replicates, could be).
         return self._collection.with_options(read_concern=ReadConcern("majority"))
+
+    async def send(
+        self,
+        request: Coroutine[Any, Any, T],
+        *,
+        bound: float,
+        on_cancelled: Callable[[T], Awaitable[None]] | None = None,
+    ) -> T:
+        """Run one of this store's requests to completion within ``bound`` seconds, whatever happens
+        to the caller (see :func:`~mongolock_async._shield.run_shielded`); past the bound it raises
+        ``RequestTimeout``. While the client knows no server to write to, a request still waiting
+        after :data:`NO_SERVER_WARNING_AFTER` seconds logs a warning saying so: no silent waits."""
+        warning = None
+        if bound > NO_SERVER_WARNING_AFTER and not _writable_server_known(self.client):
+            loop = asyncio.get_running_loop()
+            warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, self.client, bound)
+        try:
+            return await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
+        except RequestTimeout as timeout:
+            if _writable_server_known(self.client):
+                raise
+            # Still no server to send it to: what the driver itself reports as a server selection
+            # timeout (a request it never sent), with what its monitoring ran into.
+            cause = _what_the_servers_ran_into(self.client) or "no server answered"
+            message = f"no MongoDB server to write to within {bound:.3g} s: {cause}"
+            raise ServerSelectionTimeoutError(message) from timeout
+        finally:
+            if warning is not None:
+                warning.cancel()
 
     # -- acquire, release, renew ------------------------------------------------------------------
 
@@ -185,9 +220,7 @@ class LockStore:
         pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
         for _ in range(_UPSERT_RACE_RETRIES):
             try:
-                doc = await self._collection.find_one_and_update(
-                    {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER, session=session
-                )
+                doc = await self._find_and_modify({"_id": name}, pipeline, upsert=True, session=session)
             except DuplicateKeyError as error:
                 if (error.details or {}).get("keyPattern", {"_id": 1}) != {"_id": 1}:
                     raise  # another unique index of the user's: not the upsert race
@@ -218,15 +251,43 @@ class LockStore:
         was lost (a write concern error, a timeout) recognises that earlier success instead of
         reporting the lease gone. Owner tokens are never reused, so only our own release writes it.
         """
-        doc = await self._collection.find_one_and_update(
+        doc = await self._find_and_modify(
             {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]},
             _release_pipeline(owner, successor, fair=fair, successor_first=successor_first),
-            return_document=ReturnDocument.AFTER,
         )
         if doc is None:
             return None
         state = LockState.from_document(doc)
         return None if state.owner == owner else state  # still ours: it had expired, nothing was released
+
+    async def _find_and_modify(
+        self, query: Mapping[str, Any], pipeline: list[dict[str, Any]], *, upsert: bool = False, session: Any = None
+    ) -> Mapping[str, Any] | None:
+        """The ``findAndModify`` of acquires and releases, sent as a plain command; the document
+        after the write (its deciding fields), or None if nothing matched.
+
+        Sent with ``database.command`` rather than ``find_one_and_update``: the collection method's
+        retryable-write bookkeeping costs about a tenth of an acquire + release in client CPU, and
+        adds nothing here, where every request is safe to send again with the same owner token (an
+        acquire claims what an earlier copy took, a release recognises its own ``releasedOwner``).
+        A plain command does not raise a write concern error by itself (``Database.command`` leaves
+        ``writeConcernError`` in the reply), so this does.
+        """
+        command = {
+            "findAndModify": self._collection.name,
+            "query": query,
+            "update": pipeline,
+            "fields": _DECIDING_FIELDS,
+            "new": True,
+            "upsert": upsert,
+            "writeConcern": self._write_concern_document,
+        }
+        reply = await self._collection.database.command(command, codec_options=self._codec_options, session=session)
+        error = reply.get("writeConcernError")
+        if error is not None:
+            raise WriteConcernError(error.get("errmsg", "write concern error"), error.get("code"), reply)
+        value: Mapping[str, Any] | None = reply.get("value")
+        return value
 
     async def leave(self, name: str, tokens: Sequence[str], *, fair: bool) -> None:
         """Withdraw the places holding ``tokens``; if the lease was handed to one of them meanwhile,
@@ -838,58 +899,29 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
-def bounded(seconds: float, client: Any = None) -> contextlib.AbstractContextManager[None]:
-    """The driver's client-side operation timeout for the requests sent inside the block.
-
-    Nested bounds only shorten (``pymongo.timeout``). At most a day: a longer one is no bound at
-    all, and the driver turns it into a ``maxTimeMS`` that must fit in a 64-bit integer. Inside such
-    a bound the driver waits for a server as long as the bound allows, past the client's own
-    ``serverSelectionTimeoutMS``; so while ``client`` knows no server to write to, the bound is at
-    most that setting, and an unreachable server is reported when the URI says it should be.
-    """
-    if client is not None and not _writable_server_known(client):
-        return _WaitingForServer(client, min(seconds, client.options.server_selection_timeout))
-    return pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
-
-
 NO_SERVER_WARNING_AFTER = 2.0
 """Seconds a request may wait for a server before a warning says so (no silent waits)."""
 
 
-class _WaitingForServer:
-    """``bounded`` while no server to write to is known: the same bound, and a warning, should the
-    request still be waiting for a server after :data:`NO_SERVER_WARNING_AFTER` seconds."""
+def _what_the_servers_ran_into(client: Any) -> str | None:
+    """The cause of the last error the driver's monitoring recorded for any server, if any."""
+    errors = [server.error for server in client.topology_description.server_descriptions().values()]
+    seen = [error for error in errors if error is not None]
+    return cause_of(*seen) if seen else None
 
-    def __init__(self, client: Any, seconds: float) -> None:
-        self._client = client
-        self._timeout = pymongo.timeout(min(max(seconds, 0.001), 86_400.0))
-        self._seconds = seconds
-        self._warning: Any = None
 
-    def __enter__(self) -> None:
-        if self._seconds > NO_SERVER_WARNING_AFTER:
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to warn from
-                self._warning = asyncio.get_running_loop().call_later(NO_SERVER_WARNING_AFTER, self._warn)
-        self._timeout.__enter__()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if self._warning is not None:
-            self._warning.cancel()
-        self._timeout.__exit__(*exc_info)
-
-    def _warn(self) -> None:
-        description = self._client.topology_description
-        hosts = ", ".join(f"{host}:{port}" for host, port in description.server_descriptions())
-        errors = [server.error for server in description.server_descriptions().values() if server.error]
-        seen = f": {cause_of(*errors)}" if errors else ""
-        logger.warning(
-            "no MongoDB server to write to has answered at %s for %.0f s%s; waiting up to %.0f s "
-            "(serverSelectionTimeoutMS)",
-            hosts or "the URI's hosts",
-            NO_SERVER_WARNING_AFTER,
-            seen,
-            self._seconds,
-        )
+def _warn_no_server(client: Any, bound: float) -> None:
+    hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+    cause = _what_the_servers_ran_into(client)
+    seen = f": {cause}" if cause else ""
+    waits = min(bound, client.options.server_selection_timeout)
+    logger.warning(
+        "no MongoDB server to write to has answered at %s for %.0f s%s; waiting up to %.0f s more",
+        hosts or "the URI's hosts",
+        NO_SERVER_WARNING_AFTER,
+        seen,
+        waits - NO_SERVER_WARNING_AFTER,
+    )
 
 
 _WRITABLE_OR_BALANCED = (*_WRITABLE, SERVER_TYPE.LoadBalancer)

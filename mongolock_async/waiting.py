@@ -34,19 +34,17 @@ import contextvars
 import logging
 import time
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from ._backoff import Backoff
 from ._diagnosis import cause_of
-from ._shield import run_shielded
 from .documents import LockState
 from .errors import LockTimeoutError, ServerUnreachableError
 from .keeper import keeper_for_running_loop
 from .queues import Grant, LocalQueue, PlaceState, Turn, Waiter, existing_queue, join, leave
-from .store import LockStore, PlaceRequest, bounded, is_transient
+from .store import LockStore, PlaceRequest, is_transient
 from .watcher import ReleaseWatcher, watcher_for
 
 logger = logging.getLogger("mongolock_async")
@@ -60,8 +58,7 @@ _RETRY_BASE, _RETRY_CAP = 0.05, 1.0
 _background: set[asyncio.Task[Any]] = set()
 
 
-@dataclass(frozen=True, slots=True)
-class AcquireRequest:
+class AcquireRequest(NamedTuple):
     """What a blocking acquire asks for, and how it waits."""
 
     store: LockStore
@@ -178,12 +175,9 @@ async def _attempt(
 
     left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
     try:
-        with bounded(left, request.store.client):
-            state, operation_time = await run_shielded(
-                _send_attempt(request, place, with_session=with_session),
-                grace=request.ttl,
-                on_cancelled=hand_on_if_taken,
-            )
+        state, operation_time = await request.store.send(
+            _send_attempt(request, place, with_session=with_session), bound=left, on_cancelled=hand_on_if_taken
+        )
     except PyMongoError as error:
         if not is_transient(error):
             raise
@@ -315,8 +309,7 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
         except _HandedToNobody as handed:
             # Handed to this process's place, but its waiters are gone: pass the lease on, and
             # withdraw the follower place that write queued, or the lease could go to it next.
-            with bounded(until - time.monotonic(), store.client):
-                await store.leave(name, handed.tokens, fair=fair)
+            await store.send(store.leave(name, handed.tokens, fair=fair), bound=until - time.monotonic())
             return True
 
 
@@ -337,17 +330,16 @@ async def _hand_over_once(
         queue.on_release_sent()
     sent_at = time.monotonic()
     try:
-        with bounded(until - sent_at, store.client):
-            state = await run_shielded(
-                store.release(
-                    name,
-                    owner,
-                    successor=successor,
-                    fair=fair,
-                    successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
-                ),
-                grace=max(0.0, until - sent_at),
-            )
+        state = await store.send(
+            store.release(
+                name,
+                owner,
+                successor=successor,
+                fair=fair,
+                successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
+            ),
+            bound=until - sent_at,
+        )
     finally:
         if successor is not None and queue is not None:
             queue.on_release_done()
@@ -379,8 +371,7 @@ def deadline_in(seconds: float) -> float:
 
 async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float) -> None:
     try:
-        with bounded(within, store.client):
-            await store.leave(name, tokens, fair=fair)
+        await store.send(store.leave(name, tokens, fair=fair), bound=within)
     except Exception as error:  # best effort: the place expires by itself
         logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, str(error))
 

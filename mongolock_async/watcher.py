@@ -22,13 +22,12 @@ import contextvars
 import logging
 import secrets
 import time
-import weakref
 from typing import Any
 
 from pymongo.errors import InvalidOperation, PyMongoError
 
 from ._backoff import Backoff
-from ._weak import WeakIdentityMap
+from ._weak import PerLoop, WeakIdentityMap
 from .queues import LocalQueue, queues_on
 from .store import LockStore
 
@@ -167,8 +166,7 @@ class ReleaseWatcher:
             queue.on_handed_to_place(owner, fields.get("fence"))
 
 
-_PerLoop = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, ReleaseWatcher]]
-_watchers: WeakIdentityMap[Any, _PerLoop] = WeakIdentityMap()
+_watchers: WeakIdentityMap[Any, PerLoop[dict[str, ReleaseWatcher]]] = WeakIdentityMap()
 
 
 def watcher_for(store: LockStore) -> ReleaseWatcher:
@@ -177,8 +175,7 @@ def watcher_for(store: LockStore) -> ReleaseWatcher:
     Keyed weakly by client (identity) and loop: a stopped watcher holds neither, so a client that
     is closed and dropped leaves nothing behind.
     """
-    per_loop = _watchers.setdefault(store.client, weakref.WeakKeyDictionary)
-    watchers = per_loop.setdefault(asyncio.get_running_loop(), {})
+    watchers = _watchers.setdefault(store.client, lambda: PerLoop(dict)).get()
     watcher = watchers.get(store.full_name)
     if watcher is None:
         watcher = watchers[store.full_name] = ReleaseWatcher(id(store.client), store.full_name)

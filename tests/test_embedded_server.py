@@ -15,6 +15,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from mongolock_async.testing import EmbeddedMongo, EmbeddedServerError
+from mongolock_async.testing import server as server_module
 
 
 def client_for(server: EmbeddedMongo) -> MongoClient[dict[str, object]]:
@@ -199,13 +200,20 @@ def test_nothing_is_left_behind_however_the_owner_ends(ending: str) -> None:
     assert not workdir.exists(), f"{workdir} was left behind"
 
 
-def test_a_failed_start_leaves_nothing_behind() -> None:
+def test_a_failed_start_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[Path] = []
+    original = tempfile.mkdtemp
+
+    def mkdtemp(**arguments: str) -> str:
+        made.append(Path(original(**arguments)))
+        return str(made[-1])
+
     with EmbeddedMongo() as first:
         clash = EmbeddedMongo(port=first.port, startup_timeout=15)
-        before = set(Path(tempfile.gettempdir()).glob("mongolock-embedded-*"))
+        monkeypatch.setattr(server_module.tempfile, "mkdtemp", mkdtemp)
         with pytest.raises(EmbeddedServerError, match="Address already in use"):
             clash.start()
-        assert set(Path(tempfile.gettempdir()).glob("mongolock-embedded-*")) <= before
+    assert len(made) == 1 and not made[0].exists(), "the failed start left its directory behind"
 
 
 def test_the_suite_fails_if_it_leaves_a_directory_behind(tmp_path: Path) -> None:
