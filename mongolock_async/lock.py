@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import secrets
 import socket
@@ -214,13 +215,16 @@ class AsyncMongoLock:
             while True:
                 grant = await (self._wait(give_up_at, timeout) if blocking else self._try_once())
                 if grant is None:
-                    logger.debug("%r not acquired after %.3f s", self._name, time.monotonic() - started)
-                    notify(self._hooks, "not_acquired", self._name, waited=time.monotonic() - started)
+                    if self._observed():
+                        waited = time.monotonic() - started
+                        logger.debug("%r not acquired after %.3f s", self._name, waited)
+                        notify(self._hooks, "not_acquired", self._name, waited=waited)
                     return False
                 if self._hold(grant):
-                    waited = time.monotonic() - started
-                    logger.debug("acquired %r, fencing token %d, after %.3f s", self._name, grant.fencing_token, waited)
-                    notify(self._hooks, "acquired", self._name, fencing_token=grant.fencing_token, waited=waited)
+                    if self._observed():
+                        waited = time.monotonic() - started
+                        logger.debug("acquired %r, token %d, after %.3f s", self._name, grant.fencing_token, waited)
+                        notify(self._hooks, "acquired", self._name, fencing_token=grant.fencing_token, waited=waited)
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
                 await hand_over(self._store, self._name, grant.owner, fair=self._fair, until=deadline_in(self._ttl))
@@ -318,10 +322,15 @@ class AsyncMongoLock:
         # Worth trying until the lease expires on the server anyway (and for a moment at least).
         until = max(lease.server_expiry_floor, deadline_in(_MIN_RELEASE_TIME))
         released = await hand_over(self._store, self._name, lease.owner, fair=self._fair, until=until)
-        if released:
-            logger.debug("released %r after holding it %.3f s", self._name, lease.held)
-            notify(self._hooks, "released", self._name, fencing_token=lease.fencing_token, held=lease.held)
+        if released and self._observed():
+            held = lease.held
+            logger.debug("released %r after holding it %.3f s", self._name, held)
+            notify(self._hooks, "released", self._name, fencing_token=lease.fencing_token, held=held)
         return released
+
+    def _observed(self) -> bool:
+        """Whether anyone listens for events (hooks, or debug logging): they cost nothing otherwise."""
+        return self._hooks is not None or logger.isEnabledFor(logging.DEBUG)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Start a new lease of ``ttl`` seconds (default: the current TTL) from now, server time.

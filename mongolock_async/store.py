@@ -84,7 +84,8 @@ _UPSERT_RACE_RETRIES = 10
 _DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1}
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
-    "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed", "_remote"
+    "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
+    "_remote",
 ]  # fmt: skip
 
 
@@ -602,7 +603,8 @@ _NEXT_FENCE: dict[str, Any] = {
 
 
 def _live_places(excluding: str | None = None) -> dict[str, Any]:
-    """The queue's well-formed, unexpired places, oldest first (optionally without one token)."""
+    """The queue's well-formed, unexpired places, oldest first (optionally without the one whose
+    token is at the field path ``excluding``)."""
     conditions: list[Any] = [
         {"$eq": [{"$type": "$$this.t"}, "string"]},
         {"$eq": [{"$type": "$$this.exp"}, "date"]},
@@ -621,10 +623,8 @@ def _live_places(excluding: str | None = None) -> dict[str, Any]:
     }
 
 
-def _without(places: Any, token: Any) -> dict[str, Any]:
-    """``places`` without the one holding ``token`` (a literal string or an expression)."""
-    if isinstance(token, str) and not token.startswith("$"):
-        token = {"$literal": token}
+def _without(places: Any, token: str) -> dict[str, Any]:
+    """``places`` without the one holding ``token`` (a field path, such as ``$_v.me``)."""
     return {"$filter": {"input": places, "cond": {"$ne": ["$$this.t", token]}}}
 
 
@@ -632,17 +632,11 @@ def _tokens(places: Any) -> dict[str, Any]:
     return {"$map": {"input": places, "in": "$$this.t"}}
 
 
-def _new_place(place: PlaceRequest) -> dict[str, Any]:
-    written: dict[str, Any] = {
-        "t": {"$literal": place.token},
-        "ttlMs": {"$literal": place.ttl_ms},
-        "holder": {"$literal": dict(place.holder)},
-        "at": _NOW,
-        "exp": _server_plus(_NOW, place.ttl_ms),
-    }
-    if place.follower is not None:
-        written["n"] = {"$literal": place.follower.token}
-        written["nttl"] = {"$literal": place.follower.ttl_ms}
+def _new_place(token: str, ttl: str, holder: str, follower: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A place written now, from field paths of the request's values (see :func:`_values`)."""
+    written: dict[str, Any] = {"t": token, "ttlMs": ttl, "holder": holder, "at": _NOW, "exp": _server_plus(_NOW, ttl)}
+    if follower is not None:
+        written["n"], written["nttl"] = follower
     return written
 
 
@@ -672,9 +666,29 @@ def _first_or_null(array: Any) -> dict[str, Any]:
     return {"$ifNull": [{"$first": [array]}, None]}
 
 
+def _values(**values: Any) -> dict[str, Any]:
+    """The first stage of a pipeline: the request's own values, in the temporary field ``_v``.
+
+    Every later stage refers to them as ``$_v.<name>``, so the stages are constants built once per
+    shape of request (cached), and a request builds only this one small stage: rebuilding a whole
+    pipeline, some hundreds of objects, for each request cost more client CPU than sending it.
+    ``$literal`` keeps a value from being read as an expression (a label may start with ``$``).
+    """
+    return {"$set": {"_v": {"$literal": values}}}
+
+
 def _acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
-    owner, ttl_ms, holder = place.token, place.ttl_ms, place.holder
-    me = {"$literal": owner}
+    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder)}
+    if place.follower is not None:
+        follower = place.follower
+        values.update(next=follower.token, nextTtl=follower.ttl_ms, nextHolder=dict(follower.holder))
+    return [_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair, follower=place.follower is not None)]
+
+
+@functools.cache
+def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[str, Any], ...]:
+    me = "$_v.me"
+    my_place = _new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
     my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
     got_it = {"$or": ["$_claim", "$_take"]}
     if enqueue:
@@ -687,22 +701,22 @@ def _acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list
                         "in": {
                             "$cond": [
                                 {"$eq": ["$$this.t", me]},
-                                {"$mergeObjects": [_new_place(place), {"at": _not_before("$$this.at", _NOW)}]},
+                                {"$mergeObjects": [my_place, {"at": _not_before("$$this.at", _NOW)}]},
                                 "$$this",
                             ]
                         },
                     }
                 },
-                {"$concatArrays": ["$_q", [_new_place(place)]]},
+                {"$concatArrays": ["$_q", [my_place]]},
             ]
         }
     else:
         waiting_queue = "$queue"
     taken_queue: Any = _without("$_q", me)
-    if place.follower is not None:
-        follower = place.follower
-        taken_queue = {"$concatArrays": [_without(taken_queue, follower.token), [_new_place(follower)]]}
-    return [
+    if follower:
+        follower_place = _new_place("$_v.next", "$_v.nextTtl", "$_v.nextHolder")
+        taken_queue = {"$concatArrays": [_without(taken_queue, "$_v.next"), [follower_place]]}
+    return (
         {"$set": {"_now": SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_q": _live_places()}},
         {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}}},
@@ -725,17 +739,17 @@ def _acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list
         {
             "$set": {
                 "owner": {"$cond": [got_it, me, "$owner"]},
-                "expiresAt": {"$cond": [got_it, _server_plus(_NOW, ttl_ms), "$expiresAt"]},
+                "expiresAt": {"$cond": [got_it, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
                 "fence": {"$cond": ["$_take", _NEXT_FENCE, "$fence"]},
-                "ttlMs": {"$cond": [got_it, ttl_ms, "$ttlMs"]},
-                "holder": {"$cond": [got_it, {"$literal": dict(holder)}, "$holder"]},
+                "ttlMs": {"$cond": [got_it, "$_v.ttl", "$ttlMs"]},
+                "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
                 "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
                 "renewedAt": {"$cond": [got_it, _NOW, "$renewedAt"]},
                 "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": [got_it, taken_queue, waiting_queue]}]},
             }
         },
         {"$unset": _TEMPORARY},
-    ]
+    )
 
 
 def _release_pipeline(
@@ -748,25 +762,44 @@ def _release_pipeline(
 ) -> list[dict[str, Any]]:
     """Release ``owner``'s lease and hand it on. With ``leaving`` instead (a process withdrawing its
     places), the places are removed, and the lease is handed on only if it was handed to one of them."""
-    mine = {"$in": ["$owner", list(leaving)]} if leaving else {"$eq": ["$owner", {"$literal": owner}]}
-    successor_token = None if successor is None else {"$literal": successor.token}
+    values: dict[str, Any] = {"me": owner, "leaving": list(leaving)}
+    if successor is not None:
+        values.update(successor=successor.token, successorTtl=successor.ttl_ms, successorHolder=dict(successor.holder))
+        if successor.follower is not None:
+            values.update(next=successor.follower.token, nextTtl=successor.follower.ttl_ms)
+    shape = {
+        "successor": successor is not None,
+        "follower": successor is not None and successor.follower is not None,
+        "fair": fair,
+        "successor_first": successor_first,
+        "leaving": bool(leaving),
+    }
+    return [_values(**values), *_release_stages(**shape)]
+
+
+@functools.cache
+def _release_stages(
+    *, successor: bool, follower: bool, fair: bool, successor_first: bool, leaving: bool
+) -> tuple[dict[str, Any], ...]:
+    mine = {"$in": ["$owner", "$_v.leaving"]} if leaving else {"$eq": ["$owner", "$_v.me"]}
     # Candidates for the lease: live places (ours removed), with the successor queued last.
     candidates: Any = "$_q"
     handee: Any
-    if successor is None:
+    if not successor:
         handee = _first_or_null("$_q")
     else:
-        successor_place = _new_place(successor)
+        next_place = ("$_v.next", "$_v.nextTtl") if follower else None
+        successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
         # The successor's place is rewritten where it stands (its length is the successor's), or queued last.
         candidates = {
             "$cond": [
-                {"$in": [successor.token, _tokens("$_q")]},
+                {"$in": ["$_v.successor", _tokens("$_q")]},
                 {
                     "$map": {
                         "input": "$_q",
                         "in": {
                             "$cond": [
-                                {"$eq": ["$$this.t", successor.token]},
+                                {"$eq": ["$$this.t", "$_v.successor"]},
                                 {"$mergeObjects": [successor_place, {"at": _not_before("$$this.at", _NOW)}]},
                                 "$$this",
                             ]
@@ -776,7 +809,7 @@ def _release_pipeline(
                 {"$concatArrays": ["$_q", [successor_place]]},
             ]
         }
-        others = _without("$_q", successor.token)
+        others = _without("$_q", "$_v.successor")
         if fair:
             handee = _first_or_null(candidates)
         elif successor_first:
@@ -785,10 +818,11 @@ def _release_pipeline(
             handee = {"$ifNull": [{"$first": [others]}, successor_place]}
     # The handee leaves the queue; its follower (if any) joins it last.
     remaining = {"$concatArrays": [_without(_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
-    live_places: Any = _live_places(excluding=owner)
-    for token in leaving:
-        live_places = _without(live_places, token)
-    return [
+    live_places: Any = _live_places(excluding="$_v.me")
+    if leaving:
+        live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
+    successor_token = "$_v.successor" if successor else None
+    return (
         {"$set": {"_now": SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_q": live_places}},
         {"$set": {"_own": {"$and": [_LIVE, mine]}, "_c": candidates}},
@@ -827,7 +861,7 @@ def _release_pipeline(
             }
         },
         {"$unset": _TEMPORARY},
-    ]
+    )
 
 
 def _renewal(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:

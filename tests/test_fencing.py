@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo.errors import PyMongoError
 
-from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
+from mongolock_async import AsyncMongoLock, ServerUnreachableError, ensure_idle_cleanup_index
 from mongolock_async.store import SERVER_NOW, is_transient
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import DRIVERS, close_client, make_client
@@ -46,6 +46,9 @@ async def acquire_once(lock: AsyncMongoLock) -> bool:
     for attempt in range(3):
         try:
             return await lock.acquire(blocking=False)
+        except ServerUnreachableError:  # no server selected within the TTL: nothing was sent
+            if attempt == 2:
+                raise
         except PyMongoError as error:
             if attempt == 2 or not is_transient(error):
                 raise

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -171,14 +171,32 @@ async def test_a_hand_off_to_another_process_reaches_only_that_process(
         assert await other.release()
 
 
+@pytest.fixture
+def server_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[datetime | None], None]]:
+    """Set what every acquire and release sees as the server's time (None: its real clock). The
+    pipelines are cached per shape, so they are built again with it, and after the test."""
+    real = store_module.SERVER_NOW
+
+    def clear() -> None:
+        store_module._acquire_stages.cache_clear()
+        store_module._release_stages.cache_clear()
+
+    def set_clock(moment: datetime | None) -> None:
+        monkeypatch.setattr(store_module, "SERVER_NOW", real if moment is None else {"$literal": moment})
+        clear()
+
+    yield set_clock
+    clear()
+
+
 async def test_hand_offs_in_the_same_millisecond_each_reach_their_process(
-    driver: str, mongodb_uri: str, lock_collection: Any, monkeypatch: pytest.MonkeyPatch
+    driver: str, mongodb_uri: str, lock_collection: Any, server_clock: Callable[[datetime | None], None]
 ) -> None:
     # Every write of this test sees the same server time, as two hand-offs within one millisecond
     # (or one mongos command, whose $$NOW is fixed) would. A hand-off must still show in the change
     # event: a field the write leaves as it was is not in updatedFields.
     frozen = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
-    monkeypatch.setattr(store_module, "SERVER_NOW", {"$literal": frozen})
+    server_clock(frozen)
     async with other_process(driver, mongodb_uri, lock_collection.name) as (elsewhere, _):
         holder = AsyncMongoLock(lock_collection, "same-ms", ttl=30.0)
         assert await holder.acquire()
@@ -198,7 +216,7 @@ async def test_hand_offs_in_the_same_millisecond_each_reach_their_process(
 
 
 async def test_a_hand_off_applied_after_a_later_place_write_lasts_from_that_write(
-    driver: str, mongodb_uri: str, lock_collection: Any, monkeypatch: pytest.MonkeyPatch
+    driver: str, mongodb_uri: str, lock_collection: Any, server_clock: Callable[[datetime | None], None]
 ) -> None:
     # A write's $$NOW is fixed when the server parses it, also through write-conflict retries (and
     # on a mongos, for the shards): a release parsed before a waiter's place write can be applied
@@ -212,10 +230,10 @@ async def test_a_hand_off_applied_after_a_later_place_write_lasts_from_that_writ
         await asyncio.sleep(1.0)  # queued, stream open
         (place,) = (await lock_collection.find_one({"_id": "delayed"}))["queue"]
         parsed_long_ago = place["at"].replace(tzinfo=UTC) - timedelta(seconds=10)
-        monkeypatch.setattr(store_module, "SERVER_NOW", {"$literal": parsed_long_ago})
+        server_clock(parsed_long_ago)
         assert await holder.release()
         assert await waiting
-        monkeypatch.undo()
+        server_clock(None)
         doc = await lock_collection.find_one({"_id": "delayed"})
         assert doc["owner"] is not None and waiter.fencing_token == doc["fence"]
         assert doc["expiresAt"] - place["at"] >= timedelta(seconds=20), "the lease ends before the waiter believes"
