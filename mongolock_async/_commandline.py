@@ -3,6 +3,8 @@ never shows a credential."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from typing import Any
 from urllib.parse import quote_plus
@@ -15,6 +17,8 @@ from ._diagnosis import cause_of
 from ._weak import WeakIdentityMap
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED, EXIT_UNAUTHORIZED = 1, 2, 3, 4, 5, 6
+VERDICT_WAIT = 3.0
+"""Seconds a failed command waits for the driver's monitoring to say why a server is unreachable."""
 _AUTHENTICATION_FAILED = 18
 DEFAULT_SERVER_SELECTION_MS = 5_000
 _SCHEMES = ("mongodb://", "mongodb+srv://")
@@ -79,6 +83,7 @@ class _HeartbeatFailures(monitoring.ServerHeartbeatListener):
 
     def __init__(self) -> None:
         self.errors: list[Exception] = []
+        self.any = asyncio.Event()
 
     def started(self, event: monitoring.ServerHeartbeatStartedEvent) -> None:
         pass
@@ -89,6 +94,7 @@ class _HeartbeatFailures(monitoring.ServerHeartbeatListener):
     def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
         if len(self.errors) < 20:
             self.errors.append(event.reply)
+        self.any.set()
 
 
 _failures: WeakIdentityMap[Any, _HeartbeatFailures] = WeakIdentityMap()
@@ -122,13 +128,20 @@ def connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
     return client
 
 
-def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
-    """The one line (and exit code) for a driver error a command ended with; never a credential."""
+async def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
+    """The one line (and exit code) for a driver error a command ended with; never a credential.
+
+    When the driver gave up on a server before its monitoring had a verdict (a slow TLS handshake
+    on a loaded machine), this waits up to :data:`VERDICT_WAIT` seconds for one, so the line can
+    say why the server could not be reached, not only that it could not."""
     if isinstance(error, OperationFailure) and error.code == _AUTHENTICATION_FAILED:
         return UserError(f"MongoDB rejected the credentials of {redact_uri(uri)}", EXIT_UNAUTHORIZED)
     if isinstance(error, ConnectionFailure | ConfigurationError):
-        hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
         seen = _failures.get(client)
+        if isinstance(error, ConnectionFailure) and seen is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(seen.any.wait(), VERDICT_WAIT)
+        hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
         latest = [server.error for server in client.topology_description.server_descriptions().values()]
         cause = cause_of(error, *(seen.errors if seen is not None else ()), *(e for e in latest if e is not None))
         where = f"{hosts or 'its hosts'} (URI {redact_uri(uri)})"

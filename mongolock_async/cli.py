@@ -183,7 +183,7 @@ async def _operate(arguments: argparse.Namespace) -> int:
             return 0
         return await _force_release(store, arguments)
     except PyMongoError as error:
-        raise explain(error, arguments.uri, client) from None
+        raise await explain(error, arguments.uri, client) from None
     finally:
         await client.close()
 

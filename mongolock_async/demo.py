@@ -141,7 +141,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
         try:
             await client.admin.command("ping")  # unreachable, credentials: one line, before anything starts
         except PyMongoError as error:
-            raise explain(error, uri, client) from None
+            raise await explain(error, uri, client) from None
         try:
             database = client[database_name]
             await flash_sale(uri, database, arguments, view, checks)

@@ -5,8 +5,8 @@ Each lease is renewed when its own interval has passed since its last confirmed 
 due within half an interval ride along, so a tick renews many leases at once. Renewals are sent per
 collection in chunks of at most ``RENEWAL_CHUNK`` leases, earliest local deadline first, one
 request per chunk: the server's work per lease stays flat however many are held, and no single
-write holds the server long enough to stall other requests. Each request is bounded by the driver's
-operation timeout to the earliest deadline it covers. A failed renewal is retried with backoff; a
+write holds the server long enough to stall other requests. Each request is bounded by the
+earliest deadline it covers. A failed renewal is retried with backoff; a
 lease whose deadline passes unrenewed is lost by its own timer (``lease``), with the last
 failure as the reason. A lease the server shows as no longer ours is marked lost at once.
 
@@ -96,7 +96,7 @@ class LeaseKeeper:
         self._changed.set()
 
     def _stop_if_idle(self) -> None:
-        # Never cancel the task: a renewal in flight completes (bounded by its operation timeout).
+        # Never cancel the task: a renewal in flight completes (within its bound).
         if not self._leases and not self._places:
             self._changed.set()
 

@@ -378,7 +378,7 @@ async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: boo
 
 def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     """Run ``coroutine`` in the background, in a fresh context so that no caller's
-    ``pymongo.timeout`` applies to it, and keep it referenced until it ends. What it raises is
+    ``pymongo.timeout`` (or other context) applies to it, and keep it referenced until it ends. What it raises is
     logged (nobody awaits it): a release that could not be sent leaves a lease to expire."""
     task = asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
     _background.add(task)
