@@ -3,7 +3,8 @@
 1. Uncontended acquire + release against a raw replay of the very two commands it sends (recorded
    by command monitoring, then sent with ``database.command`` through the same client), interleaved
    cycle by cycle: client CPU (``time.process_time``) and wall time per cycle, and their ratios.
-2. A cProfile of the uncontended loop: where the library's own time goes (``--profile N``).
+2. Where the extra goes: Python calls and event-loop iterations per cycle, library against
+   replay, and a cProfile of the library's own modules (``--profile N`` cycles).
 3. Client CPU per acquisition with 64 tasks of one process waiting on one lock, against the
    uncontended figure of part 1 (waiting tasks should cost nothing while they wait).
 4. Memory (tracemalloc): per lease held with the heartbeat, at ``--leases`` leases; and the memory
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import cProfile
 import gc
-import io
 import platform
 import pstats
 import statistics
@@ -30,6 +30,7 @@ import sys
 import time
 import tracemalloc
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -120,24 +121,44 @@ async def uncontended(uri: str, rounds: int, profile: int) -> float:
             f"library/replay {wall_library / wall_replay:4.2f}x (medians)"
         )
         if profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(profile):
-                await library()
-            profiler.disable()
-            out = io.StringIO()
-            stats = pstats.Stats(profiler, stream=out).sort_stats("tottime")
-            stats.print_stats(20)
-            print(f"cProfile of {profile} library cycles, by own time (top 20; a call per coroutine resumption):")
-            print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
-            rows = stats.stats.items()  # type: ignore[attr-defined]
-            ours = sorted(((row[2], key) for key, row in rows if "mongolock_async" in key[0]), reverse=True)
-            print(f"own time in mongolock_async modules: {sum(t for t, _ in ours) / profile * 1e6:.0f} us per cycle:")
-            for own, (filename, line, function) in ours[:15]:
-                print(f"    {own / profile * 1e6:6.1f} us  {Path(filename).name}:{line}({function})")
+            await explain(library, replay, profile)
         return cpu_library
     finally:
         await client.close()
+
+
+async def explain(library: Callable[[], Awaitable[None]], replay: Callable[[], Awaitable[None]], cycles: int) -> None:
+    """Part 2: where the library's extra CPU goes. Python function calls and event-loop iterations
+    per cycle, library against replay; then a cProfile of the library's own modules."""
+    loop = asyncio.get_running_loop()
+    iterations = [0]
+    run_once = loop._run_once  # type: ignore[attr-defined]
+
+    def counted() -> None:
+        iterations[0] += 1
+        run_once()
+
+    for name, action in (("library", library), ("replay", replay)):
+        profiler = cProfile.Profile()
+        loop._run_once = counted  # type: ignore[attr-defined]
+        iterations[0] = 0
+        profiler.enable()
+        for _ in range(cycles):
+            await action()
+        profiler.disable()
+        loop._run_once = run_once  # type: ignore[attr-defined]
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        calls = sum(row[1] for row in stats.values())
+        print(
+            f"  {name:7}  {calls / cycles:6.0f} Python calls and {iterations[0] / cycles:4.1f} event-loop iterations "
+            "per cycle"
+        )
+        if name == "library":
+            ours = sorted(((row[2], key) for key, row in stats.items() if "mongolock_async" in key[0]), reverse=True)
+    total = sum(own for own, _ in ours)
+    print(f"  own time in mongolock_async modules (cProfile inflates it): {total / cycles * 1e6:.0f} us per cycle")
+    for own, (filename, line, function) in ours[:12]:
+        print(f"    {own / cycles * 1e6:6.1f} us  {Path(filename).name}:{line} {function}")
 
 
 async def contended(uri: str, tasks: int, seconds: float, uncontended_cpu: float | None) -> None:
@@ -145,7 +166,8 @@ async def contended(uri: str, tasks: int, seconds: float, uncontended_cpu: float
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
     try:
         collection = client["bench"][f"hot_{uuid.uuid4().hex[:6]}"]
-        await AsyncMongoLock(collection, "warm", ttl=30.0).acquire()
+        warm = AsyncMongoLock(collection, "warm", ttl=30.0)  # the version check, a connection
+        assert await warm.acquire() and await warm.release()
         acquisitions = 0
         stop = False
 
@@ -179,7 +201,8 @@ async def leases_memory(uri: str, leases: int) -> None:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, maxPoolSize=50)
     try:
         collections = [client["bench"][f"leases_{n}_{uuid.uuid4().hex[:4]}"] for n in range(100)]
-        await AsyncMongoLock(collections[0], "warm", ttl=3600.0).acquire()  # the version check, a connection
+        warm = AsyncMongoLock(collections[0], "warm", ttl=3600.0)  # the version check, a connection
+        assert await warm.acquire() and await warm.release()
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.take_snapshot()
@@ -241,7 +264,7 @@ def main() -> None:
     parser.add_argument("--uri")
     parser.add_argument("--parts", default="1,2,3,4")
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--profile", type=int, default=300, help="cycles profiled in part 2 (0: none)")
+    parser.add_argument("--profile", type=int, default=300, help="cycles profiled in part 2")
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--leases", type=int, default=10_000)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -173,27 +174,32 @@ async def transaction(client: Any) -> AsyncIterator[Any]:
 # -- nothing left behind ----------------------------------------------------------------------------
 
 _EMBEDDED_DIRS = "mongolock-embedded-*"
-_dirs_before: set[Path] = set()
+_run_temporary: list[Path] = []
 
 
-def _embedded_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob(_EMBEDDED_DIRS))
-
-
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers, so they inherit TMPDIR
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the controller, or a run without workers
-        _dirs_before.update(_embedded_dirs())
+    """Give the run its own temporary directory, so that servers of another run on the machine
+    (a benchmark, a second checkout) are not mistaken for this run's leftovers."""
+    if hasattr(session.config, "workerinput"):
+        return
+    temporary = Path(tempfile.mkdtemp(prefix="mongolock-tests-"))
+    _run_temporary.append(temporary)
+    os.environ["TMPDIR"] = str(temporary)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if it left an embedded server's data directory in the temporary directory."""
-    if hasattr(session.config, "workerinput"):
+    if not _run_temporary:
         return
+    temporary = _run_temporary.pop()
     give_up_at = time.monotonic() + 5.0  # reapers remove a directory half a second after its process ended
-    left = _embedded_dirs() - _dirs_before
+    left = sorted(temporary.glob(_EMBEDDED_DIRS))
     while left and time.monotonic() < give_up_at:
         time.sleep(0.2)
-        left = _embedded_dirs() - _dirs_before
+        left = sorted(temporary.glob(_EMBEDDED_DIRS))
     if left:
-        print(f"\nthe test run left {len(left)} embedded server directories behind: {sorted(map(str, left))}")
+        print(f"\nthe test run left {len(left)} embedded server directories behind: {[str(d) for d in left]}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(temporary, ignore_errors=True)
