@@ -6,10 +6,11 @@ import asyncio
 import inspect
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import LockLostError
 from .hooks import LockHooks, notify
@@ -50,6 +51,11 @@ class BodyGuard:
         return self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
 
 
+class LeaseHolder(Protocol):
+    def _lease_lost(self, lease: Lease) -> None:
+        """Signal the loss of ``lease`` (already recorded in ``lease.lost_error``) to the holder's users."""
+
+
 @dataclass(eq=False, slots=True)
 class Lease:
     """A lease this process holds (or held) on ``name``.
@@ -69,8 +75,9 @@ class Lease:
     """The configured margin, or None for ``default_safety_margin`` of the TTL."""
     deadline: float
     heartbeat_interval: float | None
-    lost: asyncio.Event
-    on_lost: Callable[[LockLostError], None]
+    holder: weakref.ref[LeaseHolder]
+    """The handle holding the lease (weakly: a dropped handle releases its lease)."""
+    loop: asyncio.AbstractEventLoop
     lost_error: LockLostError | None = None
     ended: bool = False
     body: BodyGuard | None = None
@@ -132,9 +139,10 @@ class Lease:
             self.body.fire()
         else:
             logger.warning("%s", message)
-        self.lost.set()
         notify(self.hooks, "lost", self.name, fencing_token=self.fencing_token, held=self.held, reason=reason)
-        self.on_lost(self.lost_error)
+        holder = self.holder()
+        if holder is not None:
+            holder._lease_lost(self)
 
     @property
     def held(self) -> float:

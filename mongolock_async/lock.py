@@ -35,7 +35,7 @@ from .hooks import LockHooks, notify
 from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .queues import Grant
-from .store import LockStore, is_transient
+from .store import is_transient, store_for
 from .waiting import AcquireRequest, deadline_in, hand_over, spawn, wait_for_lease
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
@@ -130,11 +130,10 @@ class AsyncMongoLock:
         self._retry_base = _validate.seconds(retry_base, "retry_base")
         self._retry_cap = _validate.seconds(retry_cap, "retry_cap", minimum=self._retry_base)
         self._unreachable_timeout = _validate.unreachable_timeout(unreachable_timeout)
-        self._store = LockStore(collection, _validate.write_concern(write_concern))
+        self._store = store_for(collection, _validate.write_concern(write_concern))
         self._lease: Lease | None = None
-        self._orphan_guard: weakref.finalize[Any, Any] | None = None
         self._acquiring = False
-        self._lost = asyncio.Event()
+        self._lost: asyncio.Event | None = None  # made when asked for: most callers never ask
 
     def __repr__(self) -> str:
         state = "held" if self._lease is not None and self._lease.believed_held else "not held"
@@ -169,6 +168,10 @@ class AsyncMongoLock:
     @property
     def lost(self) -> asyncio.Event:
         """Set when the current lease is lost (a fresh, unset event per acquisition)."""
+        if self._lost is None:
+            self._lost = asyncio.Event()
+            if self._lease is not None and self._lease.lost_error is not None:
+                self._lost.set()
         return self._lost
 
     @property
@@ -285,8 +288,7 @@ class AsyncMongoLock:
         deadline = local_deadline(grant.sent_at, min(self._ttl, grant.ttl_ms / 1000), self._safety_margin)
         if time.monotonic() >= deadline:
             return False
-        self._lost = asyncio.Event()
-        handle = weakref.ref(self)
+        self._lost = None
         lease = Lease(
             store=self._store,
             name=self._name,
@@ -296,14 +298,12 @@ class AsyncMongoLock:
             safety_margin=self._safety_margin,
             deadline=deadline,
             heartbeat_interval=_heartbeat_interval(self._heartbeat, self._ttl, self._safety_margin),
-            lost=self._lost,
-            on_lost=lambda error: _signal_lost(handle),
+            holder=weakref.ref(self),
+            loop=asyncio.get_running_loop(),
             hooks=self._hooks,
         )
         lease.arm()
         self._lease = lease
-        # A handle dropped while holding must not keep its lease alive (or held) for ever.
-        self._orphan_guard = weakref.finalize(self, _abandoned, lease, asyncio.get_running_loop(), self._fair)
         if lease.heartbeat_interval is not None:
             keeper_for_running_loop().keep(lease)
         return True
@@ -484,12 +484,24 @@ class AsyncMongoLock:
                 raise error
             logger.warning("%s (the block raised %s, which propagates)", error, exc_type.__name__)
 
+    def _lease_lost(self, lease: Lease) -> None:
+        """Called by ``lease`` when it is lost: set ``lost``, call ``on_lost``."""
+        if lease is not self._lease:
+            return
+        if self._lost is not None:
+            self._lost.set()
+        if self._on_lost is not None:
+            call_on_lost(self._on_lost, self)
+
+    def __del__(self) -> None:
+        # A handle dropped while holding must not keep its lease alive (or held) for ever.
+        lease = getattr(self, "_lease", None)  # None if __init__ refused its arguments
+        if lease is not None:
+            _abandoned(lease, self._fair)
+
     def _forget_lease(self) -> Lease | None:
         """Detach the current lease from this handle and the heartbeat; return it."""
         lease, self._lease = self._lease, None
-        if self._orphan_guard is not None:
-            self._orphan_guard.detach()
-            self._orphan_guard = None
         if lease is not None:
             lease.end()
             if lease.heartbeat_interval is not None:
@@ -497,14 +509,9 @@ class AsyncMongoLock:
         return lease
 
 
-def _signal_lost(handle: weakref.ref[AsyncMongoLock]) -> None:
-    lock = handle()
-    if lock is not None and lock._on_lost is not None:
-        call_on_lost(lock._on_lost, lock)
-
-
-def _abandoned(lease: Lease, loop: asyncio.AbstractEventLoop, fair: bool) -> None:
+def _abandoned(lease: Lease, fair: bool) -> None:
     """A handle was garbage-collected while holding ``lease``: stop renewing it and release it."""
+    loop = lease.loop
     if lease.ended or lease.lost_error is not None or loop.is_closed():
         return
     logger.warning(

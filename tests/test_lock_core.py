@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from bson.codec_options import CodecOptions
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
@@ -75,6 +76,32 @@ async def test_takeover_only_after_expiry_on_server_time(lock_collection: Any) -
     with pytest.raises(LockNotOwnedError):
         await first.extend()
     assert await second.release()
+
+
+async def test_lost_is_a_fresh_event_per_acquisition(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "lease", ttl=0.5)
+    assert await lock.acquire()
+    before_loss = lock.lost
+    await asyncio.wait_for(before_loss.wait(), 5)  # the local deadline passes without renewal
+    assert lock.lost is before_loss and lock.lost_error is not None
+    assert await lock.acquire()
+    assert not lock.lost.is_set() and lock.lost is not before_loss
+    assert await lock.release()
+    unasked = AsyncMongoLock(lock_collection, "lease", ttl=0.5)
+    assert await unasked.acquire()
+    await asyncio.sleep(0.8)
+    assert unasked.lost.is_set(), "an event first asked for after the loss is set"
+
+
+async def test_handles_of_one_collection_object_share_its_store(lock_collection: Any) -> None:
+    first, second = AsyncMongoLock(lock_collection, "a"), AsyncMongoLock(lock_collection, "b")
+    assert first._store is second._store
+    stricter = AsyncMongoLock(lock_collection, "c", write_concern=WriteConcern(w="majority", j=True))
+    assert stricter._store is not first._store and stricter._store.write_concern.document["j"] is True
+    again = AsyncMongoLock(lock_collection, "d", write_concern=WriteConcern(w="majority", j=True))
+    assert again._store is stricter._store, "equal write concerns share a store"
+    other_options = lock_collection.with_options(codec_options=CodecOptions(uuid_representation=4))
+    assert AsyncMongoLock(other_options, "a")._store is not first._store
 
 
 async def test_non_owner_cannot_release_or_extend(lock_collection: Any) -> None:
