@@ -4,7 +4,9 @@
    by command monitoring, then sent with ``database.command`` through the same client), interleaved
    cycle by cycle: client CPU (``time.process_time``) and wall time per cycle, and their ratios.
 2. Where the extra goes: Python calls and event-loop iterations per cycle, library against
-   replay, and a cProfile of the library's own modules (``--profile N`` cycles).
+   replay, a cProfile of the library's own modules (``--profile N`` cycles), and client CPU per
+   cycle adding one layer of the library at a time (needs the library's internals: skipped for a
+   version without them).
 3. Client CPU per acquisition with 64 tasks of one process waiting on one lock, against the
    uncontended figure of part 1 (waiting tasks should cost nothing while they wait).
 4. Memory: per lease held with the heartbeat, at ``--leases`` leases (tracemalloc); and the memory
@@ -123,6 +125,7 @@ async def uncontended(uri: str, rounds: int, profile: int) -> float:
         )
         if profile:
             await explain(library, replay, profile)
+            await layers(database, collection, commands, replay, library, rounds)
         return cpu_library
     finally:
         await client.close()
@@ -160,6 +163,59 @@ async def explain(library: Callable[[], Awaitable[None]], replay: Callable[[], A
     print(f"  own time in mongolock_async modules (cProfile inflates it): {total / cycles * 1e6:.0f} us per cycle")
     for own, (filename, line, function) in ours[:12]:
         print(f"    {own / cycles * 1e6:6.1f} us  {Path(filename).name}:{line} {function}")
+
+
+async def layers(
+    database: Any,
+    collection: Any,
+    commands: list[SON[str, Any]],
+    replay: Callable[[], Awaitable[None]],
+    library: Callable[[], Awaitable[None]],
+    rounds: int,
+) -> None:
+    """Part 2, continued: client CPU per cycle adding one layer of the library at a time, interleaved."""
+    try:
+        from mongolock_async._shield import run_shielded
+        from mongolock_async.store import store_for
+    except ImportError:
+        print("  (layers: this version of the library has no run_shielded or store_for)")
+        return
+    from pymongo.write_concern import WriteConcern
+
+    store = store_for(collection, WriteConcern(w="majority"))
+    holder = {"host": platform.node(), "pid": 0, "label": None}
+
+    async def shielded() -> None:
+        for command in commands:
+            await run_shielded(database.command(command), bound=30.0)
+
+    async def store_methods() -> None:
+        owner = uuid.uuid4().hex
+        await store.try_acquire("store", owner, 30_000, holder, enqueue=True)
+        await store.release("store", owner)
+
+    async def sent() -> None:
+        owner = uuid.uuid4().hex
+        await store.send(store.try_acquire("sent", owner, 30_000, holder, enqueue=True), bound=30.0)
+        await store.send(store.release("sent", owner), bound=30.0)
+
+    steps = {
+        "replay (database.command)": replay,
+        "+ a task and timer per request": shielded,
+        "store methods (pipeline values, reply parsing)": store_methods,
+        "store methods through store.send": sent,
+        "library (async with)": library,
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, action in steps.items():
+            started = time.process_time()
+            await action()
+            cpu[name].append(time.process_time() - started)
+    base = statistics.fmean(cpu["replay (database.command)"])
+    print("  client CPU per cycle, one layer at a time (means, interleaved):")
+    for name, spent in cpu.items():
+        print(f"    {name:48} {statistics.fmean(spent) * 1e6:5.0f} us  {statistics.fmean(spent) / base:4.2f}x")
 
 
 async def contended(uri: str, tasks: int, seconds: float, uncontended_cpu: float | None) -> None:
