@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import time
@@ -17,6 +18,12 @@ from .hooks import LockHooks, notify
 from .store import LockStore
 
 logger = logging.getLogger("mongolock_async")
+
+# Deadline timers run in one empty context instead of a copy of the arming caller's (a renewal's, or
+# an acquire's): what runs at a deadline owes nothing to either, and a copy per arming costs memory
+# per lease and CPU per renewal. Timer callbacks never nest, so sharing one context is safe; a loss
+# runs the holder's callbacks in a fresh one, so nothing they set lingers in it.
+_TIMER_CONTEXT = contextvars.Context()
 
 # Async on_lost callbacks run as tasks; keep them referenced until they finish.
 _callback_tasks: set[asyncio.Task[Any]] = set()
@@ -101,7 +108,7 @@ class Lease:
         """(Re)start the deadline timer; ``time.monotonic`` is the asyncio loop's clock."""
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(self.deadline, self._deadline_passed)
+        self._timer = asyncio.get_running_loop().call_at(self.deadline, self._deadline_passed, context=_TIMER_CONTEXT)
 
     def confirm(self, sent_at: float, ttl: float | None = None) -> None:
         """Record a renewal the server applied to a request sent at monotonic ``sent_at``."""
@@ -164,7 +171,7 @@ class Lease:
                 "the lease could not be renewed before its local deadline "
                 f"({self.renewal_error or 'no renewal completed in time'})"
             )
-        self.mark_lost(reason)
+        contextvars.Context().run(self.mark_lost, reason)  # users' callbacks: not in the shared context
 
 
 def default_safety_margin(ttl: float) -> float:
