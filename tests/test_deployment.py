@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ from mongolock_async.privileges import lock_privileges, operator_privileges
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from mongolock_async.testing.server import HANDSHAKE_TIMEOUT
 from tests.conftest import CommandCounter, set_fail_point, transaction
 
 # The operators the library's requests use, all in MongoDB's Stable API (V1) since 5.0.0. SERVER-58076
@@ -158,18 +161,34 @@ def with_options(uri: str, **options: str) -> str:
     return uri + "".join(f"&{key}={quote_plus(value)}" for key, value in options.items())
 
 
-def operate(uri: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+async def operate(uri: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """Run a ``mongolock`` command in a child process, off the event loop: a blocked loop would stall
+    this process's drivers mid-handshake with the embedded server."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
     command = [sys.executable, "-m", "mongolock_async", *arguments, "--db", TEST_DATABASE, "--collection", "secure"]
-    return subprocess.run(command, capture_output=True, text=True, env={**env, "MONGODB_URI": uri}, timeout=120)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120)
+    return await asyncio.to_thread(run, command, env={**env, "MONGODB_URI": uri})
+
+
+async def test_a_peer_stuck_in_its_tls_handshake_does_not_stall_the_embedded_server(
+    driver: str, tls_server: EmbeddedMongo
+) -> None:
+    # SecantusDB handshakes on its only accept thread; without a bound, this silent peer would make
+    # every later connection wait for it, and the server look unreachable.
+    with socket.create_connection(("127.0.0.1", tls_server.port)):
+        client = make_client(driver, tls_server.uri, serverSelectionTimeoutMS=int(4 * HANDSHAKE_TIMEOUT * 1000))
+        try:
+            assert (await client.admin.command("ping"))["ok"] == 1
+        finally:
+            await close_client(client)
 
 
 async def test_locks_and_the_command_work_over_tls_with_scram(driver: str, tls_server: EmbeddedMongo) -> None:
     await every_kind_of_request(driver, tls_server.uri, "secure")
-    listing = operate(tls_server.uri, "list")
+    listing = await operate(tls_server.uri, "list")
     assert listing.returncode == 0 and "job" in listing.stdout, listing.stdout + listing.stderr
-    assert operate(tls_server.uri, "inspect", "job").returncode == 0
-    for result in (listing, operate(tls_server.uri, "list", "--json")):
+    assert (await operate(tls_server.uri, "inspect", "job")).returncode == 0
+    for result in (listing, (await operate(tls_server.uri, "list", "--json"))):
         assert PASSWORD not in result.stdout + result.stderr
 
 
@@ -178,7 +197,7 @@ async def test_locks_and_the_command_work_with_a_client_certificate(
 ) -> None:
     uri = with_options(mutual_tls_server.uri, tlsCertificateKeyFile=str(certificates.client))
     await every_kind_of_request(driver, uri, "secure")
-    listing = operate(uri, "list")
+    listing = await operate(uri, "list")
     assert listing.returncode == 0 and "job" in listing.stdout, listing.stdout + listing.stderr
 
 
@@ -219,7 +238,7 @@ async def test_each_misconfiguration_is_named_and_no_password_shows(
         assert "not-" + PASSWORD not in shown and PASSWORD not in shown
     finally:
         await close_client(client)
-    result = operate(uri, "list")
+    result = await operate(uri, "list")
     assert result.returncode == exit_code, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert cause in result.stderr or mistake == "wrong password", result.stderr

@@ -37,6 +37,20 @@ from .._process import die_with_parent
 
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 _LAUNCH = "import sys; from secantus.cli import main; sys.argv[0] = 'secantusd-py'; sys.exit(main())"
+HANDSHAKE_TIMEOUT = 3.0
+"""Seconds the embedded server waits for a client's TLS handshake."""
+# SecantusDB runs each TLS handshake on its one accept thread with no deadline (secantus/server.py,
+# `_serve_forever`): one peer that connects and never sends its ClientHello (a driver task cancelled
+# between its TCP connect and its handshake leaks such a socket until garbage collection) stalls
+# every later connection, so a healthy server looks unreachable. Bound each handshake.
+_BOUNDED_HANDSHAKE = f"""
+import ssl
+_wrap_socket = ssl.SSLContext.wrap_socket
+def _bounded_wrap_socket(self, sock, *args, **kwargs):
+    sock.settimeout({HANDSHAKE_TIMEOUT})
+    return _wrap_socket(self, sock, *args, **kwargs)
+ssl.SSLContext.wrap_socket = _bounded_wrap_socket
+"""
 # Reads the server's pid each time it starts; "closed" when close() cleaned up. At end of input
 # without "closed" (the starting process is gone), kills the last server (if it still runs in the
 # directory) and removes the directory.
@@ -265,7 +279,7 @@ class EmbeddedMongo:
     def _launch(self, *, auth: bool, tls: bool) -> None:
         assert self._workdir is not None and self.log_path is not None
         command = [
-            sys.executable, "-c", _LAUNCH,
+            sys.executable, "-c", (_BOUNDED_HANDSHAKE if tls else "") + _LAUNCH,
             "--host", "127.0.0.1",
             "--port", str(self.port or 0),
             "--storage-path", str(self._workdir / "data"),
