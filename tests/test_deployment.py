@@ -188,7 +188,7 @@ async def test_locks_and_the_command_work_over_tls_with_scram(driver: str, tls_s
     listing = await operate(tls_server.uri, "list")
     assert listing.returncode == 0 and "job" in listing.stdout, listing.stdout + listing.stderr
     assert (await operate(tls_server.uri, "inspect", "job")).returncode == 0
-    for result in (listing, (await operate(tls_server.uri, "list", "--json"))):
+    for result in (listing, await operate(tls_server.uri, "list", "--json")):
         assert PASSWORD not in result.stdout + result.stderr
 
 
