@@ -22,10 +22,12 @@ from .hooks import LockHooks
 from .indexes import ensure_idle_cleanup_index
 from .lock import AsyncMongoLock, OnLost
 from .manager import LockManager
+from .semaphore import AsyncMongoSemaphore
 
 __all__ = [
     "AsyncCollectionLike",
     "AsyncMongoLock",
+    "AsyncMongoSemaphore",
     "LockHooks",
     "LockManager",
     "LockAlreadyHeldError",

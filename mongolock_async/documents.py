@@ -21,6 +21,11 @@ from .errors import LockDataError
 MAX_FENCE = 2**62
 # No lease is written more than this far ahead (the longest TTL, a year and a day, plus a day).
 EXPIRY_HORIZON = timedelta(days=368)
+SEMAPHORE = "semaphore"
+"""The ``kind`` of a semaphore's document; a mutex's document has none."""
+MAX_PERMITS = 10_000
+"""The largest semaphore ``limit``: its holders, each some hundreds of bytes with the holder's
+label, and its queue share one document, which MongoDB caps at 16 MB."""
 
 
 class Place(NamedTuple):
@@ -36,8 +41,26 @@ class Place(NamedTuple):
     holder: Mapping[str, Any]
 
 
+class Permit(NamedTuple):
+    """One holder of a semaphore's permits."""
+
+    token: str
+    """The holder's owner token."""
+    expires_at: datetime
+    fencing_token: int
+    ttl_ms: int | None
+    holder: Mapping[str, Any]
+    acquired_at: datetime | None
+    renewed_at: datetime | None
+
+
 class LockState(NamedTuple):
-    """A lock document as a waiter or an operator sees it."""
+    """A lock (or semaphore) document as a waiter or an operator sees it.
+
+    For a semaphore, ``limit`` is set, ``permits`` lists its holders (live or not: the server
+    drops expired ones at its next write), ``owner`` is None and ``fencing_token`` is the latest
+    token handed out.
+    """
 
     name: str
     owner: str | None
@@ -52,6 +75,29 @@ class LockState(NamedTuple):
     handed_off_at: datetime | None = None
     forced_release_at: datetime | None = None
     """Server time of the last ``mongolock release --force`` (or ``LockStore.force_release``)."""
+    limit: int | None = None
+    """A semaphore's limit, as its last acquire wrote it; None for a mutex."""
+    permits: tuple[Permit, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "lock" if self.limit is None else SEMAPHORE
+
+    def holds(self, token: str) -> bool:
+        """Whether ``token`` owns the lease, or one of the semaphore's permits (live or not)."""
+        return self.owner == token or any(permit.token == token for permit in self.permits)
+
+    def fence_of(self, token: str) -> int:
+        """The fencing token of ``token``'s lease or permit (the document's latest if it holds none)."""
+        permit = next((permit for permit in self.permits if permit.token == token), None)
+        return self.fencing_token if permit is None else permit.fencing_token
+
+    @property
+    def next_expiry(self) -> datetime | None:
+        """When the lease, or the semaphore's earliest permit, expires (None if none is held)."""
+        if self.limit is None:
+            return self.expires_at
+        return min((permit.expires_at for permit in self.permits), default=None)
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> LockState:
@@ -59,6 +105,9 @@ class LockState(NamedTuple):
         name = doc.get("_id")
         if not isinstance(name, str):
             raise LockDataError(name, "_id", f"holds {_type_name(name)}, expected a string lock name")
+        kind = doc.get("kind")
+        if kind is not None and kind != SEMAPHORE:
+            raise LockDataError(name, "kind", f"holds {kind!r}, expected nothing (a lock) or {SEMAPHORE!r}")
         owner = doc.get("owner")
         if owner is not None and not isinstance(owner, str):
             raise LockDataError(name, "owner", f"holds {_type_name(owner)}, expected a string or null")
@@ -81,6 +130,12 @@ class LockState(NamedTuple):
         if queue is not None and not isinstance(queue, list):
             raise LockDataError(name, "queue", f"holds {_type_name(queue)}, expected an array")
         ttl_ms = doc.get("ttlMs")
+        limit: int | None = None
+        permits: tuple[Permit, ...] = ()
+        if kind == SEMAPHORE:
+            if owner is not None:
+                raise LockDataError(name, "owner", "is set in a semaphore, which has holders instead")
+            limit, permits = _limit(doc.get("limit"), name), _permits(doc.get("holders"), name)
         return cls(
             name=name,
             owner=owner,
@@ -94,6 +149,8 @@ class LockState(NamedTuple):
             released_at=_date_or_none(doc.get("releasedAt"), name, "releasedAt"),
             handed_off_at=_date_or_none(doc.get("handedOffAt"), name, "handedOffAt"),
             forced_release_at=_date_or_none(_mapping(doc.get("forcedRelease")).get("at"), name, "forcedRelease.at"),
+            limit=limit,
+            permits=permits,
         )
 
     def place_of(self, token: str) -> Place | None:
@@ -133,6 +190,50 @@ def _place(entry: object) -> Place | None:
         refreshed_at=_utc(refreshed_at) if isinstance(refreshed_at, datetime) else None,
         holder=_mapping(entry.get("holder")),
     )
+
+
+def _limit(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PERMITS:
+        raise LockDataError(name, "limit", f"holds {_type_name(value)} {value!r}, expected 1 to {MAX_PERMITS}")
+    return value
+
+
+def _permits(value: object, name: str) -> tuple[Permit, ...]:
+    """A semaphore's ``holders``, checked as strictly as the store's pipelines check them: a holder
+    that could not be read would be a permit nobody counts."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise LockDataError(name, "holders", f"holds {_type_name(value)}, expected an array")
+    permits = []
+    for index, entry in enumerate(value):
+        where = f"holders.{index}"
+        if not isinstance(entry, Mapping):
+            raise LockDataError(name, where, f"holds {_type_name(entry)}, expected a holder document")
+        token, fence, ttl_ms = entry.get("o"), entry.get("fence"), entry.get("ttlMs")
+        if not isinstance(token, str):
+            raise LockDataError(name, f"{where}.o", f"holds {_type_name(token)}, expected an owner token")
+        expires_at = _date_or_none(entry.get("exp"), name, f"{where}.exp", strict=True)
+        if expires_at is None:
+            raise LockDataError(name, f"{where}.exp", "is missing")
+        if expires_at > datetime.now(UTC) + EXPIRY_HORIZON:
+            raise LockDataError(name, f"{where}.exp", f"is {expires_at:%Y-%m-%d}, more than a year ahead")
+        if isinstance(fence, bool) or not isinstance(fence, int) or not 0 <= fence < MAX_FENCE:
+            raise LockDataError(name, f"{where}.fence", f"holds {_type_name(fence)} {fence!r}, expected a token")
+        permits.append(
+            Permit(
+                token=token,
+                expires_at=expires_at,
+                fencing_token=fence,
+                ttl_ms=ttl_ms if isinstance(ttl_ms, int) and not isinstance(ttl_ms, bool) else None,
+                holder=_mapping(entry.get("holder")),
+                acquired_at=_date_or_none(entry.get("at"), name, f"{where}.at"),
+                renewed_at=_date_or_none(entry.get("renewedAt"), name, f"{where}.renewedAt"),
+            )
+        )
+    if len({permit.token for permit in permits}) != len(permits):
+        raise LockDataError(name, "holders", "lists one owner token twice")
+    return tuple(permits)
 
 
 def _date_or_none(value: object, name: object, field_name: str, *, strict: bool = False) -> datetime | None:

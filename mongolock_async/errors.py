@@ -72,10 +72,12 @@ class LockDataError(LockError):
     hand-off happens on it. ``mongolock release NAME --force`` resets it.
     """
 
-    def __init__(self, name: object, field: str, detail: str) -> None:
+    def __init__(
+        self, name: object, field: str, detail: str, remedy: str = "reset it with `mongolock release --force`"
+    ) -> None:
         self.name = name
         self.field = field
-        super().__init__(f"lock {name!r}: field {field!r} {detail}; reset it with `mongolock release --force`")
+        super().__init__(f"lock {name!r}: field {field!r} {detail}; {remedy}")
 
 
 class ServerTooOldError(LockError):

@@ -140,7 +140,8 @@ class LeaseKeeper:
         sent_at = time.monotonic()
         try:
             renewed = await store.send(
-                store.renew([(lease.name, lease.owner, _ms(lease.ttl)) for lease in leases]), bound=earliest - sent_at
+                store.renew([(lease.name, lease.owner, _ms(lease.ttl), lease.limit) for lease in leases]),
+                bound=earliest - sent_at,
             )
         except PyMongoError as error:
             reason = f"{type(error).__name__}: {error}"
@@ -157,7 +158,7 @@ class LeaseKeeper:
         for lease in leases:
             if lease.ended or lease.lost_error is not None:
                 continue
-            if lease.name in renewed:
+            if (lease.name, lease.owner) in renewed:
                 lease.confirm(sent_at)
                 self._failures.pop(lease, None)
                 if lease in self._leases and lease.heartbeat_interval is not None:

@@ -91,6 +91,8 @@ class Lease:
     renewal_error: str | None = None
     """Why the last renewal attempt failed, for the loss reason."""
     hooks: LockHooks | None = None
+    limit: int | None = None
+    """The semaphore's limit for a permit; None for a lock's lease."""
     taken_at: float = field(default_factory=time.monotonic)
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 

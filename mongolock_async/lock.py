@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from pymongo.server_type import SERVER_TYPE
@@ -85,6 +85,9 @@ class AsyncMongoLock:
       are raised at once.
     """
 
+    _limit: int | None = None
+    """A semaphore's limit (see ``AsyncMongoSemaphore``); None for a lock."""
+
     def __init__(
         self,
         collection: AsyncCollectionLike,
@@ -137,7 +140,8 @@ class AsyncMongoLock:
 
     def __repr__(self) -> str:
         state = "held" if self._lease is not None and self._lease.believed_held else "not held"
-        return f"<AsyncMongoLock {self._name!r} in {self._store.full_name} ttl={self._ttl:g}s {state}>"
+        kind = "" if self._limit is None else f" limit={self._limit}"
+        return f"<{type(self).__name__} {self._name!r}{kind} in {self._store.full_name} ttl={self._ttl:g}s {state}>"
 
     @property
     def name(self) -> str:
@@ -230,7 +234,7 @@ class AsyncMongoLock:
                         notify(self._hooks, "acquired", self._name, fencing_token=grant.fencing_token, waited=waited)
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
-                await hand_over(self._store, self._name, grant.owner, fair=self._fair, until=deadline_in(self._ttl))
+                await self._hand_over(grant.owner, until=deadline_in(self._ttl))
                 if not blocking:
                     return False
         finally:
@@ -254,8 +258,12 @@ class AsyncMongoLock:
             fresh_for=default_safety_margin(self._ttl) if self._safety_margin is None else self._safety_margin,
             timeout=timeout,
             unreachable_timeout=unreachable_timeout,
+            limit=self._limit,
         )
         return await wait_for_lease(request, give_up_at)
+
+    async def _hand_over(self, owner: str, *, until: float) -> bool:
+        return await hand_over(self._store, self._name, owner, fair=self._fair, until=until, limit=self._limit)
 
     async def _try_once(self) -> Grant | None:
         """One acquire request, without queueing."""
@@ -263,13 +271,13 @@ class AsyncMongoLock:
         ttl_ms = _ms(self._ttl)
 
         async def hand_on_if_taken(state: LockState) -> None:
-            if state.owner == owner:
-                await hand_over(self._store, self._name, owner, fair=self._fair, until=deadline_in(self._ttl))
+            if state.holds(owner):
+                await self._hand_over(owner, until=deadline_in(self._ttl))
 
         sent_at = time.monotonic()
         try:
             state = await self._store.send(
-                self._store.try_acquire(self._name, owner, ttl_ms, self._holder(), fair=self._fair),
+                self._store.try_acquire(self._name, owner, ttl_ms, self._holder(), fair=self._fair, limit=self._limit),
                 bound=self._ttl,
                 on_cancelled=hand_on_if_taken,
             )
@@ -279,9 +287,9 @@ class AsyncMongoLock:
         except PyMongoError as error:
             if is_transient(error):
                 # The server may have applied it: release what this token may hold, in the background.
-                spawn(hand_over(self._store, self._name, owner, fair=self._fair, until=deadline_in(self._ttl)))
+                spawn(self._hand_over(owner, until=deadline_in(self._ttl)))
             raise
-        return Grant(owner, state.fencing_token, sent_at, ttl_ms) if state.owner == owner else None
+        return Grant(owner, state.fence_of(owner), sent_at, ttl_ms) if state.holds(owner) else None
 
     def _hold(self, grant: Grant) -> bool:
         """Make ``grant`` this handle's lease; False if its local deadline has already passed."""
@@ -301,6 +309,7 @@ class AsyncMongoLock:
             holder=weakref.ref(self),
             loop=asyncio.get_running_loop(),
             hooks=self._hooks,
+            limit=self._limit,
         )
         lease.arm()
         self._lease = lease
@@ -321,7 +330,7 @@ class AsyncMongoLock:
             return False
         # Worth trying until the lease expires on the server anyway (and for a moment at least).
         until = max(lease.server_expiry_floor, deadline_in(_MIN_RELEASE_TIME))
-        released = await hand_over(self._store, self._name, lease.owner, fair=self._fair, until=until)
+        released = await self._hand_over(lease.owner, until=until)
         if released and self._observed():
             held = lease.held
             logger.debug("released %r after holding it %.3f s", self._name, held)
@@ -345,7 +354,8 @@ class AsyncMongoLock:
         interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
         sent_at = time.monotonic()
         extended = await self._store.send(
-            self._store.extend(self._name, lease.owner, _ms(new_ttl)), bound=lease.server_expiry_floor - sent_at
+            self._store.extend(self._name, lease.owner, _ms(new_ttl), limit=self._limit),
+            bound=lease.server_expiry_floor - sent_at,
         )
         if not extended:
             lease.mark_lost("extend found the lease expired or held by another owner")
@@ -361,7 +371,7 @@ class AsyncMongoLock:
         Advisory: the answer can be out of date by the time it arrives. It is read with read
         concern ``majority``, so it never shows an acquisition a failover could still roll back.
         """
-        return await self._store.send(self._store.is_held(self._name), bound=self._ttl)
+        return await self._store.send(self._store.is_held(self._name, limit=self._limit), bound=self._ttl)
 
     async def owned(self) -> bool:
         """Whether this handle holds the lease: live on the server and before the local deadline."""
@@ -369,7 +379,7 @@ class AsyncMongoLock:
         if lease is None or not lease.believed_held:
             return False
         held = await self._store.send(
-            self._store.is_held(self._name, lease.owner), bound=lease.deadline - time.monotonic()
+            self._store.is_held(self._name, lease.owner, limit=self._limit), bound=lease.deadline - time.monotonic()
         )
         return held and lease.believed_held
 
@@ -423,7 +433,7 @@ class AsyncMongoLock:
                 "this server is a standalone, without multi-document transactions"
             )
         live = await self._store.send(
-            self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session),
+            self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session, limit=self._limit),
             bound=lease.deadline - time.monotonic(),
         )
         if not live:
@@ -431,7 +441,7 @@ class AsyncMongoLock:
         if lease.lost_error is not None:
             raise lease.lost_error
 
-    async def __aenter__(self) -> AsyncMongoLock:
+    async def __aenter__(self) -> Self:
         if not await self.acquire():
             raise LockTimeoutError(self._name, self._timeout if self._blocking else None)
         lease = self._lease
@@ -523,7 +533,8 @@ def _abandoned(lease: Lease, fair: bool) -> None:
     def end_it() -> None:
         lease.end()
         keeper_for_running_loop().drop(lease)
-        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, until=lease.server_expiry_floor))
+        until = lease.server_expiry_floor
+        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, until=until, limit=lease.limit))
 
     loop.call_soon_threadsafe(end_it)
 

@@ -95,12 +95,15 @@ class Waiter:
 class LocalQueue:
     """The tasks of one event loop waiting for one lock name, and this process's place for them."""
 
-    def __init__(self, store: LockStore, name: str, key: QueueKey, token_prefix: str) -> None:
+    def __init__(self, store: LockStore, name: str, key: QueueKey, token_prefix: str, *, followers: bool) -> None:
         self.store = store
         self.name = name
         self.key = key
         self.token_prefix = token_prefix
         """Starts every owner token of this process's places, so hand-offs reach only its stream."""
+        self.followers = followers
+        """Whether a write that gives the first waiter the lease queues the second's place (a lock).
+        A semaphore's next waiter attempts at once instead: a permit may still be free."""
         self.waiters: deque[Waiter] = deque()
         self.place = PlaceState.ABSENT
         self.slot: str | None = None
@@ -137,6 +140,8 @@ class LocalQueue:
         head = self.waiters[0]
         if self.slot is None:
             self.slot = self.new_token()
+        if not self.followers:
+            return PlaceRequest(self.slot, head.ttl_ms, head.holder)
         if len(self.waiters) > 1 and self.upcoming is None:
             self.upcoming = PlaceRequest(self.new_token(), self.waiters[1].ttl_ms, self.waiters[1].holder)
         follower = self.upcoming if len(self.waiters) > 1 else None
@@ -321,13 +326,13 @@ def queues_on(client_id: int, full_name: str) -> list[LocalQueue]:
     return [queue for key, queue in _queues.get().items() if key[0] == client_id and key[1] == full_name]
 
 
-def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str) -> LocalQueue:
-    """Queue ``waiter`` last for ``name``, creating the queue if needed."""
+def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str, followers: bool = True) -> LocalQueue:
+    """Queue ``waiter`` last for ``name``, creating the queue if needed (``followers``: see ``LocalQueue``)."""
     queues = _queues.get()
     key = queue_key(store, name)
     queue = queues.get(key)
     if queue is None:
-        queue = queues[key] = LocalQueue(store, name, key, token_prefix)
+        queue = queues[key] = LocalQueue(store, name, key, token_prefix, followers=followers)
     queue.on_joined(waiter)
     return queue
 

@@ -59,7 +59,7 @@ from pymongo.write_concern import WriteConcern
 from ._diagnosis import cause_of, retrying_cannot_fix
 from ._shield import RequestTimeout, run_shielded
 from ._weak import WeakIdentityMap
-from .documents import EXPIRY_HORIZON, MAX_FENCE, LockReport, LockState
+from .documents import EXPIRY_HORIZON, MAX_FENCE, MAX_PERMITS, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
 
 logger = logging.getLogger("mongolock_async")
@@ -81,11 +81,11 @@ _UPSERT_RACE_RETRIES = 10
 
 # What acquires and releases read back: the fields their callers decide on (less to send back,
 # decode and check than the whole document).
-_DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1}
+_DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 1, "limit": 1, "holders": 1}
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
-    "_remote",
+    "_remote", "_hs", "_nf", "_rest", "_room", "_held",
 ]  # fmt: skip
 
 
@@ -222,6 +222,7 @@ class LockStore:
         fair: bool = False,
         follower: PlaceRequest | None = None,
         session: Any = None,
+        limit: int | None = None,
     ) -> LockState:
         """Take ``name`` for ``owner`` if it is free or expired; return the document either way.
 
@@ -231,10 +232,16 @@ class LockStore:
         refreshes) ``owner``'s place in the queue when the lock is not taken; ``fair`` refuses a free
         lock while an older place waits. ``follower`` (see ``PlaceRequest``) is queued in the
         same write when the lock is taken, and recorded with the place when it is not.
+
+        With ``limit``, ``name`` is a semaphore: ``owner`` takes a permit while fewer than ``limit``
+        are held (or claims one handed to it). ``LockDataError`` if the document is of the other kind.
         """
         await self.check_server()
         place = PlaceRequest(owner, ttl_ms, holder, follower)
-        pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
+        if limit is None:
+            pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
+        else:
+            pipeline = semaphore_acquire_pipeline(place, limit, enqueue=enqueue, fair=fair)
         for _ in range(_UPSERT_RACE_RETRIES):
             try:
                 doc = await self._find_and_modify({"_id": name}, pipeline, upsert=True, session=session)
@@ -243,7 +250,7 @@ class LockStore:
                     raise  # another unique index of the user's: not the upsert race
                 continue
             if doc is not None:  # the embedded server may return None on the same race
-                return LockState.from_document(doc)
+                return _of_kind(LockState.from_document(doc), limit)
         raise RuntimeError(f"acquire of {name!r} kept racing with concurrent upserts")
 
     async def release(
@@ -254,6 +261,7 @@ class LockStore:
         successor: PlaceRequest | None = None,
         fair: bool = False,
         successor_first: bool = True,
+        limit: int | None = None,
     ) -> LockState | None:
         """End ``owner``'s live lease on ``name`` and hand it on; None if it was not live.
 
@@ -267,15 +275,20 @@ class LockStore:
         too (and is left as it is): so a release sent again because the reply to an earlier one
         was lost (a write concern error, a timeout) recognises that earlier success instead of
         reporting the lease gone. Owner tokens are never reused, so only our own release writes it.
+        With ``limit`` (a semaphore), ``owner``'s permit is returned and handed on the same way, and
+        the last released owners are remembered in ``releasedOwners``.
         """
-        doc = await self._find_and_modify(
-            {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]},
-            _release_pipeline(owner, successor, fair=fair, successor_first=successor_first),
-        )
+        if limit is None:
+            query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]}
+            pipeline = _release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
+        else:
+            query = {"_id": name, "$or": [{"holders.o": owner}, {"releasedOwners": owner}]}
+            pipeline = semaphore_release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
+        doc = await self._find_and_modify(query, pipeline)
         if doc is None:
             return None
-        state = LockState.from_document(doc)
-        return None if state.owner == owner else state  # still ours: it had expired, nothing was released
+        state = _of_kind(LockState.from_document(doc), limit)
+        return None if state.holds(owner) else state  # still ours: it had expired, nothing was released
 
     async def _find_and_modify(
         self, query: Mapping[str, Any], pipeline: list[dict[str, Any]], *, upsert: bool = False, session: Any = None
@@ -306,15 +319,20 @@ class LockStore:
         value: Mapping[str, Any] | None = reply.get("value")
         return value
 
-    async def leave(self, name: str, tokens: Sequence[str], *, fair: bool) -> None:
-        """Withdraw the places holding ``tokens``; if the lease was handed to one of them meanwhile,
-        hand it on (or release it)."""
-        await self._collection.update_one(
-            {"_id": name, "$or": [{"owner": {"$in": list(tokens)}}, {"queue.t": {"$in": list(tokens)}}]},
-            _release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens),
-        )
+    async def leave(self, name: str, tokens: Sequence[str], *, fair: bool, limit: int | None = None) -> None:
+        """Withdraw the places holding ``tokens``; if the lease (or, with ``limit``, a semaphore's
+        permit) was handed to one of them meanwhile, hand it on (or release it)."""
+        if limit is None:
+            held: dict[str, Any] = {"owner": {"$in": list(tokens)}}
+            pipeline = _release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
+        else:
+            held = {"holders.o": {"$in": list(tokens)}}
+            pipeline = semaphore_release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
+        await self._collection.update_one({"_id": name, "$or": [held, {"queue.t": {"$in": list(tokens)}}]}, pipeline)
 
-    async def guard_transaction(self, name: str, owner: str, fence: int, session: Any) -> bool:
+    async def guard_transaction(
+        self, name: str, owner: str, fence: int, session: Any, *, limit: int | None = None
+    ) -> bool:
         """Inside ``session``'s transaction, write to ``owner``'s lease if it is live on the server's
         clock; False if it is not (expired, released, or another owner's now).
 
@@ -326,22 +344,31 @@ class LockStore:
         (labelled TransientTransactionError), so a takeover before this write aborts the transaction.
         """
         stamp = _stamp()
+        if limit is None:
+            query: dict[str, Any] = {"_id": name, "owner": owner, "fence": fence}
+            live: Any = _LEASE_LIVE
+        else:
+            query = {"_id": name, "holders": {"$elemMatch": {"o": owner, "fence": fence}}}
+            mine = {"$and": [{"$eq": ["$$this.o", owner]}, {"$eq": ["$$this.fence", fence]}]}
+            live = {"$gt": [{"$size": {"$filter": {"input": _live_holders(SERVER_NOW), "cond": mine}}}, 0]}
         doc = await self._collection.find_one_and_update(
-            {"_id": name, "owner": owner, "fence": fence},
-            [{"$set": {"guard": {"$cond": [_LEASE_LIVE, stamp, "$guard"]}}}],
+            query,
+            [{"$set": {"guard": {"$cond": [live, stamp, "$guard"]}}}],
             projection={"guard": 1},
             return_document=ReturnDocument.AFTER,
             session=session,
         )
         return doc is not None and doc.get("guard") == stamp
 
-    async def extend(self, name: str, owner: str, ttl_ms: int) -> bool:
-        """Give ``owner``'s live lease a new expiry ``ttl_ms`` from now; False if it is not live."""
-        result = await self._collection.update_one({"_id": name, "owner": owner}, _renewal(ttl_ms, _stamp()))
+    async def extend(self, name: str, owner: str, ttl_ms: int, *, limit: int | None = None) -> bool:
+        """Give ``owner``'s live lease (or semaphore permit) a new expiry ``ttl_ms`` from now; False
+        if it is not live."""
+        result = await self._collection.update_one(*_renewal_of(name, owner, ttl_ms, _stamp(), limit))
         return bool(result.modified_count)
 
-    async def renew(self, leases: Sequence[tuple[str, str, int]]) -> set[str]:
-        """Renew each live lease among ``(name, owner, ttl_ms)``; return the names this write renewed.
+    async def renew(self, leases: Sequence[tuple[str, str, int, int | None]]) -> set[tuple[str, str]]:
+        """Renew each live lease among ``(name, owner, ttl_ms, limit)`` (``limit`` set for a
+        semaphore's permit); return the ``(name, owner)`` pairs this write renewed.
 
         One request: an unordered batch of single-document updates, each matching its own name and
         owner by equality (the ``_id`` index), so the server's work per lease does not depend on how
@@ -350,9 +377,7 @@ class LockStore:
         confirmed only by the write that renewed it, never by a later read.
         """
         tick = _stamp()
-        requests = [
-            UpdateOne({"_id": name, "owner": owner}, _renewal(ttl_ms, tick)) for name, owner, ttl_ms in leases
-        ]
+        requests = [UpdateOne(*_renewal_of(name, owner, ttl_ms, tick, limit)) for name, owner, ttl_ms, limit in leases]
         try:
             result = await self._collection.bulk_write(requests, ordered=False)
             renewed = result.modified_count
@@ -361,9 +386,18 @@ class LockStore:
                 raise
             renewed = -1  # some statements failed: find out which renewals were applied
         if renewed == len(leases):
-            return {name for name, _, _ in leases}
-        cursor = self._collection.find({"_id": {"$in": [name for name, _, _ in leases]}, "renewal": tick}, {"_id": 1})
-        return {doc["_id"] for doc in await cursor.to_list(None)}
+            return {(name, owner) for name, owner, _, _ in leases}
+        names = [name for name, _, _, _ in leases]
+        query = {"_id": {"$in": names}, "$or": [{"renewal": tick}, {"holders.r": tick}]}
+        cursor = self._collection.find(query, {"owner": 1, "renewal": 1, "holders": 1})
+        confirmed: set[tuple[str, str]] = set()
+        for doc in await cursor.to_list(None):
+            if doc.get("renewal") == tick and isinstance(doc.get("owner"), str):
+                confirmed.add((doc["_id"], doc["owner"]))
+            for entry in doc.get("holders") if isinstance(doc.get("holders"), list) else ():
+                if isinstance(entry, Mapping) and entry.get("r") == tick and isinstance(entry.get("o"), str):
+                    confirmed.add((doc["_id"], entry["o"]))
+        return confirmed
 
     async def refresh_places(self, places: Sequence[tuple[str, str, int]]) -> set[str] | None:
         """Push back the expiry of each queue place ``(name, token, ttl_ms)``.
@@ -389,11 +423,24 @@ class LockStore:
 
     # -- reads ------------------------------------------------------------------------------------
 
-    async def is_held(self, name: str, owner: str | None = None) -> bool:
+    async def is_held(self, name: str, owner: str | None = None, *, limit: int | None = None) -> bool:
         """Whether anyone (or ``owner``) holds a live lease on ``name``, on the server's clock, as a
-        majority of the replica set knows it (read concern ``majority``, as every read here)."""
-        match: dict[str, Any] = {"_id": name, "owner": {"$type": "string"} if owner is None else owner}
-        pipeline = [{"$match": match}, {"$project": {"live": _LEASE_LIVE}}]
+        majority of the replica set knows it (read concern ``majority``, as every read here).
+
+        For a semaphore (``limit`` set): whether ``owner`` holds a live permit, or without
+        ``owner``, whether all of its permits are taken (as ``asyncio.Semaphore.locked``)."""
+        if limit is None:
+            match: dict[str, Any] = {"_id": name, "owner": {"$type": "string"} if owner is None else owner}
+            live: Any = _LEASE_LIVE
+        else:
+            match = {"_id": name, "kind": "semaphore"}
+            holders = _live_holders(SERVER_NOW)
+            if owner is None:
+                live = {"$gte": [{"$size": holders}, {"$ifNull": ["$limit", limit]}]}
+            else:
+                match["holders.o"] = owner
+                live = {"$in": [owner, _holder_tokens(holders)]}
+        pipeline = [{"$match": match}, {"$project": {"live": live}}]
         cursor = await _maybe_await(self._majority_reads.aggregate(pipeline))
         return any(doc.get("live") is True for doc in await cursor.to_list(None))
 
@@ -517,8 +564,9 @@ class LockStore:
             await _maybe_await(session.end_session())
 
     async def watch(self, *, token_prefix: str, max_await_ms: int, start_at: Any = None) -> Any:
-        """Open a change stream of the writes that can end a wait: releases, deletions, and
-        hand-offs to this process's places (whose owner tokens start with ``token_prefix``).
+        """Open a change stream of the writes that can end a wait: releases (of a lock, or of a
+        semaphore's permit), deletions, and hand-offs to this process's places (whose owner tokens
+        start with ``token_prefix``).
 
         Renewals, claims, queue updates, acquisitions and other processes' hand-offs are filtered
         out on the server, so a hand-off wakes only the process it goes to. Pipeline-style updates
@@ -532,6 +580,8 @@ class LockStore:
                     "$or": [
                         {"operationType": {"$nin": ["insert", "update", "replace"]}},
                         {"operationType": "update", "updateDescription.updatedFields.owner": {"$type": "null"}},
+                        # A semaphore's permit freed without a hand-off.
+                        {"operationType": "update", "updateDescription.updatedFields.freed": {"$exists": True}},
                         {
                             "operationType": "update",
                             "updateDescription.updatedFields.handedOffTo": {"$regex": f"^{re.escape(token_prefix)}"},
@@ -605,11 +655,10 @@ _SANE: dict[str, Any] = {
         },
         _FENCE_OK,
         _type_in("$queue", "missing", "null", "array"),
+        _type_in("$kind", "missing", "null"),
     ]
 }
-_LIVE: dict[str, Any] = {
-    "$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]
-}
+_LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]}
 _NEXT_FENCE: dict[str, Any] = {
     "$max": [
         {"$add": [{"$toLong": {"$ifNull": ["$fence", 0]}}, 1]},
@@ -739,11 +788,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
         # Places ahead of ours: all live places if we have none yet.
         {
             "$set": {
-                "_ahead": {
-                    "$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]
-                }
-                if fair
-                else 0
+                "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0
             }
         },
         {
@@ -871,9 +916,7 @@ def _release_stages(
                 "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
-                "queue": {
-                    "$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]
-                },
+                "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
             }
         },
         {"$unset": _TEMPORARY},
@@ -900,6 +943,47 @@ def _renewal(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
 
 def _stamp() -> str:
     return secrets.token_hex(8)
+
+
+def _renewal_of(name: str, owner: str, ttl_ms: int, stamp: str, limit: int | None) -> tuple[dict[str, Any], Any]:
+    """The filter and update that renew ``owner``'s live lease on ``name`` (a permit, with ``limit``)."""
+    if limit is None:
+        return {"_id": name, "owner": owner}, _renewal(ttl_ms, stamp)
+    return {"_id": name, "kind": "semaphore", "holders.o": owner}, _permit_renewal(owner, ttl_ms, stamp)
+
+
+def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
+    """A new expiry for ``owner``'s permit if it is still live; else no change at all."""
+    live = {"$and": [{"$eq": ["$$this.o", {"$literal": owner}]}, {"$gt": ["$$this.exp", SERVER_NOW]}]}
+    renewed = {"exp": _server_plus(SERVER_NOW, ttl_ms), "ttlMs": ttl_ms, "renewedAt": SERVER_NOW, "r": stamp}
+    return [
+        {
+            "$set": {
+                "holders": {
+                    "$cond": [
+                        {"$isArray": "$holders"},
+                        {
+                            "$map": {
+                                "input": "$holders",
+                                "in": {"$cond": [live, {"$mergeObjects": ["$$this", renewed]}, "$$this"]},
+                            }
+                        },
+                        "$holders",
+                    ]
+                }
+            }
+        }
+    ]
+
+
+def _of_kind(state: LockState, limit: int | None) -> LockState:
+    """``state``, if it is of the kind the caller asked for (a lock, or a semaphore with ``limit``)."""
+    if (state.limit is None) != (limit is None):
+        kind = "a semaphore" if state.limit is not None else "a lock"
+        wanted = "a semaphore" if limit is not None else "a lock"
+        detail = f"says this name is {kind}, not {wanted}"
+        raise LockDataError(state.name, "kind", detail, "a name is a lock or a semaphore: use another name")
+    return state
 
 
 def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
@@ -999,3 +1083,316 @@ def is_transient(error: PyMongoError) -> bool:
         or bool(getattr(error, "timeout", False))
         or error.has_error_label("RetryableWriteError")
     ) and not retrying_cannot_fix(error)
+
+
+# -- semaphores -----------------------------------------------------------------------------------
+#
+# One document per semaphore: {_id, kind: "semaphore", limit, fence, holders: [{o: <token>, exp,
+# fence, ttlMs, holder, at, renewedAt, r}], queue: [places, as a lock's], handedOffTo,
+# handedOffAt, freed, releasedAt, releasedOwners}. Each holder has its own fencing token, from the
+# document's one counter; the queue and its hand-offs work as a lock's, one permit at a time.
+
+_HOLDER_WELL_FORMED: dict[str, Any] = {
+    "$and": [
+        {"$eq": [{"$type": "$$this.o"}, "string"]},
+        {"$eq": [{"$type": "$$this.exp"}, "date"]},
+        {"$lte": ["$$this.exp", _server_plus(SERVER_NOW, _EXPIRY_HORIZON_MS)]},
+        _type_in("$$this.fence", "int", "long"),
+        {"$gte": ["$$this.fence", 0]},
+        {"$lt": ["$$this.fence", MAX_FENCE]},
+    ]
+}
+# A semaphore's document with the fields its decisions read in the shapes written here, or a new
+# document (the upsert's bare _id). A lock's document, or one edited into another shape, is left
+# as it is, and the caller raises LockDataError from LockState parsing.
+_SEMAPHORE_SANE: dict[str, Any] = {
+    "$or": [
+        {
+            "$and": [
+                _type_in("$kind", "missing"),
+                _type_in("$owner", "missing"),
+                _type_in("$fence", "missing"),
+                _type_in("$holders", "missing"),
+            ]
+        },
+        {
+            "$and": [
+                {"$eq": ["$kind", "semaphore"]},
+                _type_in("$limit", "int", "long"),
+                {"$gte": ["$limit", 1]},
+                {"$lte": ["$limit", MAX_PERMITS]},
+                _type_in("$owner", "missing", "null"),
+                _FENCE_OK,
+                _type_in("$queue", "missing", "null", "array"),
+                {"$isArray": "$holders"},
+                {
+                    "$eq": [
+                        {"$size": {"$filter": {"input": "$holders", "cond": {"$not": [_HOLDER_WELL_FORMED]}}}},
+                        0,
+                    ]
+                },
+            ]
+        },
+    ]
+}
+
+
+def _live_holders(now: Any) -> dict[str, Any]:
+    """A semaphore's holders whose permits have not expired at ``now``."""
+    return {
+        "$filter": {
+            "input": {"$cond": [{"$isArray": "$holders"}, "$holders", {"$literal": []}]},
+            "cond": {"$gt": ["$$this.exp", now]},
+        }
+    }
+
+
+_LIVE_HOLDERS = _live_holders(_NOW)
+
+
+def _holder_tokens(holders: Any) -> dict[str, Any]:
+    return {"$map": {"input": holders, "in": "$$this.o"}}
+
+
+def _new_permit(token: Any, ttl: Any, holder: Any, fence: Any, start: Any = _NOW) -> dict[str, Any]:
+    return {
+        "o": token,
+        "exp": _server_plus(start, ttl),
+        "fence": fence,
+        "ttlMs": ttl,
+        "holder": holder,
+        "at": _NOW,
+        "renewedAt": _NOW,
+    }
+
+
+def semaphore_acquire_pipeline(place: PlaceRequest, limit: int, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
+    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder), "limit": limit}
+    return [_values(**values), *_semaphore_acquire_stages(enqueue=enqueue, fair=fair)]
+
+
+@functools.cache
+def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
+    """Drop expired holders; claim a permit already handed to ``me``, or take one when fewer than
+    the request's ``limit`` are live (and, with ``fair``, no older place waits); else queue."""
+    me = "$_v.me"
+    my_place = _new_place(me, "$_v.ttl", "$_v.holder")
+    my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
+    waiting_queue: Any = "$queue"
+    if enqueue:
+        waiting_queue = {
+            "$cond": [
+                {"$in": [me, _tokens("$_q")]},
+                {
+                    "$map": {
+                        "input": "$_q",
+                        "in": {
+                            "$cond": [
+                                {"$eq": ["$$this.t", me]},
+                                {"$mergeObjects": [my_place, {"at": _not_before("$$this.at", _NOW)}]},
+                                "$$this",
+                            ]
+                        },
+                    }
+                },
+                {"$concatArrays": ["$_q", [my_place]]},
+            ]
+        }
+    renewed_mine = {
+        "$map": {
+            "input": "$_hs",
+            "in": {
+                "$cond": [
+                    {"$eq": ["$$this.o", me]},
+                    {
+                        "$mergeObjects": [
+                            "$$this",
+                            {"exp": _server_plus(_NOW, "$_v.ttl"), "ttlMs": "$_v.ttl", "renewedAt": _NOW},
+                        ]
+                    },
+                    "$$this",
+                ]
+            },
+        }
+    }
+    got_it = {"$or": ["$_claim", "$_take"]}
+    return (
+        {"$set": {"_now": SERVER_NOW}},
+        {"$set": {"_sane": _SEMAPHORE_SANE}},
+        {"$set": {"_q": _live_places(), "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]}}},
+        {
+            "$set": {
+                "_mine": {"$in": [me, _holder_tokens("$_hs")]},
+                "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
+                "_nf": _NEXT_FENCE,
+            }
+        },
+        {
+            "$set": {
+                "_claim": {"$and": ["$_sane", "$_mine"]},
+                "_take": {
+                    "$and": [
+                        "$_sane",
+                        {"$not": ["$_mine"]},
+                        {"$lt": [{"$size": "$_hs"}, "$_v.limit"]},
+                        {"$eq": ["$_ahead", 0]},
+                    ]
+                },
+            }
+        },
+        {
+            "$set": {
+                "kind": {"$cond": ["$_sane", "semaphore", "$kind"]},
+                "limit": {"$cond": ["$_sane", "$_v.limit", "$limit"]},
+                "fence": {"$cond": ["$_take", "$_nf", "$fence"]},
+                "holders": {
+                    "$cond": [
+                        "$_claim",
+                        renewed_mine,
+                        {
+                            "$cond": [
+                                "$_take",
+                                {"$concatArrays": ["$_hs", [_new_permit(me, "$_v.ttl", "$_v.holder", "$_nf")]]},
+                                {"$cond": ["$_sane", "$_hs", "$holders"]},
+                            ]
+                        },
+                    ]
+                },
+                "queue": {
+                    "$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": [got_it, _without("$_q", me), waiting_queue]}]
+                },
+            }
+        },
+        {"$unset": _TEMPORARY},
+    )
+
+
+def semaphore_release_pipeline(
+    owner: str | None,
+    successor: PlaceRequest | None,
+    *,
+    fair: bool,
+    successor_first: bool,
+    leaving: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Return ``owner``'s permit and hand it on, as ``_release_pipeline`` does a lock's lease; with
+    ``leaving``, withdraw those places, and hand on a permit handed to one of them meanwhile."""
+    values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": _stamp()}
+    if successor is not None:
+        values.update(successor=successor.token, successorTtl=successor.ttl_ms, successorHolder=dict(successor.holder))
+    shape = {"successor": successor is not None, "fair": fair, "successor_first": successor_first}
+    return [_values(**values), *_semaphore_release_stages(**shape, leaving=bool(leaving))]
+
+
+# Released owner tokens a semaphore remembers, so that a release sent again after a lost reply
+# recognises its own success among the releases of other holders meanwhile.
+_RELEASES_REMEMBERED = 64
+
+
+@functools.cache
+def _semaphore_release_stages(
+    *, successor: bool, fair: bool, successor_first: bool, leaving: bool
+) -> tuple[dict[str, Any], ...]:
+    gone: Any = {"$in": ["$$this.o", "$_v.leaving"]} if leaving else {"$eq": ["$$this.o", "$_v.me"]}
+    # Candidates for the freed permit: live places (ours removed), with the successor queued last;
+    # never a token that holds a permit already (the successor's own attempt may have taken one).
+    candidates: Any = "$_q"
+    if successor:
+        successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder")
+        candidates = {
+            "$cond": [
+                {"$in": ["$_v.successor", _tokens("$_q")]},
+                {
+                    "$map": {
+                        "input": "$_q",
+                        "in": {
+                            "$cond": [
+                                {"$eq": ["$$this.t", "$_v.successor"]},
+                                {"$mergeObjects": [successor_place, {"at": _not_before("$$this.at", _NOW)}]},
+                                "$$this",
+                            ]
+                        },
+                    }
+                },
+                {"$concatArrays": ["$_q", [successor_place]]},
+            ]
+        }
+    candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
+    handee: Any = _first_or_null("$_c")
+    if successor and not fair:
+        mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
+        others = _without("$_c", "$_v.successor")
+        first_of = [mine, others] if successor_first else [others, mine]
+        handee = _first_or_null({"$concatArrays": first_of})
+    live_places: Any = _live_places(excluding="$_v.me")
+    if leaving:
+        live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
+    successor_token = "$_v.successor" if successor else None
+    handed_permit = _new_permit("$_h.t", "$_h.ttlMs", "$_h.holder", "$_nf", start=_not_before("$_h.at", _NOW))
+    return (
+        {"$set": {"_now": SERVER_NOW}},
+        {"$set": {"_sane": {"$and": [_SEMAPHORE_SANE, {"$eq": ["$kind", "semaphore"]}]}}},
+        {
+            "$set": {
+                "_q": live_places,
+                "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]},
+                "_nf": _NEXT_FENCE,
+            }
+        },
+        {
+            "$set": {
+                "_own": {"$gt": [{"$size": {"$filter": {"input": "$_hs", "cond": gone}}}, 0]},
+                "_rest": {"$filter": {"input": "$_hs", "cond": {"$not": [gone]}}},
+            }
+        },
+        {"$set": {"_held": _holder_tokens("$_rest")}},
+        {"$set": {"_c": candidates}},
+        # A freed permit is handed on only while the holders left are under the stored limit (a
+        # lowered limit revokes nobody; the permits above it are not handed on).
+        {"$set": {"_room": {"$lt": [{"$size": "$_rest"}, "$limit"]}}},
+        {"$set": {"_h": {"$cond": [{"$and": ["$_own", "$_room"]}, handee, None]}}},
+        {
+            "$set": {
+                "_handed": {"$ne": ["$_h", None]},
+                "_remote": {"$and": [{"$ne": ["$_h", None]}, {"$ne": ["$_h.t", successor_token]}]},
+            }
+        },
+        {
+            "$set": {
+                "holders": {
+                    "$cond": [
+                        "$_own",
+                        {"$cond": ["$_handed", {"$concatArrays": ["$_rest", [handed_permit]]}, "$_rest"]},
+                        "$holders",
+                    ]
+                },
+                "fence": {"$cond": ["$_handed", "$_nf", "$fence"]},
+                "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
+                "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
+                # What the change stream wakes other processes' waiters with: a value new on every
+                # release that frees a permit without handing it on.
+                "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}]}, "$_v.stamp", "$freed"]},
+                "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "releasedOwners": {
+                    "$cond": [
+                        {"$and": ["$_own", not leaving]},
+                        {
+                            "$slice": [
+                                {"$concatArrays": [{"$ifNull": ["$releasedOwners", []]}, ["$_v.me"]]},
+                                -_RELEASES_REMEMBERED,
+                            ]
+                        },
+                        "$releasedOwners",
+                    ]
+                },
+                "queue": {
+                    "$cond": [
+                        {"$not": ["$_sane"]},
+                        "$queue",
+                        {"$cond": ["$_handed", _without("$_c", "$_h.t"), {"$cond": ["$_own", "$_c", "$_q"]}]},
+                    ]
+                },
+            }
+        },
+        {"$unset": _TEMPORARY},
+    )

@@ -75,6 +75,8 @@ class AcquireRequest(NamedTuple):
     """The acquire's timeout, for the error that says it passed while MongoDB could not be reached."""
     unreachable_timeout: float | None
     """How long MongoDB may stay unreachable before the acquire raises (None: for ever)."""
+    limit: int | None = None
+    """A semaphore's limit: the request is for one of its permits. None for a lock."""
 
     @property
     def ttl_ms(self) -> int:
@@ -96,7 +98,9 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     """
     watcher = watcher_for(request.store)
     waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for)
-    queue = join(request.store, request.name, waiter, token_prefix=watcher.token_prefix)
+    queue = join(
+        request.store, request.name, waiter, token_prefix=watcher.token_prefix, followers=request.limit is None
+    )
     backoff = Backoff(request.retry_base, request.retry_cap)
     attempted = False
     try:
@@ -129,7 +133,8 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     except asyncio.CancelledError:
         if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
             owner = waiter.grant.owner
-            spawn(hand_over(request.store, request.name, owner, fair=request.fair, until=deadline_in(request.ttl)))
+            until = deadline_in(request.ttl)
+            spawn(hand_over(request.store, request.name, owner, fair=request.fair, until=until, limit=request.limit))
         raise
     finally:
         if leave(queue, waiter):
@@ -137,7 +142,12 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             if queue.place is not PlaceState.ABSENT:
                 # Nobody here wants the places any more: withdraw them, and if the lease was handed
                 # to one meanwhile, pass that on. In the background: giving up returns at once.
-                spawn(_withdraw(queue.store, queue.name, queue.tokens(), fair=request.fair, within=request.ttl))
+                tokens = queue.tokens()
+                spawn(
+                    _withdraw(
+                        queue.store, queue.name, tokens, fair=request.fair, within=request.ttl, limit=request.limit
+                    )
+                )
 
 
 async def _attempt(
@@ -166,12 +176,13 @@ async def _attempt(
     sent_at = time.monotonic()
 
     async def hand_on_if_taken(result: tuple[LockState, Any]) -> None:
-        if result[0].owner == token:
+        if result[0].holds(token):
             # Taken for a task that is gone: it leaves the queue, and the lease goes to the next.
             if queue.slot == token:
-                queue.on_taken(Grant(token, result[0].fencing_token, sent_at, place.ttl_ms), follower=place.follower)
+                queue.on_taken(Grant(token, result[0].fence_of(token), sent_at, place.ttl_ms), follower=place.follower)
             leave(queue, waiter)
-            await hand_over(request.store, request.name, token, fair=request.fair, until=deadline_in(request.ttl))
+            until = deadline_in(request.ttl)
+            await hand_over(request.store, request.name, token, fair=request.fair, until=until, limit=request.limit)
 
     left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
     try:
@@ -191,9 +202,9 @@ async def _attempt(
     queue.on_answered()
     if waiter.turn is Turn.GRANTED or queue.slot != token:
         return  # a release of this process handed it the lease while this was in flight
-    if state.owner == token:
+    if state.holds(token):
         queue.local_streak = 0
-        queue.on_taken(Grant(token, state.fencing_token, sent_at, place.ttl_ms), follower=place.follower)
+        queue.on_taken(Grant(token, state.fence_of(token), sent_at, place.ttl_ms), follower=place.follower)
         # The same write queued a place for the next waiter: the hand-off to it must be reported
         # too, by a stream from this write on, or else the next waiter looks again, in a session.
         if (
@@ -210,8 +221,9 @@ async def _attempt(
     if waiter.turn is Turn.PLACED:
         written = state.place_of(token)
         until_expiry = None
-        if state.expires_at is not None and written is not None and written.refreshed_at is not None:
-            until_expiry = max(0.0, (state.expires_at - written.refreshed_at).total_seconds())
+        expiry = state.next_expiry
+        if expiry is not None and written is not None and written.refreshed_at is not None:
+            until_expiry = max(0.0, (expiry - written.refreshed_at).total_seconds())
         waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_expiry)
 
 
@@ -257,7 +269,12 @@ async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_se
     """One acquire request; in a session when the change stream must start at its operationTime."""
     store = request.store
     arguments = (request.name, place.token, place.ttl_ms, place.holder)
-    options: dict[str, Any] = {"enqueue": True, "fair": request.fair, "follower": place.follower}
+    options: dict[str, Any] = {
+        "enqueue": True,
+        "fair": request.fair,
+        "follower": place.follower,
+        "limit": request.limit,
+    }
     if not with_session:
         return await store.try_acquire(*arguments, **options), None
     async with store.session() as session:
@@ -284,12 +301,15 @@ async def _sleep_until(waiter: Waiter, *moments: float | None) -> None:
         await asyncio.wait_for(waiter.wake.wait(), delay)
 
 
-async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, until: float) -> bool:
+async def hand_over(
+    store: LockStore, name: str, owner: str, *, fair: bool, until: float, limit: int | None = None
+) -> bool:
     """Release ``owner``'s lease on ``name``, handing it to the next waiter in the same write.
 
     The lease goes to this process's head waiter when there is one (within the streak limit, or in
     its turn with ``fair``), else to the oldest place of another process, else nobody. Returns
-    whether the lease was still live. A transient failure is retried with backoff until ``until``
+    whether the lease was still live. With ``limit``, ``owner``'s semaphore permit is returned and
+    handed on the same way. A transient failure is retried with backoff until ``until``
     (monotonic: when the lease expires on the server anyway), which also bounds each request; past
     it the last error is raised. A cancellation waits for the request in flight and propagates.
     """
@@ -299,7 +319,9 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
     first_sent_at = time.monotonic()
     while True:
         try:
-            return await _hand_over_once(store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at)
+            return await _hand_over_once(
+                store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at, limit=limit
+            )
         except PyMongoError as error:
             delay = backoff.next_delay()
             if not is_transient(error) or time.monotonic() + delay >= until:
@@ -309,7 +331,7 @@ async def hand_over(store: LockStore, name: str, owner: str, *, fair: bool, unti
         except _HandedToNobody as handed:
             # Handed to this process's place, but its waiters are gone: pass the lease on, and
             # withdraw the follower place that write queued, or the lease could go to it next.
-            await store.send(store.leave(name, handed.tokens, fair=fair), bound=until - time.monotonic())
+            await store.send(store.leave(name, handed.tokens, fair=fair, limit=limit), bound=until - time.monotonic())
             return True
 
 
@@ -319,7 +341,7 @@ class _HandedToNobody(Exception):
 
 
 async def _hand_over_once(
-    store: LockStore, name: str, owner: str, *, fair: bool, until: float, first_sent_at: float
+    store: LockStore, name: str, owner: str, *, fair: bool, until: float, first_sent_at: float, limit: int | None
 ) -> bool:
     queue = existing_queue(store, name)
     successor = None
@@ -337,6 +359,7 @@ async def _hand_over_once(
                 successor=successor,
                 fair=fair,
                 successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
+                limit=limit,
             ),
             bound=until - sent_at,
         )
@@ -349,12 +372,12 @@ async def _hand_over_once(
         return state is not None
     if successor is None:
         if state.owner is None:
-            queue.on_news()  # free: a waiter that came meanwhile takes it
+            queue.on_news()  # free (a semaphore: a permit freed): a waiter that came meanwhile takes it
         return True
-    if state.owner == successor.token:
+    if state.holds(successor.token):
         if queue.slot != successor.token:
             return True  # the first waiter's own attempt claimed it first, and has it
-        grant = Grant(successor.token, state.fencing_token, first_sent_at, successor.ttl_ms)
+        grant = Grant(successor.token, state.fence_of(successor.token), first_sent_at, successor.ttl_ms)
         if not queue.on_taken(grant, follower=successor.follower):
             follower = [successor.follower.token] if successor.follower is not None else []
             raise _HandedToNobody([successor.token, *follower])
@@ -369,9 +392,11 @@ def deadline_in(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
-async def _withdraw(store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float) -> None:
+async def _withdraw(
+    store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float, limit: int | None
+) -> None:
     try:
-        await store.send(store.leave(name, tokens, fair=fair), bound=within)
+        await store.send(store.leave(name, tokens, fair=fair, limit=limit), bound=within)
     except Exception as error:  # best effort: the place expires by itself
         logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, str(error))
 

@@ -157,13 +157,16 @@ class ReleaseWatcher:
             fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
         else:
             fields = change.get("fullDocument") or {}
-        if "owner" not in fields:
-            return
-        owner = fields["owner"]
-        if owner is None:
-            queue.on_news()  # released: the first waiter tries
-        else:
-            queue.on_handed_to_place(owner, fields.get("fence"))
+            if fields.get("kind") == "semaphore":
+                # A whole document does not tell a freed permit from any other write: look again.
+                queue.on_news()
+                return
+        if "freed" in fields or ("owner" in fields and fields["owner"] is None):
+            queue.on_news()  # released (a semaphore: a permit freed): the first waiter tries
+        elif operation == "update" and isinstance(fields.get("handedOffTo"), str):
+            queue.on_handed_to_place(fields["handedOffTo"], fields.get("fence"))
+        elif isinstance(fields.get("owner"), str):
+            queue.on_handed_to_place(fields["owner"], fields.get("fence"))
 
 
 _watchers: WeakIdentityMap[Any, PerLoop[dict[str, ReleaseWatcher]]] = WeakIdentityMap()

@@ -1,0 +1,92 @@
+"""``AsyncMongoSemaphore``: at most ``limit`` holders of one name at once, across processes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pymongo.write_concern import WriteConcern
+
+from ._collection import AsyncCollectionLike
+from .documents import MAX_PERMITS
+from .hooks import LockHooks
+from .lock import AsyncMongoLock, OnLost
+
+
+class AsyncMongoSemaphore(AsyncMongoLock):
+    """A distributed semaphore: at most ``limit`` holders of one name at once, stored in one
+    MongoDB document.
+
+    A handle stands for one holder of one permit, as a lock's handle does (one handle per task),
+    and keeps every promise of [`AsyncMongoLock`][mongolock_async.AsyncMongoLock]: the permit is a
+    lease on the server's clock, released only by its holder, renewed by the shared heartbeat, and
+    its loss cancels the ``async with`` block. ``fencing_token`` is the permit's own token: tokens
+    of one semaphore only go up, each permit's above every token handed out before it. All the
+    arguments but ``limit`` are a lock's.
+
+    - ``limit``: how many permits may be held at once (1 to 10,000). Every acquire writes its
+      ``limit`` into the document, so the last acquirer's limit is in force; handles of one
+      semaphore should agree on it. Lowering it revokes no permit: new acquisitions (and hand-offs)
+      wait until fewer than the new limit are held.
+
+    One document holds the holders and the queue of waiting processes, so: one semaphore's
+    acquisitions and releases are bounded by the write rate of one document (each is one write),
+    and its holders by MongoDB's 16 MB document limit (a holder takes some hundred bytes plus its
+    label), which the 10,000 cap keeps far off. A release hands its permit to the next waiter in
+    the same write, as a lock's release does.
+
+    ``locked()`` says whether every permit is taken (as ``asyncio.Semaphore.locked``). A name is
+    a lock or a semaphore, never both: using it as the other kind raises
+    [`LockDataError`][mongolock_async.LockDataError].
+    """
+
+    def __init__(
+        self,
+        collection: AsyncCollectionLike,
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        label: str | None = None,
+        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
+        heartbeat: bool | float = False,
+        safety_margin: float | None = None,
+        on_lost: OnLost | None = None,
+        fair: bool = False,
+        hooks: LockHooks | None = None,
+        retry_base: float = 0.05,
+        retry_cap: float = 1.0,
+        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+    ) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+        if not 1 <= limit <= MAX_PERMITS:
+            raise ValueError(
+                f"limit must be 1 to {MAX_PERMITS} (the holders share one document, which MongoDB caps "
+                f"at 16 MB), got {limit}"
+            )
+        super().__init__(
+            collection,
+            name,
+            ttl,
+            blocking=blocking,
+            timeout=timeout,
+            label=label,
+            write_concern=write_concern,
+            heartbeat=heartbeat,
+            safety_margin=safety_margin,
+            on_lost=on_lost,
+            fair=fair,
+            hooks=hooks,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            unreachable_timeout=unreachable_timeout,
+        )
+        self._limit = limit
+
+    @property
+    def limit(self) -> int:
+        """How many permits this handle lets be held at once."""
+        assert self._limit is not None
+        return self._limit

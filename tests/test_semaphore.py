@@ -1,0 +1,202 @@
+"""AsyncMongoSemaphore: never more than ``limit`` holders, across OS processes and tasks, with the
+lock's promises (server time, owner-only release, rising fencing tokens, heartbeat, loss)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockDataError, LockLostError
+from mongolock_async.testing.clients import TEST_DATABASE
+from tests.conftest import CommandCounter
+
+WORKER = Path(__file__).with_name("semaphore_worker.py")
+PROCESSES, TASKS, LIMIT, SECONDS = 4, 6, 3, 4.0
+Section = tuple[float, float, int, float]
+"""(entered, left, fencing token, when its acquire began), on the machine's monotonic clock."""
+
+
+def most_at_once(sections: list[Section]) -> int:
+    """The largest number of sections running at one moment (a sweep over entries and exits)."""
+    events = sorted([(section[0], 1) for section in sections] + [(section[1], -1) for section in sections])
+    inside = peak = 0
+    for _, step in events:
+        inside += step
+        peak = max(peak, inside)
+    return peak
+
+
+def test_the_detector_counts_holders_at_once() -> None:
+    assert most_at_once([(0.0, 1.0, 1, 0.0), (1.0, 2.0, 2, 0.0), (1.5, 3.0, 3, 0.0)]) == 2
+    assert most_at_once([(0.0, 5.0, 1, 0.0), (1.0, 2.0, 2, 0.0), (1.5, 3.0, 3, 0.0)]) == 3
+
+
+def run_contention(uri: str, kind: str) -> list[Section]:
+    collection = f"semaphore_{kind}_{uuid.uuid4().hex[:8]}"
+    start_at = time.monotonic() + 3.0  # time for every process to start and connect
+    arguments = [uri, TEST_DATABASE, collection, kind, str(LIMIT), str(TASKS), str(SECONDS), str(start_at)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=WORKER.parent.parent,
+        )
+        for _ in range(PROCESSES)
+    ]
+    sections: list[Section] = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        assert out.strip(), "every process held a permit at least once"
+        sections += [tuple(json.loads(line)) for line in out.splitlines()]
+    return sections
+
+
+@pytest.mark.parametrize("kind", ["real", "fair", "broken"])
+def test_never_more_than_limit_holders_across_processes(mongodb_uri: str, kind: str) -> None:
+    sections = run_contention(mongodb_uri, kind)
+    assert len(sections) >= 40, f"too little contention to judge ({len(sections)} sections)"
+    peak = most_at_once(sections)
+    if kind == "broken":
+        assert peak > LIMIT, f"the detector found at most {peak} holders at once in a broken semaphore"
+        return
+    assert peak <= LIMIT, f"{peak} holders at once, limit {LIMIT}"
+    assert peak >= 2, "the permits were used in parallel"
+    # A permit's token is above the token of every section that ended before its acquire began
+    # (a permit handed to a waiting place can be entered after later permits were used and ended).
+    assert len({section[2] for section in sections}) == len(sections), "two permits had one token"
+    for _, _, token, asked in sections:
+        before = [earlier[2] for earlier in sections if earlier[1] < asked]
+        assert not before or token > max(before), "a fencing token went down"
+
+
+async def test_permits_are_handed_on_and_tokens_rise(lock_collection: Any) -> None:
+    first, second, third = (AsyncMongoSemaphore(lock_collection, "pool", 2, ttl=10.0) for _ in range(3))
+    assert await first.acquire(blocking=False) and await second.acquire(blocking=False)
+    assert await first.locked(), "every permit is taken"
+    assert not await third.acquire(blocking=False)
+    waiting = asyncio.create_task(third.acquire(timeout=10))
+    await asyncio.sleep(0.3)
+    assert await first.release()
+    assert await waiting, "the freed permit reached the waiting task"
+    assert first.fencing_token is None and third.fencing_token is not None and second.fencing_token is not None
+    assert third.fencing_token > second.fencing_token
+    assert await third.owned() and not await first.owned()
+    assert not await first.release(), "a permit is released once"
+    assert await second.release() and await third.release()
+    doc = await lock_collection.find_one({"_id": "pool"})
+    assert doc["holders"] == [] and doc["kind"] == "semaphore" and doc["limit"] == 2
+
+
+async def test_a_dead_holders_permit_is_taken_after_its_ttl(lock_collection: Any) -> None:
+    dead = AsyncMongoSemaphore(lock_collection, "expiring", 1, ttl=0.5)
+    assert await dead.acquire(blocking=False)
+    token = dead.fencing_token
+    assert token is not None
+    dead._forget_lease()  # the holder stops without releasing, as a killed process would
+    other = AsyncMongoSemaphore(lock_collection, "expiring", 1, ttl=10.0)
+    assert not await other.acquire(blocking=False)
+    assert await other.acquire(timeout=5), "the expired permit was taken over"
+    assert other.fencing_token is not None and other.fencing_token > token
+    assert await other.release()
+
+
+async def test_the_heartbeat_keeps_a_permit_and_its_loss_cancels_the_block(lock_collection: Any) -> None:
+    semaphore = AsyncMongoSemaphore(lock_collection, "kept", 2, ttl=1.0, heartbeat=0.3)
+    async with semaphore:
+        await asyncio.sleep(2.0)  # two TTLs
+        assert await semaphore.owned()
+    with pytest.raises(LockLostError):
+        async with semaphore:
+            # An operator takes every permit away; the next renewal finds ours gone.
+            await lock_collection.update_one({"_id": "kept"}, {"$set": {"holders": []}})
+            await asyncio.sleep(5)
+            pytest.fail("the block ran on after its permit was lost")
+
+
+async def test_a_lowered_limit_revokes_nobody_and_holds_new_holders_back(lock_collection: Any) -> None:
+    held = [AsyncMongoSemaphore(lock_collection, "shrinking", 3, ttl=10.0) for _ in range(3)]
+    for semaphore in held:
+        assert await semaphore.acquire(blocking=False)
+    smaller = AsyncMongoSemaphore(lock_collection, "shrinking", 2, ttl=10.0)
+    assert not await smaller.acquire(blocking=False)
+    assert all([await semaphore.owned() for semaphore in held]), "no holder was revoked"
+    assert await held[0].release()
+    assert not await smaller.acquire(blocking=False), "two held: not under the new limit of 2"
+    assert await held[1].release()
+    assert await smaller.acquire(blocking=False)
+    assert await held[2].release() and await smaller.release()
+
+
+async def test_many_tasks_never_exceed_the_limit(lock_collection: Any) -> None:
+    inside = peak = 0
+
+    async def worker() -> None:
+        nonlocal inside, peak
+        semaphore = AsyncMongoSemaphore(lock_collection, "tasks", 3, ttl=10.0)
+        for _ in range(4):
+            async with semaphore:
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.05)
+                inside -= 1
+
+    await asyncio.gather(*(worker() for _ in range(12)))
+    assert 2 <= peak <= 3, f"{peak} holders at once, limit 3"
+
+
+@pytest.mark.parametrize(
+    ("limit", "error"),
+    [(0, ValueError), (-1, ValueError), (10_001, ValueError), (True, TypeError), (1.5, TypeError), ("3", TypeError)],
+)
+async def test_hostile_limits_are_refused_before_any_io(
+    counted_collection: Any, command_counter: CommandCounter, limit: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="limit"):
+        AsyncMongoSemaphore(counted_collection, "bad", limit)
+    assert command_counter.names == []
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"holders": "everyone"},
+        {"holders": [{"o": "x", "fence": 1}]},
+        {"holders": [{"o": 7, "exp": "soon", "fence": 1}]},
+        {"limit": "3"},
+        {"kind": "barrier"},
+    ],
+    ids=["holders-not-array", "holder-without-expiry", "holder-malformed", "limit-string", "unknown-kind"],
+)
+async def test_documents_edited_by_hand_are_refused(lock_collection: Any, edit: dict[str, Any]) -> None:
+    semaphore = AsyncMongoSemaphore(lock_collection, "edited", 1, ttl=10.0)
+    assert await semaphore.acquire(blocking=False)
+    await lock_collection.update_one({"_id": "edited"}, {"$set": edit})
+    other = AsyncMongoSemaphore(lock_collection, "edited", 5, ttl=10.0)
+    with pytest.raises(LockDataError):
+        await other.acquire(blocking=False)
+    doc = await lock_collection.find_one({"_id": "edited"})
+    assert {key: doc[key] for key in edit} == edit, "nothing was written to the edited document"
+
+
+async def test_a_name_is_a_lock_or_a_semaphore(lock_collection: Any) -> None:
+    semaphore = AsyncMongoSemaphore(lock_collection, "one-kind", 2, ttl=10.0)
+    assert await semaphore.acquire(blocking=False)
+    with pytest.raises(LockDataError, match="semaphore, not a lock"):
+        await AsyncMongoLock(lock_collection, "one-kind", ttl=10.0).acquire(blocking=False)
+    assert await semaphore.release()
+    lock = AsyncMongoLock(lock_collection, "other-kind", ttl=10.0)
+    assert await lock.acquire(blocking=False)
+    with pytest.raises(LockDataError, match="lock, not a semaphore"):
+        await AsyncMongoSemaphore(lock_collection, "other-kind", 2, ttl=10.0).acquire(blocking=False)
+    assert await lock.release()
