@@ -35,8 +35,26 @@ def as_dict(report: LockReport) -> dict[str, Any]:
     state = report.state
     if state is None:
         return {"name": report.name, "state": "unreadable", "error": str(report.error)}
+    semaphore: dict[str, Any] = {}
+    if state.limit is not None:
+        semaphore = {
+            "limit": state.limit,
+            "holders": [
+                {
+                    "owner": permit.token,
+                    "holder": dict(permit.holder) if permit.holder else None,
+                    "fencing_token": permit.fencing_token,
+                    "time_left_ms": report.permits_left_ms[permit.token],
+                    "acquired_at": _iso(permit.acquired_at),
+                    "renewed_at": _iso(permit.renewed_at),
+                    "expires_at": _iso(permit.expires_at),
+                }
+                for permit in report.live_permits
+            ],
+        }
     return {
         "name": state.name,
+        "kind": state.kind,
         "state": state_of(report),
         "held": report.remaining_ms is not None,
         "time_left_ms": report.remaining_ms,
@@ -49,6 +67,7 @@ def as_dict(report: LockReport) -> dict[str, Any]:
         # While held, the stored release time is the previous lease's: not shown as this one's.
         "released_at": None if report.remaining_ms is not None else _iso(state.released_at),
         "waiting": [dict(place.holder) for place in state.queue],
+        **semaphore,
     }
 
 
@@ -98,10 +117,13 @@ def print_detail(report: LockReport) -> None:
     if state is None:
         print(f"lock      {report.name!r}\nstate     unreadable: {report.error}")
         return
+    if state.limit is not None:
+        _print_semaphore(report, state)
+        return
     print(f"lock      {state.name}")
     print(f"state     {_state_line(report, state)}")
     held = report.remaining_ms is not None
-    print(f"{'holder' if held else 'last by':9} {_holder(state.holder) or '-'}")
+    print(f"{'holder' if held else 'last by':9} {holder_text(state.holder) or '-'}")
     print(f"token     {state.fencing_token}")
     print(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
     moments = [("acquired", state.acquired_at), ("renewed", state.renewed_at)]
@@ -109,7 +131,20 @@ def print_detail(report: LockReport) -> None:
         moments.append(("released", state.released_at))
     for label, moment in [*moments, ("expires", state.expires_at)]:
         print(f"{label:9} {_when(moment)}")
-    waiting = [_holder(place.holder) or place.token[:8] for place in state.queue]
+    waiting = [holder_text(place.holder) or place.token[:8] for place in state.queue]
+    print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+
+
+def _print_semaphore(report: LockReport, state: LockState) -> None:
+    permits = report.live_permits
+    print(f"semaphore {state.name}")
+    print(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
+    print(f"token     {state.fencing_token} (the latest handed out)")
+    for permit in permits:
+        left = report.permits_left_ms[permit.token] / 1000
+        who = holder_text(permit.holder) or "an unlabelled holder"
+        print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left, owner {permit.token[:12]}")
+    waiting = [holder_text(place.holder) or place.token[:8] for place in state.queue]
     print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
 
 
@@ -125,7 +160,11 @@ def _row(report: LockReport) -> tuple[str, ...]:
         time = f"since {_short(state.expires_at)}"
     else:
         time = "" if state.released_at is None else f"since {_short(state.released_at)}"
-    holder = _holder(state.holder) if kind == "held" else ""
+    holder = holder_text(state.holder) if kind == "held" else ""
+    if state.limit is not None:
+        permits = report.live_permits
+        shown = f"{len(permits)}/{state.limit} held" if permits else shown
+        holder = holder_text(permits[0].holder) if len(permits) == 1 else (f"{len(permits)} holders" if permits else "")
     return (state.name, shown, holder, time, str(len(state.queue)) if state.queue else "")
 
 
@@ -138,7 +177,8 @@ def _state_line(report: LockReport, state: LockState) -> str:
     return kind
 
 
-def _holder(holder: Mapping[str, Any]) -> str:
+def holder_text(holder: Mapping[str, Any]) -> str:
+    """Who a holder is, in a few words (label, host and pid)."""
     if not holder:
         return ""
     label = holder.get("label")

@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("name", help="the lock's name (its document's _id)")
     release.add_argument("--force", action="store_true", help="release a lease this command does not own")
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    release.add_argument(
+        "--holder",
+        metavar="TOKEN",
+        help="a semaphore: break only the permit whose owner token starts with TOKEN (see inspect); default all",
+    )
     return parser
 
 
@@ -219,14 +224,23 @@ async def _list(store: LockStore, arguments: argparse.Namespace) -> int:
 
 
 async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int:
-    """Break the named lease after confirmation. With ``--json``, prints ``{"name", "released", "broken"}``
-    where ``broken`` is the broken lease (owner, holder, fencing token) or null."""
+    """Break the named lease (or a semaphore's permits) after confirmation. With ``--json``, prints
+    ``{"name", "released", "broken"}``: ``broken`` is the broken lease (owner, holder, fencing token)
+    or null; for a semaphore, a list of the broken permits."""
     report = await _report_of(store, arguments.name)
+    semaphore = report.state is not None and report.state.limit is not None
+    if arguments.holder is not None and not semaphore:
+        raise UserError(f"--holder is for semaphores; {arguments.name!r} is a lock", EXIT_USAGE)
 
     def done(message: str, broken: ForcedRelease | None = None) -> int:
         if arguments.json:
-            lease = None
-            if broken is not None:
+            lease: Any = None
+            if broken is not None and semaphore:
+                lease = [
+                    {"owner": owner, "holder": dict(holder), "fencing_token": token}
+                    for owner, holder, token in broken.permits
+                ]
+            elif broken is not None:
                 lease = {"owner": broken.owner, "holder": dict(broken.holder), "fencing_token": broken.fencing_token}
             view.print_json({"name": arguments.name, "released": broken is not None, "broken": lease})
         else:
@@ -236,7 +250,7 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
     if report.state is not None and report.remaining_ms is None:
         return done(f"{arguments.name!r} is {view.state_of(report)}; nothing to release.")
     if not arguments.json:
-        print("About to break this lease:")
+        print("About to break this lease:" if not semaphore else "About to break permits of this semaphore:")
         view.print_detail(report)
     if not arguments.yes:
         if arguments.json or not sys.stdin.isatty():
@@ -245,9 +259,18 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
         if answer.strip().lower() not in ("y", "yes"):
             print("Left as it was.")
             return EXIT_FAILED
-    broken = await store.force_release(arguments.name)
+    broken = await store.force_release(arguments.name, holder=arguments.holder)
     if broken is None:
         return done(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
+    if semaphore:
+        who = ", ".join(
+            f"{view.holder_text(holder) or owner[:12]} (token {token})" for owner, holder, token in broken.permits
+        )
+        return done(
+            f"Released {len(broken.permits)} permit(s) of {arguments.name!r}: {who}. Their holders still believe "
+            "they hold them until their own deadlines; fence your resources.",
+            broken,
+        )
     holder = broken.holder
     return done(
         f"Released {arguments.name!r}: broke the lease of {holder.get('label') or 'an unlabelled holder'} "

@@ -169,8 +169,17 @@ class LockReport:
     name: object
     state: LockState | None
     remaining_ms: int | None
-    """Milliseconds until the lease expires on the server's clock; None when the lock is free."""
+    """Milliseconds until the lease expires on the server's clock; None when the lock is free. For
+    a semaphore: until its last live permit expires; None when no permit is held."""
     error: LockDataError | None = field(default=None)
+    permits_left_ms: Mapping[str, int] = field(default_factory=dict)
+    """A semaphore's live permits: owner token -> milliseconds left on the server's clock."""
+
+    @property
+    def live_permits(self) -> tuple[Permit, ...]:
+        """A semaphore's permits still live on the server's clock when this was read."""
+        state = self.state
+        return () if state is None else tuple(p for p in state.permits if p.token in self.permits_left_ms)
 
 
 def _place(entry: object) -> Place | None:

@@ -507,7 +507,7 @@ class AsyncMongoLock:
         # A handle dropped while holding must not keep its lease alive (or held) for ever.
         lease = getattr(self, "_lease", None)  # None if __init__ refused its arguments
         if lease is not None:
-            _abandoned(lease, self._fair)
+            _abandoned(lease, self._fair, type(self).__name__)
 
     def _forget_lease(self) -> Lease | None:
         """Detach the current lease from this handle and the heartbeat; return it."""
@@ -519,14 +519,14 @@ class AsyncMongoLock:
         return lease
 
 
-def _abandoned(lease: Lease, fair: bool) -> None:
+def _abandoned(lease: Lease, fair: bool, kind: str) -> None:
     """A handle was garbage-collected while holding ``lease``: stop renewing it and release it."""
     loop = lease.loop
     if lease.ended or lease.lost_error is not None or loop.is_closed():
         return
     logger.warning(
-        "an AsyncMongoLock handle for %r was garbage-collected while holding the lock; "
-        "its lease is no longer renewed and is released",
+        "an %s handle for %r was garbage-collected while holding it; its lease is no longer renewed and is released",
+        kind,
         lease.name,
     )
 

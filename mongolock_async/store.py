@@ -85,7 +85,7 @@ _DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
-    "_remote", "_hs", "_nf", "_rest", "_room", "_held",
+    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone",
 ]  # fmt: skip
 
 
@@ -97,6 +97,8 @@ class ForcedRelease:
     owner: str | None
     holder: Mapping[str, Any]
     fencing_token: int | None
+    permits: tuple[tuple[str, Mapping[str, Any], int | None], ...] = ()
+    """For a semaphore: the broken permits, as (owner token, holder, fencing token)."""
 
 
 class PlaceRequest(NamedTuple):
@@ -321,14 +323,17 @@ class LockStore:
 
     async def leave(self, name: str, tokens: Sequence[str], *, fair: bool, limit: int | None = None) -> None:
         """Withdraw the places holding ``tokens``; if the lease (or, with ``limit``, a semaphore's
-        permit) was handed to one of them meanwhile, hand it on (or release it)."""
+        permit) was handed to one of them meanwhile, hand it on (or release it).
+
+        The tokens are remembered as withdrawn, so that an attempt of theirs the server applies
+        later (one cut off by its bound, still on its way) neither queues them again nor takes the
+        lock for a waiter that is gone. So this writes even when no place of theirs is there yet.
+        """
         if limit is None:
-            held: dict[str, Any] = {"owner": {"$in": list(tokens)}}
             pipeline = _release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
         else:
-            held = {"holders.o": {"$in": list(tokens)}}
             pipeline = semaphore_release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
-        await self._collection.update_one({"_id": name, "$or": [held, {"queue.t": {"$in": list(tokens)}}]}, pipeline)
+        await self._collection.update_one({"_id": name}, pipeline)
 
     async def guard_transaction(
         self, name: str, owner: str, fence: int, session: Any, *, limit: int | None = None
@@ -468,7 +473,26 @@ class LockStore:
                             {"$subtract": ["$expiresAt", SERVER_NOW]},
                             None,
                         ]
-                    }
+                    },
+                    # A semaphore's live permits: [owner token, milliseconds left] (left as they
+                    # are on a corrupt document, whose parsing reports it).
+                    "_permitsLeft": {
+                        "$cond": [
+                            {"$eq": ["$kind", "semaphore"]},
+                            {
+                                "$map": {
+                                    "input": {
+                                        "$filter": {
+                                            "input": _live_holders(SERVER_NOW),
+                                            "cond": {"$eq": [{"$type": "$$this.exp"}, "date"]},
+                                        }
+                                    },
+                                    "in": ["$$this.o", {"$subtract": ["$$this.exp", SERVER_NOW]}],
+                                }
+                            },
+                            [],
+                        ]
+                    },
                 }
             },
         ]
@@ -476,24 +500,36 @@ class LockStore:
         reports = []
         for doc in await cursor.to_list(None):
             remaining = doc.pop("_remainingMs", None)
+            permits_left = doc.pop("_permitsLeft", None)
             try:
                 state = LockState.from_document(doc)
             except LockDataError as error:
                 reports.append(LockReport(name=doc.get("_id"), state=None, remaining_ms=None, error=error))
+                continue
+            if state.limit is not None:
+                left = {token: int(ms) for token, ms in permits_left or ()}
+                longest = max(left.values(), default=None)
+                reports.append(LockReport(state.name, state, longest, permits_left_ms=left))
                 continue
             reports.append(LockReport(name=state.name, state=state, remaining_ms=_int_or_none(remaining)))
         return reports
 
     # -- operators --------------------------------------------------------------------------------
 
-    async def force_release(self, name: str) -> ForcedRelease | None:
+    async def force_release(self, name: str, holder: str | None = None) -> ForcedRelease | None:
         """Break whatever lease ``name`` has, whoever owns it; return what was broken.
+
+        On a semaphore, breaks every live permit, or with ``holder`` only the permits whose owner
+        token starts with it (what ``inspect`` shows), and wakes its waiters.
 
         Also repairs a document whose lock fields were corrupted (they are reset; ``fence`` is kept
         when it is a valid token, else restarted from the server clock's floor). The broken lease is
         recorded in the document's ``forcedRelease`` field for the record. None if there was no live
         lease and nothing to repair.
         """
+        current = await self._collection.find_one({"_id": name}, {"kind": 1})
+        if current is not None and current.get("kind") == "semaphore":
+            return await self._force_release_permits(name, holder)
         stamp = _stamp()
         broken = "$_break"
         doc = await self._collection.find_one_and_update(
@@ -535,6 +571,65 @@ class LockStore:
             owner=owner if isinstance(owner, str) else None,
             holder=holder if isinstance(holder, Mapping) else {},
             fencing_token=fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
+        )
+
+    async def _force_release_permits(self, name: str, holder: str | None) -> ForcedRelease | None:
+        stamp = _stamp()
+        prefix = {"$literal": holder or ""}
+        chosen = {"$eq": [{"$indexOfBytes": [{"$ifNull": ["$$this.o", ""]}, prefix]}, 0]}
+        doc = await self._collection.find_one_and_update(
+            {"_id": name, "kind": "semaphore"},
+            [
+                {"$set": {"_now": SERVER_NOW, "_sane": _SEMAPHORE_SANE}},
+                {
+                    "$set": {
+                        # A corrupt document: every permit is broken and the fields are reset.
+                        "_broken": {
+                            "$cond": [
+                                "$_sane",
+                                {"$filter": {"input": _LIVE_HOLDERS, "cond": chosen}},
+                                {"$cond": [{"$isArray": "$holders"}, "$holders", []]},
+                            ]
+                        }
+                    }
+                },
+                {"$set": {"_break": {"$or": [{"$not": ["$_sane"]}, {"$gt": [{"$size": "$_broken"}, 0]}]}}},
+                {
+                    "$set": {
+                        "forcedRelease": {
+                            "$cond": ["$_break", {"by": stamp, "at": _NOW, "permits": "$_broken"}, "$forcedRelease"]
+                        },
+                        "holders": {
+                            "$cond": [
+                                "$_sane",
+                                {"$filter": {"input": _LIVE_HOLDERS, "cond": {"$not": [chosen]}}},
+                                [],
+                            ]
+                        },
+                        "limit": {"$cond": ["$_sane", "$limit", 1]},
+                        "fence": {"$cond": [_FENCE_OK, "$fence", {"$literal": 0}]},
+                        "queue": {"$cond": [{"$isArray": "$queue"}, "$queue", []]},
+                        "freed": {"$cond": ["$_break", stamp, "$freed"]},
+                        "releasedAt": {"$cond": ["$_break", _NOW, "$releasedAt"]},
+                    }
+                },
+                {"$unset": ["_now", "_sane", "_broken", "_break"]},
+            ],
+            return_document=ReturnDocument.AFTER,
+        )
+        record = (doc or {}).get("forcedRelease")
+        if not isinstance(record, Mapping) or record.get("by") != stamp:
+            return None
+        permits = [entry for entry in record.get("permits") or () if isinstance(entry, Mapping)]
+        return ForcedRelease(
+            name=name,
+            owner=None,
+            holder={},
+            fencing_token=None,
+            permits=tuple(
+                (str(entry.get("o")), _mapping_or_empty(entry.get("holder")), _int_or_none(entry.get("fence")))
+                for entry in permits
+            ),
         )
 
     async def ensure_idle_cleanup_index(self, idle_after: int) -> str:
@@ -727,6 +822,23 @@ def _follow_up(handee: str) -> dict[str, Any]:
     return {"$cond": [well_formed, [place], {"$literal": []}]}
 
 
+# Withdrawn place tokens a document remembers: an attempt of a waiter that gave up, cut off by its
+# bound and applied by the server after the withdrawal, must not queue the place again (or take
+# the lock for nobody). Tokens are never reused, so remembering the last few is enough.
+_WITHDRAWALS_REMEMBERED = 64
+
+
+def _withdrawn(token: Any) -> dict[str, Any]:
+    """Whether ``token``'s place was withdrawn: its owner gave up waiting."""
+    return {"$in": [token, {"$cond": [{"$isArray": "$withdrawn"}, "$withdrawn", {"$literal": []}]}]}
+
+
+def _remember_withdrawals() -> dict[str, Any]:
+    """``withdrawn`` with the tokens of a ``leaving`` request added (the last few kept)."""
+    earlier = {"$cond": [{"$isArray": "$withdrawn"}, "$withdrawn", {"$literal": []}]}
+    return {"$slice": [{"$concatArrays": [earlier, "$_v.leaving"]}, -_WITHDRAWALS_REMEMBERED]}
+
+
 def _first_or_null(array: Any) -> dict[str, Any]:
     return {"$ifNull": [{"$first": [array]}, None]}
 
@@ -784,7 +896,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
     return (
         {"$set": {"_now": SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_q": _live_places()}},
-        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}}},
+        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _withdrawn(me)}},
         # Places ahead of ours: all live places if we have none yet.
         {
             "$set": {
@@ -793,8 +905,8 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
         },
         {
             "$set": {
-                "_claim": {"$and": ["$_live", "$_mine"]},
-                "_take": {"$and": ["$_sane", {"$not": ["$_live"]}, {"$eq": ["$_ahead", 0]}]},
+                "_claim": {"$and": ["$_live", "$_mine", {"$not": ["$_gone"]}]},
+                "_take": {"$and": ["$_sane", {"$not": ["$_live"]}, {"$eq": ["$_ahead", 0]}, {"$not": ["$_gone"]}]},
             }
         },
         {
@@ -806,7 +918,13 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
                 "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
                 "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
                 "renewedAt": {"$cond": [got_it, _NOW, "$renewedAt"]},
-                "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": [got_it, taken_queue, waiting_queue]}]},
+                "queue": {
+                    "$cond": [
+                        {"$not": ["$_sane"]},
+                        "$queue",
+                        {"$cond": [got_it, taken_queue, {"$cond": ["$_gone", "$_q", waiting_queue]}]},
+                    ]
+                },
             }
         },
         {"$unset": _TEMPORARY},
@@ -916,6 +1034,7 @@ def _release_stages(
                 "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
+                "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
                 "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
             }
         },
@@ -953,15 +1072,26 @@ def _renewal_of(name: str, owner: str, ttl_ms: int, stamp: str, limit: int | Non
 
 
 def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
-    """A new expiry for ``owner``'s permit if it is still live; else no change at all."""
+    """A new expiry for ``owner``'s permit if it is still live; else no change at all (so the write
+    does not count as modified)."""
     live = {"$and": [{"$eq": ["$$this.o", {"$literal": owner}]}, {"$gt": ["$$this.exp", SERVER_NOW]}]}
     renewed = {"exp": _server_plus(SERVER_NOW, ttl_ms), "ttlMs": ttl_ms, "renewedAt": SERVER_NOW, "r": stamp}
     return [
         {
             "$set": {
+                "_live": {
+                    "$and": [
+                        {"$isArray": "$holders"},
+                        {"$gt": [{"$size": {"$filter": {"input": "$holders", "cond": live}}}, 0]},
+                    ]
+                }
+            }
+        },
+        {
+            "$set": {
                 "holders": {
                     "$cond": [
-                        {"$isArray": "$holders"},
+                        "$_live",
                         {
                             "$map": {
                                 "input": "$holders",
@@ -972,7 +1102,9 @@ def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]
                     ]
                 }
             }
-        }
+        },
+        {"$set": {"expiresAt": {"$cond": ["$_live", _latest_expiry(SERVER_NOW), "$expiresAt"]}}},
+        {"$unset": "_live"},
     ]
 
 
@@ -1020,6 +1152,10 @@ def oldest_wire_version(servers: Iterable[Any]) -> int | None:
     every mongos, a standalone), from the driver's server descriptions; None if none is known."""
     versions = [server.max_wire_version for server in servers if server.server_type in _WRITABLE]
     return min(versions, default=None)
+
+
+def _mapping_or_empty(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _int_or_none(value: object) -> int | None:
@@ -1150,6 +1286,12 @@ def _live_holders(now: Any) -> dict[str, Any]:
 _LIVE_HOLDERS = _live_holders(_NOW)
 
 
+def _latest_expiry(now: Any) -> dict[str, Any]:
+    """``expiresAt`` of a semaphore's document: its latest permit's expiry, or ``now`` (what the idle
+    cleanup index counts from)."""
+    return {"$max": [now, {"$max": {"$map": {"input": "$holders", "in": "$$this.exp"}}}]}
+
+
 def _holder_tokens(holders: Any) -> dict[str, Any]:
     return {"$map": {"input": holders, "in": "$$this.o"}}
 
@@ -1223,17 +1365,19 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
         {
             "$set": {
                 "_mine": {"$in": [me, _holder_tokens("$_hs")]},
+                "_gone": _withdrawn(me),
                 "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
                 "_nf": _NEXT_FENCE,
             }
         },
         {
             "$set": {
-                "_claim": {"$and": ["$_sane", "$_mine"]},
+                "_claim": {"$and": ["$_sane", "$_mine", {"$not": ["$_gone"]}]},
                 "_take": {
                     "$and": [
                         "$_sane",
                         {"$not": ["$_mine"]},
+                        {"$not": ["$_gone"]},
                         {"$lt": [{"$size": "$_hs"}, "$_v.limit"]},
                         {"$eq": ["$_ahead", 0]},
                     ]
@@ -1259,10 +1403,15 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
                     ]
                 },
                 "queue": {
-                    "$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": [got_it, _without("$_q", me), waiting_queue]}]
+                    "$cond": [
+                        {"$not": ["$_sane"]},
+                        "$queue",
+                        {"$cond": [got_it, _without("$_q", me), {"$cond": ["$_gone", "$_q", waiting_queue]}]},
+                    ]
                 },
             }
         },
+        {"$set": {"expiresAt": {"$cond": ["$_sane", _latest_expiry(_NOW), "$expiresAt"]}}},
         {"$unset": _TEMPORARY},
     )
 
@@ -1373,6 +1522,7 @@ def _semaphore_release_stages(
                 # release that frees a permit without handing it on.
                 "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}]}, "$_v.stamp", "$freed"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
                 "releasedOwners": {
                     "$cond": [
                         {"$and": ["$_own", not leaving]},
@@ -1394,5 +1544,6 @@ def _semaphore_release_stages(
                 },
             }
         },
+        {"$set": {"expiresAt": {"$cond": ["$_own", _latest_expiry(_NOW), "$expiresAt"]}}},
         {"$unset": _TEMPORARY},
     )

@@ -1,4 +1,5 @@
 """Cancelling at each await of acquire and release: only the cancellation surfaces, no lease stays.
+Each test runs with a lock and with a semaphore of one permit (so a contender shows a permit left).
 
 The server is made slow with the ``failCommand`` fail point (``blockConnection``) so the cancel lands
 while a request is in flight.
@@ -7,16 +8,29 @@ while a request is in flight.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
 import pytest
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore
 from tests.conftest import set_fail_point
 
 BLOCK_MS = 600
+Handle = Callable[[Any, str], AsyncMongoLock]
+
+
+@pytest.fixture(params=["lock", "semaphore"])
+def handle(request: pytest.FixtureRequest) -> Handle:
+    """Makes a lock, or a semaphore of one permit, for a collection and name."""
+    if request.param == "lock":
+        return lambda collection, name: AsyncMongoLock(collection, name, ttl=30.0)
+    return lambda collection, name: AsyncMongoSemaphore(collection, name, 1, ttl=30.0)
+
+
+def nothing_held(doc: dict[str, Any]) -> bool:
+    return doc.get("owner") is None and not doc.get("holders")
 
 
 async def block_next(collection: Any, command: str) -> None:
@@ -32,44 +46,44 @@ async def cancel_while_blocked(operation: Coroutine[Any, Any, Any]) -> None:
         await task
 
 
-async def assert_not_held_by(collection: Any, lock: AsyncMongoLock, name: str) -> None:
+async def assert_not_held_by(collection: Any, lock: AsyncMongoLock, name: str, handle: Handle) -> None:
     assert lock.fencing_token is None
-    contender = AsyncMongoLock(collection, name, ttl=30.0)
+    contender = handle(collection, name)
     assert await contender.acquire(blocking=False), "the cancelled task's lease is still there"
     assert await contender.release()
 
 
-async def test_cancel_during_the_acquire_request(private_collection: Any) -> None:
-    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+async def test_cancel_during_the_acquire_request(private_collection: Any, handle: Handle) -> None:
+    lock = handle(private_collection, "job")
     await block_next(private_collection, "findAndModify")
     await cancel_while_blocked(lock.acquire())
     doc = await private_collection.find_one({"_id": "job"})
     assert doc is not None and doc["fence"] > 0, "the blocked acquire did reach the server"
-    assert doc["owner"] is None and doc.get("releasedAt") is not None, "and was released after the cancel"
-    await assert_not_held_by(private_collection, lock, "job")
+    assert nothing_held(doc) and doc.get("releasedAt") is not None, "and was released after the cancel"
+    await assert_not_held_by(private_collection, lock, "job", handle)
 
 
-async def test_timeout_during_the_acquire_request(private_collection: Any) -> None:
-    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+async def test_timeout_during_the_acquire_request(private_collection: Any, handle: Handle) -> None:
+    lock = handle(private_collection, "job")
     await block_next(private_collection, "findAndModify")
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(BLOCK_MS / 3000):
             await lock.acquire()
-    await assert_not_held_by(private_collection, lock, "job")
+    await assert_not_held_by(private_collection, lock, "job", handle)
 
 
-async def test_anyio_scope_cancel_during_the_acquire_request(private_collection: Any) -> None:
-    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+async def test_anyio_scope_cancel_during_the_acquire_request(private_collection: Any, handle: Handle) -> None:
+    lock = handle(private_collection, "job")
     await block_next(private_collection, "findAndModify")
     with anyio.move_on_after(BLOCK_MS / 3000) as scope:
         await lock.acquire()
     assert scope.cancelled_caught
-    await assert_not_held_by(private_collection, lock, "job")
+    await assert_not_held_by(private_collection, lock, "job", handle)
 
 
-async def test_cancel_while_waiting_for_the_holder(private_collection: Any) -> None:
-    holder = AsyncMongoLock(private_collection, "job", ttl=30.0)
-    waiter = AsyncMongoLock(private_collection, "job", ttl=30.0)
+async def test_cancel_while_waiting_for_the_holder(private_collection: Any, handle: Handle) -> None:
+    holder = handle(private_collection, "job")
+    waiter = handle(private_collection, "job")
     assert await holder.acquire()
     task = asyncio.create_task(waiter.acquire())
     await asyncio.sleep(0.3)
@@ -83,18 +97,18 @@ async def test_cancel_while_waiting_for_the_holder(private_collection: Any) -> N
     assert await waiter.release()
 
 
-async def test_cancel_during_the_release_request(private_collection: Any) -> None:
-    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+async def test_cancel_during_the_release_request(private_collection: Any, handle: Handle) -> None:
+    lock = handle(private_collection, "job")
     assert await lock.acquire()
     await block_next(private_collection, "findAndModify")
     await cancel_while_blocked(lock.release())
     doc = await private_collection.find_one({"_id": "job"})
-    assert doc["owner"] is None, "release ran to completion despite the cancel"
-    await assert_not_held_by(private_collection, lock, "job")
+    assert nothing_held(doc), "release ran to completion despite the cancel"
+    await assert_not_held_by(private_collection, lock, "job", handle)
 
 
-async def test_cancel_in_the_body_releases_shielded(private_collection: Any) -> None:
-    lock = AsyncMongoLock(private_collection, "job", ttl=30.0)
+async def test_cancel_in_the_body_releases_shielded(private_collection: Any, handle: Handle) -> None:
+    lock = handle(private_collection, "job")
     entered = asyncio.Event()
 
     async def work() -> None:
@@ -110,5 +124,5 @@ async def test_cancel_in_the_body_releases_shielded(private_collection: Any) -> 
     task.cancel()  # a second cancel while the release is in flight
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (await private_collection.find_one({"_id": "job"}))["owner"] is None
-    await assert_not_held_by(private_collection, lock, "job")
+    assert nothing_held(await private_collection.find_one({"_id": "job"}))
+    await assert_not_held_by(private_collection, lock, "job", handle)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoLock, __version__
+from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
 
@@ -389,3 +389,45 @@ def test_the_table_fits_an_80_column_terminal(mongodb_uri: str) -> None:
     name = "".join(line.split()[0] for line in lines[2:])  # the name column, wrapped over several lines
     assert name == long_name, f"the name was cut: {name!r}\n{text}"
     assert "held" in lines[2] and "s left" in lines[2]
+
+
+async def hold_permits(uri: str, database: str, collection: str, labels: list[str]) -> list[int]:
+    """Take one permit of semaphore "pool" (limit 3) per label and leave them held."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        tokens = []
+        for label in labels:
+            semaphore = AsyncMongoSemaphore(client[database][collection], "pool", 3, ttl=120.0, label=label)
+            assert await semaphore.acquire(blocking=False)
+            assert semaphore.fencing_token is not None
+            tokens.append(semaphore.fencing_token)
+            semaphore._forget_lease()  # left held, as by a process that is still running elsewhere
+        return tokens
+    finally:
+        await client.close()
+
+
+def test_semaphores_are_listed_inspected_and_released_by_force(mongodb_uri: str) -> None:
+    database, collection = "mongolock_cli", f"semaphores_{uuid.uuid4().hex[:8]}"
+    where = ("--db", database, "--collection", collection)
+    tokens = asyncio.run(hold_permits(mongodb_uri, database, collection, ["export-a", "export-b"]))
+    listing = mongolock("list", *where, uri=mongodb_uri)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[1].split()[:4] == ["pool", "2/3", "held", "2"]
+    detail = json.loads(mongolock("inspect", "pool", "--json", *where, uri=mongodb_uri).stdout)
+    assert detail["kind"] == "semaphore" and detail["limit"] == 3 and detail["held"] is True
+    assert [holder["holder"]["label"] for holder in detail["holders"]] == ["export-a", "export-b"]
+    assert [holder["fencing_token"] for holder in detail["holders"]] == tokens
+    text = mongolock("inspect", "pool", *where, uri=mongodb_uri).stdout
+    assert "2 of 3 permits held" in text and "export-a (" in text and f"token {tokens[1]}" in text
+    first_owner = detail["holders"][0]["owner"]
+    one = mongolock("release", "pool", "--force", "--yes", "--holder", first_owner[:12], *where, uri=mongodb_uri)
+    assert one.returncode == 0 and "Released 1 permit(s)" in one.stdout and "export-a" in one.stdout, one.stdout
+    left = json.loads(mongolock("inspect", "pool", "--json", *where, uri=mongodb_uri).stdout)
+    assert [holder["holder"]["label"] for holder in left["holders"]] == ["export-b"]
+    rest = json.loads(mongolock("release", "pool", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout)
+    assert rest["released"] is True and [permit["fencing_token"] for permit in rest["broken"]] == tokens[1:]
+    after = json.loads(mongolock("inspect", "pool", "--json", *where, uri=mongodb_uri).stdout)
+    assert after["held"] is False and after["holders"] == []
+    wrong = mongolock("release", "pool", "--force", "--yes", "--holder", "x", *where, uri=mongodb_uri)
+    assert wrong.returncode == 0 and "nothing to release" in wrong.stdout

@@ -46,7 +46,7 @@ STABLE_API_V1_OPERATORS = {
     # expressions
     "$add", "$multiply", "$subtract", "$max", "$cond", "$not", "$eq", "$ne", "$ifNull", "$literal",
     "$toDate", "$toLong", "$filter", "$map", "$indexOfArray", "$size", "$concatArrays", "$first",
-    "$isArray", "$mergeObjects",
+    "$isArray", "$mergeObjects", "$slice",
 }  # fmt: skip
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockDataError, LockLostError
+from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter
 
@@ -200,3 +202,30 @@ async def test_a_name_is_a_lock_or_a_semaphore(lock_collection: Any) -> None:
     with pytest.raises(LockDataError, match="lock, not a semaphore"):
         await AsyncMongoSemaphore(lock_collection, "other-kind", 2, ttl=10.0).acquire(blocking=False)
     assert await lock.release()
+
+
+async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_collection: Any) -> None:
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    tokens: list[int] = []
+
+    async def take(ttl: float = 10.0) -> AsyncMongoSemaphore:
+        semaphore = AsyncMongoSemaphore(lock_collection, "fenced", 2, ttl=ttl)
+        assert await semaphore.acquire(timeout=5)
+        assert semaphore.fencing_token is not None
+        tokens.append(semaphore.fencing_token)
+        return semaphore
+
+    assert await (await take()).release()  # released
+    expiring = await take(ttl=0.3)
+    expiring._forget_lease()  # never released: expires
+    await asyncio.sleep(0.4)
+    held = await take()
+    forced = await store.force_release("fenced")  # an operator breaks it
+    assert forced is not None and [permit[2] for permit in forced.permits] == tokens[-1:]
+    held._forget_lease()
+    held = await take()
+    held._forget_lease()
+    await lock_collection.delete_one({"_id": "fenced"})  # purged by the idle-cleanup index
+    await asyncio.sleep(0.01)
+    await take()
+    assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
