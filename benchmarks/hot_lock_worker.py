@@ -7,7 +7,8 @@ many change-stream getMores carried events or came back empty, and connections i
 
     python benchmarks/hot_lock_worker.py BACKEND URI NAME TASKS WARMUP SECONDS START_AT BODY_MS
 
-BACKEND is mongolock, mongolock-fair, redis (redis-py's default polling) or redis-fast. The tasks
+BACKEND is mongolock, mongolock-fair, redis (redis-py's default polling), redis-fast, or
+semaphore-N (an AsyncMongoSemaphore of N permits). The tasks
 start at START_AT; what happens in the first WARMUP seconds (each process opening its change stream,
 the first attempts) is not counted.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, monitoring
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore
 
 
 class Requests(monitoring.CommandListener, monitoring.ConnectionPoolListener):
@@ -86,14 +87,16 @@ async def run(
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[requests])
         collection = client["bench"][name]
         await client.admin.command("ping")
-        # Warm up: the document exists and the pool has a connection before the clock starts.
-        async with AsyncMongoLock(collection, name, ttl=30.0):
-            pass
-
         options = {"fair": True} if backend == "mongolock-fair" else {}  # (a baseline may predate fair)
 
         def make_lock() -> Any:
+            if backend.startswith("semaphore-"):
+                return AsyncMongoSemaphore(collection, name, int(backend.split("-")[1]), ttl=30.0)
             return AsyncMongoLock(collection, name, ttl=30.0, **options)
+
+        # Warm up: the document exists and the pool has a connection before the clock starts.
+        async with make_lock():
+            pass
 
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     measure_from = start_at + warmup

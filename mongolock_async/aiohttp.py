@@ -52,11 +52,36 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Han
     the handler runs (which is then cancelled), 503 Service Unavailable.
     """
 
+    def lock_for(request: web.Request) -> AsyncMongoLock:
+        manager = locks if isinstance(locks, LockManager) else locks(request)
+        return manager(name if isinstance(name, str) else name(request), **overrides)
+
+    return _holding(lock_for, HTTPLocked)
+
+
+def limit_concurrency(locks: ManagerOf, name: NameOf, limit: int, **overrides: Any) -> Callable[[Handler], Handler]:
+    """Decorate a handler so that it runs holding one permit of the semaphore ``name``: at most
+    ``limit`` requests run it at once, across every process sharing the collection.
+
+    As [`hold_lock`][mongolock_async.aiohttp.hold_lock] (the held semaphore is ``request[LOCK]``),
+    but a request that finds every permit taken past the timeout gets 429 Too Many Requests (with
+    ``Retry-After: 1``).
+    """
+
+    def permit_for(request: web.Request) -> AsyncMongoLock:
+        manager = locks if isinstance(locks, LockManager) else locks(request)
+        return manager.semaphore(name if isinstance(name, str) else name(request), limit, **overrides)
+
+    return _holding(permit_for, web.HTTPTooManyRequests)
+
+
+def _holding(
+    handle_for: Callable[[web.Request], AsyncMongoLock], busy: type[web.HTTPClientError]
+) -> Callable[[Handler], Handler]:
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def run(request: web.Request) -> web.StreamResponse:
-            manager = locks if isinstance(locks, LockManager) else locks(request)
-            lock = manager(name if isinstance(name, str) else name(request), **overrides)
+            lock = handle_for(request)
             try:
                 async with lock:
                     request[LOCK] = lock
@@ -66,7 +91,7 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Han
                     raise  # raised by the handler itself, not by taking this lock
                 if error.unreachable is not None:
                     raise web.HTTPServiceUnavailable(text=str(error)) from error
-                raise HTTPLocked(text=str(error), headers={"Retry-After": "1"}) from error
+                raise busy(text=str(error), headers={"Retry-After": "1"}) from error
             except ServerUnreachableError as error:
                 if request.get(LOCK) is lock:
                     raise

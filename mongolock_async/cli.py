@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run the demo scenarios (on an embedded server unless --uri is given)",
-        description="Flash sale, run-once job, crash and takeover: several OS processes, checked at the end. "
+        description="Flash sale, run-once job, crash and takeover, a paused holder, a shared rate limit: several "
+        "OS processes, checked at the end. "
         "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
     )
     _add_uri_option(demo)
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--schedulers", type=int, default=3, help="processes racing for the run-once job (default 3)")
     demo.add_argument("--ttl", type=float, default=2.0, help="lease TTL in the job scenarios, seconds (default 2)")
     demo.add_argument("--job-ttls", type=float, default=3.0, help="length of the run-once job in TTLs (default 3)")
+    demo.add_argument("--limit", type=int, default=3, help="calls at once the rate-limited API allows (default 3)")
     demo.add_argument("--plain", action="store_true", help="plain text output even on a terminal")
 
     server = commands.add_parser(

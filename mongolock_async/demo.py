@@ -35,7 +35,7 @@ from pymongo.write_concern import WriteConcern
 
 from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, connect, explain, redact_uri
 from ._process import die_with_parent
-from .demo_worker import ACCOUNTS, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
+from .demo_worker import ACCOUNTS, API, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
 from .store import LockStore
 
 
@@ -122,6 +122,8 @@ def run_demo(arguments: argparse.Namespace) -> int:
     for option in ("workers", "tasks", "items", "stock", "schedulers"):
         if getattr(arguments, option) < 1:
             raise UserError(f"--{option} must be at least 1", EXIT_USAGE)
+    if not 1 <= arguments.limit <= 100:
+        raise UserError("--limit must be 1 to 100", EXIT_USAGE)
     if arguments.ttl <= 0.3 or arguments.job_ttls <= 0:
         raise UserError("--ttl must be above 0.3 s and --job-ttls positive", EXIT_USAGE)
     view = make_view(arguments.plain)
@@ -148,6 +150,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
             await run_once_job(uri, database, arguments, view, checks)
             await crash_and_takeover(uri, database, arguments, view, checks)
             await paused_holder(uri, database, arguments, view, checks)
+            await rate_limit(uri, database, arguments, view, checks)
         finally:
             await client.drop_database(database_name)
     finally:
@@ -396,3 +399,37 @@ async def paused_holder(uri: str, database: Any, arguments: argparse.Namespace, 
         and account["balance"] == 100
         and account["fence"] == posted["successor"]["fence"],
     )
+
+
+async def rate_limit(uri: str, database: Any, arguments: argparse.Namespace, view: View, checks: Checks) -> None:
+    limit, calls = arguments.limit, 3
+    workers, tasks = arguments.workers, arguments.tasks
+    total = workers * tasks * calls
+    view.section(
+        f"5. Rate limit: {workers} processes x {tasks} exporters call a partner API that allows {limit} calls at "
+        f"once (a semaphore of {limit} permits)"
+    )
+    await database[API].insert_one({"_id": "quota", "inflight": 0, "most": 0})
+    done = 0
+    fences: list[int] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        nonlocal done
+        if event["event"] == "call":
+            done += 1
+            fences.append(event["fence"])
+            view.progress("API calls", done, total)
+
+    options = (str(tasks), str(limit), str(calls))
+    exporters = [
+        await Worker.start(f"exporter-{i + 1}", "export", uri, database.name, f"exporter-{i + 1}", *options)
+        for i in range(workers)
+    ]
+    await asyncio.gather(*(worker.follow(on_event) for worker in exporters))
+    quota = await database[API].find_one({"_id": "quota"}) or {}
+    most = quota.get("most", 0)
+    view.event(f"{done} calls; the API saw at most {most} at once")
+    checks.record(view, f"the API never saw more than {limit} calls at once ({most})", 0 < most <= limit)
+    distinct = len(set(fences))
+    label = f"every call held its own permit ({distinct} distinct fencing tokens for {done} calls)"
+    checks.record(view, label, done == total and distinct == done)

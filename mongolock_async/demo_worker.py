@@ -3,6 +3,7 @@
 python -m mongolock_async.demo_worker sale DATABASE WORKER TASKS
 python -m mongolock_async.demo_worker job DATABASE WORKER TTL JOB_SECONDS
 python -m mongolock_async.demo_worker ledger DATABASE WORKER TTL PAUSE_SECONDS
+python -m mongolock_async.demo_worker export DATABASE WORKER TASKS LIMIT CALLS
 
 The MongoDB URI comes on the first line of stdin, never on the command line, which every user of
 the machine can read.
@@ -21,7 +22,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.write_concern import WriteConcern
 
-from . import AsyncMongoLock, LockError, LockLostError, LockTimeoutError
+from . import AsyncMongoLock, AsyncMongoSemaphore, LockError, LockLostError, LockTimeoutError
 from .fencing import fenced_update_one
 from .store import LockStore
 
@@ -33,6 +34,8 @@ JOB_LOCK = "nightly-report"
 LEDGER = "ledger"
 ACCOUNTS = "accounts"
 LEDGER_LOCK = "account:42"
+API = "partner_api"
+API_QUOTA = "partner-api"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -131,6 +134,30 @@ async def ledger(uri: str, database_name: str, worker: str, ttl: float, pause: f
         await client.close()
 
 
+async def call_api(database: Any, worker: str, task: int, limit: int, calls: int) -> None:
+    """Call the rate-limited API ``calls`` times, each under a permit of the shared semaphore. The
+    API counts the calls in flight itself (one atomic increment each way) and keeps the highest."""
+    api = database[API]
+    for _ in range(calls):
+        permit = AsyncMongoSemaphore(database[LOCKS], API_QUOTA, limit, ttl=10.0, label=f"{worker}/exporter-{task}")
+        async with permit:
+            flight = await api.find_one_and_update({"_id": "quota"}, {"$inc": {"inflight": 1}}, return_document=True)
+            await api.update_one({"_id": "quota"}, {"$max": {"most": flight["inflight"]}})
+            emit("call", worker=worker, inflight=flight["inflight"], fence=permit.fencing_token)
+            await asyncio.sleep(random.uniform(0.03, 0.08))  # the partner's API at work
+            await api.update_one({"_id": "quota"}, {"$inc": {"inflight": -1}})
+
+
+async def export(uri: str, database_name: str, worker: str, tasks: int, limit: int, calls: int) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        database = client[database_name]
+        await asyncio.gather(*(call_api(database, worker, task, limit, calls) for task in range(tasks)))
+        emit("done", worker=worker)
+    finally:
+        await client.close()
+
+
 def main(argv: list[str]) -> None:
     kind, database = argv[0], argv[1]
     uri = sys.stdin.readline().strip()
@@ -140,6 +167,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(job(uri, database, argv[2], float(argv[3]), float(argv[4])))
     elif kind == "ledger":
         asyncio.run(ledger(uri, database, argv[2], float(argv[3]), float(argv[4])))
+    elif kind == "export":
+        asyncio.run(export(uri, database, argv[2], int(argv[3]), int(argv[4]), int(argv[5])))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

@@ -27,6 +27,7 @@ except ModuleNotFoundError as error:
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
 from .manager import LockManager
+from .semaphore import AsyncMongoSemaphore
 
 NameOf = str | Callable[[Request], str]
 ManagerOf = LockManager | Callable[[Request], LockManager]
@@ -45,15 +46,42 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
     Unavailable.
     """
 
-    async def dependency(request: Request) -> AsyncIterator[AsyncMongoLock]:
+    def lock_for(request: Request) -> AsyncMongoLock:
         manager = locks if isinstance(locks, LockManager) else locks(request)
-        lock = manager(name if isinstance(name, str) else name(request), **overrides)
+        return manager(name if isinstance(name, str) else name(request), **overrides)
+
+    return _holding(lock_for, status.HTTP_423_LOCKED)
+
+
+def limit_concurrency(locks: ManagerOf, name: NameOf, limit: int, **overrides: Any) -> Any:
+    """A dependency (already wrapped in ``Depends``: use it as ``Annotated[AsyncMongoSemaphore,
+    limit_concurrency(...)]``) that holds one permit of the semaphore ``name`` for the request: at
+    most ``limit`` requests run it at once, across every process sharing the collection.
+
+    As [`hold_lock`][mongolock_async.fastapi.hold_lock], but a request that finds every permit taken
+    past the timeout fails with 429 Too Many Requests (and ``Retry-After: 1``). With the manager's
+    ``timeout`` (or ``blocking=False`` here) a full route answers at once.
+    """
+
+    def permit_for(request: Request) -> AsyncMongoSemaphore:
+        manager = locks if isinstance(locks, LockManager) else locks(request)
+        return manager.semaphore(name if isinstance(name, str) else name(request), limit, **overrides)
+
+    return _holding(permit_for, status.HTTP_429_TOO_MANY_REQUESTS)
+
+
+def _holding(handle_for: Callable[[Request], AsyncMongoLock], busy: int) -> Any:
+    """A dependency holding the handle ``handle_for`` makes for each request; ``busy`` is the status
+    of a request that could not get it within its timeout."""
+
+    async def dependency(request: Request) -> AsyncIterator[AsyncMongoLock]:
+        lock = handle_for(request)
         try:
             await lock.__aenter__()
         except LockTimeoutError as error:
             if error.unreachable is not None:
                 raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
-            raise HTTPException(status.HTTP_423_LOCKED, str(error), headers={"Retry-After": "1"}) from error
+            raise HTTPException(busy, str(error), headers={"Retry-After": "1"}) from error
         except ServerUnreachableError as error:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
         try:

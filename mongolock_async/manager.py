@@ -11,6 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 from ._collection import AsyncCollectionLike
 from .errors import LockTimeoutError
 from .lock import AsyncMongoLock
+from .semaphore import AsyncMongoSemaphore
 
 logger = logging.getLogger("mongolock_async")
 
@@ -43,10 +44,18 @@ class LockManager:
 
         ``blocking=False`` here drops the manager's default ``timeout`` (a non-blocking acquire has none).
         """
+        return AsyncMongoLock(self._collection, name, **self._options(overrides))
+
+    def semaphore(self, name: str, limit: int, **overrides: Any) -> AsyncMongoSemaphore:
+        """A new handle for one permit of the semaphore ``name`` (at most ``limit`` holders at once),
+        with the manager's defaults; see [`AsyncMongoSemaphore`][mongolock_async.AsyncMongoSemaphore]."""
+        return AsyncMongoSemaphore(self._collection, name, limit, **self._options(overrides))
+
+    def _options(self, overrides: dict[str, Any]) -> dict[str, Any]:
         options = {**self._defaults, **overrides}
         if overrides.get("blocking") is False and "timeout" not in overrides:
             options.pop("timeout", None)
-        return AsyncMongoLock(self._collection, name, **options)
+        return options
 
     def run_once(
         self, name: str | None = None, *, wait: bool = False, **overrides: Any

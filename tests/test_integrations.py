@@ -22,8 +22,8 @@ import pytest
 from aiohttp import test_utils, web
 from fastapi import FastAPI
 
-from mongolock_async import AsyncMongoLock, LockLostError, LockManager, LockTimeoutError
-from mongolock_async.fastapi import hold_lock
+from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockLostError, LockManager, LockTimeoutError
+from mongolock_async.fastapi import hold_lock, limit_concurrency
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 
@@ -188,6 +188,47 @@ async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_coll
         lost = await http.get("/slow")
         assert lost.status_code == 503 and "lost" in lost.json()["detail"]
     assert not await locks("shared").locked()
+
+
+async def test_a_semaphore_limits_a_route_to_n_requests_with_429_beyond(lock_collection: Any) -> None:
+    locks = LockManager(lock_collection, ttl=10.0, timeout=0.2)
+    app = FastAPI()
+    inside, most = 0, 0
+
+    @app.get("/export")
+    async def export(permit: Annotated[AsyncMongoSemaphore, limit_concurrency(locks, "exports", 2)]) -> dict[str, Any]:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.6)
+        inside -= 1
+        return {"token": permit.fencing_token}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+        responses = await asyncio.gather(*(http.get("/export") for _ in range(5)))
+    codes = sorted(response.status_code for response in responses)
+    assert codes == [200, 200, 429, 429, 429], codes
+    assert all(r.headers["Retry-After"] == "1" for r in responses if r.status_code == 429)
+    assert most == 2
+    assert locks.semaphore("exports", 2).limit == 2 and not await locks.semaphore("exports", 2).locked()
+
+
+async def test_aiohttp_limits_a_handler_to_n_requests_with_429_beyond(lock_collection: Any) -> None:
+    from mongolock_async.aiohttp import LOCK
+    from mongolock_async.aiohttp import limit_concurrency as aiohttp_limit
+
+    locks = LockManager(lock_collection, ttl=10.0, timeout=0.2)
+
+    async def handler(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.6)
+        return web.json_response({"token": request[LOCK].fencing_token})
+
+    app = web.Application()
+    app.router.add_get("/", aiohttp_limit(locks, "reports", 2)(handler))
+    async with test_utils.TestClient(test_utils.TestServer(app)) as http:
+        responses = await asyncio.gather(*(http.get("/") for _ in range(4)))
+        codes = sorted(response.status for response in responses)
+    assert codes == [200, 200, 429, 429], codes
 
 
 # -- aiohttp, in process --------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""Semaphores, reported as ratios and counts measured in one run on one machine.
+
+1. Uncontended acquire + release of a semaphore: the requests it sends (command monitoring: it must
+   be exactly two), and its wall time against a raw copy of those two requests sent straight
+   through the driver, interleaved.
+2. A hot semaphore of 4 permits: 4 and 64 tasks over 4 processes (and 64 in one), 5 ms bodies:
+   acquisitions/s, server round trips per acquisition (change-stream getMores that carried events
+   counted apart), the most holders seen at once (sections on the machine's monotonic clock), and
+   per-task min/max acquisitions (a starved task shows as a minimum of 0).
+
+    python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300]
+
+Without ``--uri``/``MONGODB_URI`` it starts an embedded server per part. It prints the environment first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import secrets
+import socket
+import uuid
+from datetime import UTC, datetime
+from importlib.metadata import version
+
+from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
+from bench import ROUND_TRIPS, medians, run_workers
+from hot_lock_worker import Requests
+from pymongo import ReturnDocument
+
+from mongolock_async import AsyncMongoSemaphore
+from mongolock_async.store import PlaceRequest, semaphore_acquire_pipeline, semaphore_release_pipeline
+from mongolock_async.testing.clients import close_client, make_client
+
+LIMIT = 4
+
+
+async def uncontended(uri: str, cycles: int) -> None:
+    requests = Requests()
+    client = make_client("pymongo", uri, event_listeners=[requests])
+    try:
+        collection = client["bench"][f"semaphore_{uuid.uuid4().hex[:6]}"]
+        semaphore = AsyncMongoSemaphore(collection, "cycle", LIMIT, ttl=30.0)
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": None}
+
+        async def library() -> None:
+            async with semaphore:
+                pass
+
+        async def raw() -> None:
+            # The same two requests `async with semaphore:` sends, built by the same code, sent directly.
+            owner = secrets.token_hex(24)
+            place = PlaceRequest(owner, 30_000, holder)
+            await collection.find_one_and_update(
+                {"_id": "raw"},
+                semaphore_acquire_pipeline(place, LIMIT, enqueue=True, fair=False),
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+            await collection.find_one_and_update(
+                {"_id": "raw", "holders.o": owner},
+                semaphore_release_pipeline(owner, None, fair=False, successor_first=True),
+                return_document=ReturnDocument.AFTER,
+            )
+
+        await library()
+        await raw()
+        requests.reset()
+        await library()
+        sent = dict(requests.sent)
+        result = await medians({"library": library, "raw": raw}, cycles)
+        print(f"uncontended acquire+release sends {sum(sent.values())} requests: {sent}")
+        print(
+            f"uncontended acquire+release: library {result['library'] * 1000:6.2f} ms | raw same two requests "
+            f"{result['raw'] * 1000:6.2f} ms | library/raw {result['library'] / result['raw']:4.2f}x "
+            f"(medians of {cycles}, interleaved)"
+        )
+    finally:
+        await close_client(client)
+
+
+def most_at_once(sections: list[tuple[float, float]]) -> int:
+    events = sorted([(entered, 1) for entered, _ in sections] + [(left, -1) for _, left in sections])
+    inside = most = 0
+    for _, step in events:
+        inside += step
+        most = max(most, inside)
+    return most
+
+
+def hot(uri: str | None, seconds: float) -> None:
+    rates = {}
+    for processes, tasks in ((4, 4), (4, 64), (1, 64)):
+        with mongodb(uri) as server:
+            results = run_workers(f"semaphore-{LIMIT}", server, processes, tasks, seconds, body_ms=5)
+        counts = [count for result in results for count in result["counts"]]
+        sections = [tuple(section) for result in results for section in result["sections"]]
+        acquisitions = max(1, sum(counts))
+        sent = sum(result["sent"].get(name, 0) for result in results for name in ROUND_TRIPS)
+        events = sum(result["events"] for result in results)
+        rates[processes, tasks] = acquisitions / seconds
+        print(
+            f"{processes} x {tasks // processes:<3} {tasks:>3} tasks | {acquisitions / seconds:7.1f} acq/s | "
+            f"{sent / acquisitions:5.2f} round trips/acq (+{events / acquisitions:4.2f} change events) | "
+            f"most holders at once {most_at_once(sections)} of {LIMIT} | per task min {min(counts)} max {max(counts)}",
+            flush=True,
+        )
+    print(f"acq/s at 64 tasks / at 4 tasks, 4 processes: {rates[4, 64] / rates[4, 4]:4.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each hot run")
+    parser.add_argument("--cycles", type=int, default=300, help="uncontended cycles per variant")
+    arguments = parser.parse_args()
+    print(
+        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
+        f"{platform.platform()} | {os.cpu_count()} cores"
+    )
+    server = "MongoDB at --uri" if arguments.uri else f"embedded SecantusDB {version('secantusdb')}"
+    print(f"mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | server {server}")
+    print(f"\n== uncontended, a semaphore of {LIMIT} ==")
+    with mongodb(arguments.uri) as uri:
+        asyncio.run(uncontended(uri, arguments.cycles))
+    print(f"\n== hot semaphore of {LIMIT} permits, 5 ms bodies ==")
+    hot(arguments.uri, arguments.seconds)
+
+
+
+if __name__ == "__main__":
+    main()
