@@ -800,6 +800,29 @@ def _new_place(token: str, ttl: str, holder: str, follower: tuple[str, str] | No
     return written
 
 
+def _with_place(places: Any, token: Any, place: dict[str, Any]) -> dict[str, Any]:
+    """``places`` with ``place`` (the place of ``token``) rewritten where ``token`` stands (its
+    length is the new one's, its ``at`` not moved back), or queued last."""
+    return {
+        "$cond": [
+            {"$in": [token, _tokens(places)]},
+            {
+                "$map": {
+                    "input": places,
+                    "in": {
+                        "$cond": [
+                            {"$eq": ["$$this.t", token]},
+                            {"$mergeObjects": [place, {"at": _not_before("$$this.at", _NOW)}]},
+                            "$$this",
+                        ]
+                    },
+                }
+            },
+            {"$concatArrays": [places, [place]]},
+        ]
+    }
+
+
 def _follow_up(handee: str) -> dict[str, Any]:
     """The place for the follower recorded in ``handee`` (a place expression), as a 0- or 1-element array."""
     ttl = f"{handee}.nttl"
@@ -868,27 +891,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
     my_place = _new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
     my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
     got_it = {"$or": ["$_claim", "$_take"]}
-    if enqueue:
-        waiting_queue: Any = {
-            "$cond": [
-                {"$in": [me, _tokens("$_q")]},
-                {
-                    "$map": {
-                        "input": "$_q",
-                        "in": {
-                            "$cond": [
-                                {"$eq": ["$$this.t", me]},
-                                {"$mergeObjects": [my_place, {"at": _not_before("$$this.at", _NOW)}]},
-                                "$$this",
-                            ]
-                        },
-                    }
-                },
-                {"$concatArrays": ["$_q", [my_place]]},
-            ]
-        }
-    else:
-        waiting_queue = "$queue"
+    waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
     taken_queue: Any = _without("$_q", me)
     if follower:
         follower_place = _new_place("$_v.next", "$_v.nextTtl", "$_v.nextHolder")
@@ -969,25 +972,7 @@ def _release_stages(
     else:
         next_place = ("$_v.next", "$_v.nextTtl") if follower else None
         successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
-        # The successor's place is rewritten where it stands (its length is the successor's), or queued last.
-        candidates = {
-            "$cond": [
-                {"$in": ["$_v.successor", _tokens("$_q")]},
-                {
-                    "$map": {
-                        "input": "$_q",
-                        "in": {
-                            "$cond": [
-                                {"$eq": ["$$this.t", "$_v.successor"]},
-                                {"$mergeObjects": [successor_place, {"at": _not_before("$$this.at", _NOW)}]},
-                                "$$this",
-                            ]
-                        },
-                    }
-                },
-                {"$concatArrays": ["$_q", [successor_place]]},
-            ]
-        }
+        candidates = _with_place("$_q", "$_v.successor", successor_place)
         others = _without("$_q", "$_v.successor")
         if fair:
             handee = _first_or_null(candidates)
@@ -1320,26 +1305,7 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
     me = "$_v.me"
     my_place = _new_place(me, "$_v.ttl", "$_v.holder")
     my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
-    waiting_queue: Any = "$queue"
-    if enqueue:
-        waiting_queue = {
-            "$cond": [
-                {"$in": [me, _tokens("$_q")]},
-                {
-                    "$map": {
-                        "input": "$_q",
-                        "in": {
-                            "$cond": [
-                                {"$eq": ["$$this.t", me]},
-                                {"$mergeObjects": [my_place, {"at": _not_before("$$this.at", _NOW)}]},
-                                "$$this",
-                            ]
-                        },
-                    }
-                },
-                {"$concatArrays": ["$_q", [my_place]]},
-            ]
-        }
+    waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
     renewed_mine = {
         "$map": {
             "input": "$_hs",
@@ -1448,24 +1414,7 @@ def _semaphore_release_stages(
     candidates: Any = "$_q"
     if successor:
         successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder")
-        candidates = {
-            "$cond": [
-                {"$in": ["$_v.successor", _tokens("$_q")]},
-                {
-                    "$map": {
-                        "input": "$_q",
-                        "in": {
-                            "$cond": [
-                                {"$eq": ["$$this.t", "$_v.successor"]},
-                                {"$mergeObjects": [successor_place, {"at": _not_before("$$this.at", _NOW)}]},
-                                "$$this",
-                            ]
-                        },
-                    }
-                },
-                {"$concatArrays": ["$_q", [successor_place]]},
-            ]
-        }
+        candidates = _with_place("$_q", "$_v.successor", successor_place)
     candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
     handee: Any = _first_or_null("$_c")
     if successor and not fair:
