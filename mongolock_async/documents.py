@@ -21,8 +21,8 @@ from .errors import LockDataError
 MAX_FENCE = 2**62
 # No lease is written more than this far ahead (the longest TTL, a year and a day, plus a day).
 EXPIRY_HORIZON = timedelta(days=368)
-SEMAPHORE = "semaphore"
-"""The ``kind`` of a semaphore's document; a mutex's document has none."""
+PERMIT_KINDS = ("semaphore", "rwlock")
+"""The ``kind`` of a semaphore's and of a read-write lock's document; a lock's document has none."""
 MAX_PERMITS = 10_000
 """The largest semaphore ``limit``: its holders, each some hundreds of bytes with the holder's
 label, and its queue share one document, which MongoDB caps at 16 MB."""
@@ -46,6 +46,8 @@ class Permit(NamedTuple):
 
     token: str
     """The holder's owner token."""
+    weight: int
+    """1 for a semaphore's permit and a reader; a read-write lock's limit for its writer."""
     expires_at: datetime
     fencing_token: int
     ttl_ms: int | None
@@ -76,12 +78,11 @@ class LockState(NamedTuple):
     forced_release_at: datetime | None = None
     """Server time of the last ``mongolock release --force`` (or ``LockStore.force_release``)."""
     limit: int | None = None
-    """A semaphore's limit, as its last acquire wrote it; None for a mutex."""
+    """A semaphore's limit, as its last acquire wrote it (a read-write lock's: its most readers);
+    None for a lock."""
     permits: tuple[Permit, ...] = ()
-
-    @property
-    def kind(self) -> str:
-        return "lock" if self.limit is None else SEMAPHORE
+    kind: str = "lock"
+    """``lock``, ``semaphore`` or ``rwlock``."""
 
     def holds(self, token: str) -> bool:
         """Whether ``token`` owns the lease, or one of the semaphore's permits (live or not)."""
@@ -106,8 +107,9 @@ class LockState(NamedTuple):
         if not isinstance(name, str):
             raise LockDataError(name, "_id", f"holds {_type_name(name)}, expected a string lock name")
         kind = doc.get("kind")
-        if kind is not None and kind != SEMAPHORE:
-            raise LockDataError(name, "kind", f"holds {kind!r}, expected nothing (a lock) or {SEMAPHORE!r}")
+        if kind is not None and kind not in PERMIT_KINDS:
+            detail = f"holds {kind!r}, expected nothing (a lock), 'semaphore' or 'rwlock'"
+            raise LockDataError(name, "kind", detail)
         owner = doc.get("owner")
         if owner is not None and not isinstance(owner, str):
             raise LockDataError(name, "owner", f"holds {_type_name(owner)}, expected a string or null")
@@ -132,9 +134,9 @@ class LockState(NamedTuple):
         ttl_ms = doc.get("ttlMs")
         limit: int | None = None
         permits: tuple[Permit, ...] = ()
-        if kind == SEMAPHORE:
+        if kind in PERMIT_KINDS:
             if owner is not None:
-                raise LockDataError(name, "owner", "is set in a semaphore, which has holders instead")
+                raise LockDataError(name, "owner", f"is set in a {kind}, which has holders instead")
             limit, permits = _limit(doc.get("limit"), name), _permits(doc.get("holders"), name)
         return cls(
             name=name,
@@ -151,6 +153,7 @@ class LockState(NamedTuple):
             forced_release_at=_date_or_none(_mapping(doc.get("forcedRelease")).get("at"), name, "forcedRelease.at"),
             limit=limit,
             permits=permits,
+            kind=kind or "lock",
         )
 
     def place_of(self, token: str) -> Place | None:
@@ -219,7 +222,7 @@ def _permits(value: object, name: str) -> tuple[Permit, ...]:
         where = f"holders.{index}"
         if not isinstance(entry, Mapping):
             raise LockDataError(name, where, f"holds {_type_name(entry)}, expected a holder document")
-        token, fence, ttl_ms = entry.get("o"), entry.get("fence"), entry.get("ttlMs")
+        token, fence, ttl_ms, weight = entry.get("o"), entry.get("fence"), entry.get("ttlMs"), entry.get("w", 1)
         if not isinstance(token, str):
             raise LockDataError(name, f"{where}.o", f"holds {_type_name(token)}, expected an owner token")
         expires_at = _date_or_none(entry.get("exp"), name, f"{where}.exp", strict=True)
@@ -229,9 +232,12 @@ def _permits(value: object, name: str) -> tuple[Permit, ...]:
             raise LockDataError(name, f"{where}.exp", f"is {expires_at:%Y-%m-%d}, more than a year ahead")
         if isinstance(fence, bool) or not isinstance(fence, int) or not 0 <= fence < MAX_FENCE:
             raise LockDataError(name, f"{where}.fence", f"holds {_type_name(fence)} {fence!r}, expected a token")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_PERMITS:
+            raise LockDataError(name, f"{where}.w", f"holds {_type_name(weight)} {weight!r}, expected 1 to {MAX_PERMITS}")
         permits.append(
             Permit(
                 token=token,
+                weight=weight,
                 expires_at=expires_at,
                 fencing_token=fence,
                 ttl_ms=ttl_ms if isinstance(ttl_ms, int) and not isinstance(ttl_ms, bool) else None,

@@ -140,7 +140,7 @@ class LeaseKeeper:
         sent_at = time.monotonic()
         try:
             renewed = await store.send(
-                store.renew([(lease.name, lease.owner, _ms(lease.ttl), lease.limit) for lease in leases]),
+                store.renew([(lease.name, lease.owner, _ms(lease.ttl), lease.permits) for lease in leases]),
                 bound=earliest - sent_at,
             )
         except PyMongoError as error:

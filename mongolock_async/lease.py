@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from .errors import LockLostError
 from .hooks import LockHooks, notify
-from .store import LockStore
+from .store import LockStore, Permits
 
 logger = logging.getLogger("mongolock_async")
 
@@ -91,8 +91,8 @@ class Lease:
     renewal_error: str | None = None
     """Why the last renewal attempt failed, for the loss reason."""
     hooks: LockHooks | None = None
-    limit: int | None = None
-    """The semaphore's limit for a permit; None for a lock's lease."""
+    permits: Permits | None = None
+    """What a semaphore's or read-write lock's permit is; None for a lock's lease."""
     taken_at: float = field(default_factory=time.monotonic)
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 

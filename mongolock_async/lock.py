@@ -35,7 +35,7 @@ from .hooks import LockHooks, notify
 from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .queues import Grant
-from .store import is_transient, store_for
+from .store import Permits, is_transient, store_for
 from .waiting import AcquireRequest, deadline_in, hand_over, spawn, wait_for_lease
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
@@ -85,8 +85,8 @@ class AsyncMongoLock:
       are raised at once.
     """
 
-    _limit: int | None = None
-    """A semaphore's limit (see ``AsyncMongoSemaphore``); None for a lock."""
+    _permits: Permits | None = None
+    """What a permit of a semaphore or read-write lock is (see ``AsyncMongoSemaphore``); None for a lock."""
 
     def __init__(
         self,
@@ -140,7 +140,7 @@ class AsyncMongoLock:
 
     def __repr__(self) -> str:
         state = "held" if self._lease is not None and self._lease.believed_held else "not held"
-        kind = "" if self._limit is None else f" limit={self._limit}"
+        kind = "" if self._permits is None else f" {self._permits.kind} limit={self._permits.limit}"
         return f"<{type(self).__name__} {self._name!r}{kind} in {self._store.full_name} ttl={self._ttl:g}s {state}>"
 
     @property
@@ -258,12 +258,12 @@ class AsyncMongoLock:
             fresh_for=default_safety_margin(self._ttl) if self._safety_margin is None else self._safety_margin,
             timeout=timeout,
             unreachable_timeout=unreachable_timeout,
-            limit=self._limit,
+            permits=self._permits,
         )
         return await wait_for_lease(request, give_up_at)
 
     async def _hand_over(self, owner: str, *, until: float) -> bool:
-        return await hand_over(self._store, self._name, owner, fair=self._fair, until=until, limit=self._limit)
+        return await hand_over(self._store, self._name, owner, fair=self._fair, until=until, permits=self._permits)
 
     async def _try_once(self) -> Grant | None:
         """One acquire request, without queueing."""
@@ -277,7 +277,9 @@ class AsyncMongoLock:
         sent_at = time.monotonic()
         try:
             state = await self._store.send(
-                self._store.try_acquire(self._name, owner, ttl_ms, self._holder(), fair=self._fair, limit=self._limit),
+                self._store.try_acquire(
+                    self._name, owner, ttl_ms, self._holder(), fair=self._fair, permits=self._permits
+                ),
                 bound=self._ttl,
                 on_cancelled=hand_on_if_taken,
             )
@@ -309,7 +311,7 @@ class AsyncMongoLock:
             holder=weakref.ref(self),
             loop=asyncio.get_running_loop(),
             hooks=self._hooks,
-            limit=self._limit,
+            permits=self._permits,
         )
         lease.arm()
         self._lease = lease
@@ -354,7 +356,7 @@ class AsyncMongoLock:
         interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
         sent_at = time.monotonic()
         extended = await self._store.send(
-            self._store.extend(self._name, lease.owner, _ms(new_ttl), limit=self._limit),
+            self._store.extend(self._name, lease.owner, _ms(new_ttl), permits=self._permits),
             bound=lease.server_expiry_floor - sent_at,
         )
         if not extended:
@@ -371,7 +373,7 @@ class AsyncMongoLock:
         Advisory: the answer can be out of date by the time it arrives. It is read with read
         concern ``majority``, so it never shows an acquisition a failover could still roll back.
         """
-        return await self._store.send(self._store.is_held(self._name, limit=self._limit), bound=self._ttl)
+        return await self._store.send(self._store.is_held(self._name, permits=self._permits), bound=self._ttl)
 
     async def owned(self) -> bool:
         """Whether this handle holds the lease: live on the server and before the local deadline."""
@@ -379,7 +381,7 @@ class AsyncMongoLock:
         if lease is None or not lease.believed_held:
             return False
         held = await self._store.send(
-            self._store.is_held(self._name, lease.owner, limit=self._limit), bound=lease.deadline - time.monotonic()
+            self._store.is_held(self._name, lease.owner, permits=self._permits), bound=lease.deadline - time.monotonic()
         )
         return held and lease.believed_held
 
@@ -433,7 +435,7 @@ class AsyncMongoLock:
                 "this server is a standalone, without multi-document transactions"
             )
         live = await self._store.send(
-            self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session, limit=self._limit),
+            self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session, permits=self._permits),
             bound=lease.deadline - time.monotonic(),
         )
         if not live:
@@ -534,7 +536,7 @@ def _abandoned(lease: Lease, fair: bool, kind: str) -> None:
         lease.end()
         keeper_for_running_loop().drop(lease)
         until = lease.server_expiry_floor
-        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, until=until, limit=lease.limit))
+        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, until=until, permits=lease.permits))
 
     loop.call_soon_threadsafe(end_it)
 

@@ -10,6 +10,7 @@ from ._collection import AsyncCollectionLike
 from .documents import MAX_PERMITS
 from .hooks import LockHooks
 from .lock import AsyncMongoLock, OnLost
+from .store import Permits
 
 
 class AsyncMongoSemaphore(AsyncMongoLock):
@@ -83,10 +84,15 @@ class AsyncMongoSemaphore(AsyncMongoLock):
             retry_cap=retry_cap,
             unreachable_timeout=unreachable_timeout,
         )
-        self._limit = limit
+        self._permits = Permits("semaphore", limit)
 
     @property
     def limit(self) -> int:
         """How many permits this handle lets be held at once."""
-        assert self._limit is not None
-        return self._limit
+        return limit_of(self._permits)
+
+
+def limit_of(permits: Permits | None) -> int:
+    if permits is None:
+        raise TypeError("not a handle of a semaphore or read-write lock")
+    return permits.limit

@@ -85,7 +85,7 @@ _DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
-    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone",
+    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone", "_hand",
 ]  # fmt: skip
 
 
@@ -113,6 +113,16 @@ class PlaceRequest(NamedTuple):
     ttl_ms: int
     holder: Mapping[str, Any]
     follower: PlaceRequest | None = None
+
+
+class Permits(NamedTuple):
+    """What a request for a permit is for: a semaphore's (``kind`` "semaphore", one permit of
+    ``limit``) or a read-write lock's (``kind`` "rwlock": a reader weighs 1, a writer the whole
+    ``limit``). Holders' weights add up to at most ``limit``."""
+
+    kind: str
+    limit: int
+    weight: int = 1
 
 
 _stores: WeakIdentityMap[Any, list[LockStore]] = WeakIdentityMap()
@@ -224,7 +234,7 @@ class LockStore:
         fair: bool = False,
         follower: PlaceRequest | None = None,
         session: Any = None,
-        limit: int | None = None,
+        permits: Permits | None = None,
     ) -> LockState:
         """Take ``name`` for ``owner`` if it is free or expired; return the document either way.
 
@@ -235,15 +245,16 @@ class LockStore:
         lock while an older place waits. ``follower`` (see ``PlaceRequest``) is queued in the
         same write when the lock is taken, and recorded with the place when it is not.
 
-        With ``limit``, ``name`` is a semaphore: ``owner`` takes a permit while fewer than ``limit``
-        are held (or claims one handed to it). ``LockDataError`` if the document is of the other kind.
+        With ``permits``, ``name`` is a semaphore or a read-write lock: ``owner`` takes a permit while
+        the holders' weights leave room for it (or claims one handed to it). ``LockDataError`` if the
+        document is of another kind.
         """
         await self.check_server()
         place = PlaceRequest(owner, ttl_ms, holder, follower)
-        if limit is None:
+        if permits is None:
             pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
         else:
-            pipeline = semaphore_acquire_pipeline(place, limit, enqueue=enqueue, fair=fair)
+            pipeline = semaphore_acquire_pipeline(place, permits, enqueue=enqueue, fair=fair)
         for _ in range(_UPSERT_RACE_RETRIES):
             try:
                 doc = await self._find_and_modify({"_id": name}, pipeline, upsert=True, session=session)
@@ -252,7 +263,7 @@ class LockStore:
                     raise  # another unique index of the user's: not the upsert race
                 continue
             if doc is not None:  # the embedded server may return None on the same race
-                return _of_kind(LockState.from_document(doc), limit)
+                return _of_kind(LockState.from_document(doc), permits)
         raise RuntimeError(f"acquire of {name!r} kept racing with concurrent upserts")
 
     async def release(
@@ -263,7 +274,7 @@ class LockStore:
         successor: PlaceRequest | None = None,
         fair: bool = False,
         successor_first: bool = True,
-        limit: int | None = None,
+        permits: Permits | None = None,
     ) -> LockState | None:
         """End ``owner``'s live lease on ``name`` and hand it on; None if it was not live.
 
@@ -277,19 +288,20 @@ class LockStore:
         too (and is left as it is): so a release sent again because the reply to an earlier one
         was lost (a write concern error, a timeout) recognises that earlier success instead of
         reporting the lease gone. Owner tokens are never reused, so only our own release writes it.
-        With ``limit`` (a semaphore), ``owner``'s permit is returned and handed on the same way, and
-        the last released owners are remembered in ``releasedOwners``.
+        With ``permits``, ``owner``'s permit is returned and handed on the same way (to as many of the
+        oldest places as its weight makes room for), and the last released owners are remembered in
+        ``releasedOwners``.
         """
-        if limit is None:
+        if permits is None:
             query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]}
             pipeline = _release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
         else:
             query = {"_id": name, "$or": [{"holders.o": owner}, {"releasedOwners": owner}]}
-            pipeline = semaphore_release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
+            pipeline = semaphore_release_pipeline(owner, successor, permits, fair=fair, successor_first=successor_first)
         doc = await self._find_and_modify(query, pipeline)
         if doc is None:
             return None
-        state = _of_kind(LockState.from_document(doc), limit)
+        state = _of_kind(LockState.from_document(doc), permits)
         return None if state.holds(owner) else state  # still ours: it had expired, nothing was released
 
     async def _find_and_modify(
@@ -321,22 +333,22 @@ class LockStore:
         value: Mapping[str, Any] | None = reply.get("value")
         return value
 
-    async def leave(self, name: str, tokens: Sequence[str], *, fair: bool, limit: int | None = None) -> None:
-        """Withdraw the places holding ``tokens``; if the lease (or, with ``limit``, a semaphore's
-        permit) was handed to one of them meanwhile, hand it on (or release it).
+    async def leave(self, name: str, tokens: Sequence[str], *, fair: bool, permits: Permits | None = None) -> None:
+        """Withdraw the places holding ``tokens``; if the lease (or, with ``permits``, a permit) was
+        handed to one of them meanwhile, hand it on (or release it).
 
         The tokens are remembered as withdrawn, so that an attempt of theirs the server applies
         later (one cut off by its bound, still on its way) neither queues them again nor takes the
         lock for a waiter that is gone. So this writes even when no place of theirs is there yet.
         """
-        if limit is None:
+        if permits is None:
             pipeline = _release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
         else:
-            pipeline = semaphore_release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
+            pipeline = semaphore_release_pipeline(None, None, permits, fair=fair, successor_first=False, leaving=tokens)
         await self._collection.update_one({"_id": name}, pipeline)
 
     async def guard_transaction(
-        self, name: str, owner: str, fence: int, session: Any, *, limit: int | None = None
+        self, name: str, owner: str, fence: int, session: Any, *, permits: Permits | None = None
     ) -> bool:
         """Inside ``session``'s transaction, write to ``owner``'s lease if it is live on the server's
         clock; False if it is not (expired, released, or another owner's now).
@@ -349,7 +361,7 @@ class LockStore:
         (labelled TransientTransactionError), so a takeover before this write aborts the transaction.
         """
         stamp = _stamp()
-        if limit is None:
+        if permits is None:
             query: dict[str, Any] = {"_id": name, "owner": owner, "fence": fence}
             live: Any = _LEASE_LIVE
         else:
@@ -365,14 +377,14 @@ class LockStore:
         )
         return doc is not None and doc.get("guard") == stamp
 
-    async def extend(self, name: str, owner: str, ttl_ms: int, *, limit: int | None = None) -> bool:
+    async def extend(self, name: str, owner: str, ttl_ms: int, *, permits: Permits | None = None) -> bool:
         """Give ``owner``'s live lease (or semaphore permit) a new expiry ``ttl_ms`` from now; False
         if it is not live."""
-        result = await self._collection.update_one(*_renewal_of(name, owner, ttl_ms, _stamp(), limit))
+        result = await self._collection.update_one(*_renewal_of(name, owner, ttl_ms, _stamp(), permits))
         return bool(result.modified_count)
 
-    async def renew(self, leases: Sequence[tuple[str, str, int, int | None]]) -> set[tuple[str, str]]:
-        """Renew each live lease among ``(name, owner, ttl_ms, limit)`` (``limit`` set for a
+    async def renew(self, leases: Sequence[tuple[str, str, int, Permits | None]]) -> set[tuple[str, str]]:
+        """Renew each live lease among ``(name, owner, ttl_ms, permits)`` (``permits`` set for a
         semaphore's permit); return the ``(name, owner)`` pairs this write renewed.
 
         One request: an unordered batch of single-document updates, each matching its own name and
@@ -382,7 +394,7 @@ class LockStore:
         confirmed only by the write that renewed it, never by a later read.
         """
         tick = _stamp()
-        requests = [UpdateOne(*_renewal_of(name, owner, ttl_ms, tick, limit)) for name, owner, ttl_ms, limit in leases]
+        requests = [UpdateOne(*_renewal_of(name, owner, ttl, tick, permits)) for name, owner, ttl, permits in leases]
         try:
             result = await self._collection.bulk_write(requests, ordered=False)
             renewed = result.modified_count
@@ -428,20 +440,22 @@ class LockStore:
 
     # -- reads ------------------------------------------------------------------------------------
 
-    async def is_held(self, name: str, owner: str | None = None, *, limit: int | None = None) -> bool:
+    async def is_held(self, name: str, owner: str | None = None, *, permits: Permits | None = None) -> bool:
         """Whether anyone (or ``owner``) holds a live lease on ``name``, on the server's clock, as a
         majority of the replica set knows it (read concern ``majority``, as every read here).
 
-        For a semaphore (``limit`` set): whether ``owner`` holds a live permit, or without
-        ``owner``, whether all of its permits are taken (as ``asyncio.Semaphore.locked``)."""
-        if limit is None:
+        With ``permits``: whether ``owner`` holds a live permit, or without ``owner``, whether the
+        live holders leave no room for a permit of this weight (as ``asyncio.Semaphore.locked``)."""
+        if permits is None:
             match: dict[str, Any] = {"_id": name, "owner": {"$type": "string"} if owner is None else owner}
             live: Any = _LEASE_LIVE
         else:
-            match = {"_id": name, "kind": "semaphore"}
+            match = {"_id": name, "kind": permits.kind}
             holders = _live_holders(SERVER_NOW)
             if owner is None:
-                live = {"$gte": [{"$size": holders}, {"$ifNull": ["$limit", limit]}]}
+                live = {
+                    "$gt": [{"$add": [_weight_of(holders), permits.weight]}, {"$ifNull": ["$limit", permits.limit]}]
+                }
             else:
                 match["holders.o"] = owner
                 live = {"$in": [owner, _holder_tokens(holders)]}
@@ -478,7 +492,7 @@ class LockStore:
                     # are on a corrupt document, whose parsing reports it).
                     "_permitsLeft": {
                         "$cond": [
-                            {"$eq": ["$kind", "semaphore"]},
+                            {"$in": ["$kind", list(PERMIT_KINDS)]},
                             {
                                 "$map": {
                                     "input": {
@@ -528,7 +542,7 @@ class LockStore:
         lease and nothing to repair.
         """
         current = await self._collection.find_one({"_id": name}, {"kind": 1})
-        if current is not None and current.get("kind") == "semaphore":
+        if current is not None and current.get("kind") in PERMIT_KINDS:
             return await self._force_release_permits(name, holder)
         stamp = _stamp()
         broken = "$_break"
@@ -578,9 +592,9 @@ class LockStore:
         prefix = {"$literal": holder or ""}
         chosen = {"$eq": [{"$indexOfBytes": [{"$ifNull": ["$$this.o", ""]}, prefix]}, 0]}
         doc = await self._collection.find_one_and_update(
-            {"_id": name, "kind": "semaphore"},
+            {"_id": name, "kind": {"$in": list(PERMIT_KINDS)}},
             [
-                {"$set": {"_now": SERVER_NOW, "_sane": _SEMAPHORE_SANE}},
+                {"$set": {"_now": SERVER_NOW, "_sane": _permits_sane("$kind")}},
                 {
                     "$set": {
                         # A corrupt document: every permit is broken and the fields are reset.
@@ -772,6 +786,8 @@ def _live_places(excluding: str | None = None) -> dict[str, Any]:
         {"$gte": ["$$this.ttlMs", 1]},
         {"$lte": ["$$this.ttlMs", MAX_TTL_MS]},
         {"$gt": ["$$this.exp", _NOW]},
+        # A place's weight (a semaphore's or a read-write lock's) is 1 unless it says otherwise.
+        {"$in": [{"$type": "$$this.w"}, ["missing", "int", "long"]]},
     ]
     if excluding is not None:
         conditions.append({"$ne": ["$$this.t", excluding]})
@@ -1049,11 +1065,11 @@ def _stamp() -> str:
     return secrets.token_hex(8)
 
 
-def _renewal_of(name: str, owner: str, ttl_ms: int, stamp: str, limit: int | None) -> tuple[dict[str, Any], Any]:
-    """The filter and update that renew ``owner``'s live lease on ``name`` (a permit, with ``limit``)."""
-    if limit is None:
+def _renewal_of(name: str, owner: str, ttl_ms: int, stamp: str, permits: Permits | None) -> tuple[dict[str, Any], Any]:
+    """The filter and update that renew ``owner``'s live lease on ``name`` (a permit, with ``permits``)."""
+    if permits is None:
         return {"_id": name, "owner": owner}, _renewal(ttl_ms, stamp)
-    return {"_id": name, "kind": "semaphore", "holders.o": owner}, _permit_renewal(owner, ttl_ms, stamp)
+    return {"_id": name, "kind": permits.kind, "holders.o": owner}, _permit_renewal(owner, ttl_ms, stamp)
 
 
 def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
@@ -1093,13 +1109,16 @@ def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]
     ]
 
 
-def _of_kind(state: LockState, limit: int | None) -> LockState:
-    """``state``, if it is of the kind the caller asked for (a lock, or a semaphore with ``limit``)."""
-    if (state.limit is None) != (limit is None):
-        kind = "a semaphore" if state.limit is not None else "a lock"
-        wanted = "a semaphore" if limit is not None else "a lock"
+_KIND_NAMES = {"lock": "a lock", "semaphore": "a semaphore", "rwlock": "a read-write lock"}
+
+
+def _of_kind(state: LockState, permits: Permits | None) -> LockState:
+    """``state``, if it is of the kind the caller asked for (a lock without ``permits``)."""
+    wanted_kind = "lock" if permits is None else permits.kind
+    if state.kind != wanted_kind:
+        kind, wanted = _KIND_NAMES.get(state.kind, state.kind), _KIND_NAMES[wanted_kind]
         detail = f"says this name is {kind}, not {wanted}"
-        raise LockDataError(state.name, "kind", detail, "a name is a lock or a semaphore: use another name")
+        raise LockDataError(state.name, "kind", detail, "a name is of one kind: use another name")
     return state
 
 
@@ -1206,12 +1225,17 @@ def is_transient(error: PyMongoError) -> bool:
     ) and not retrying_cannot_fix(error)
 
 
-# -- semaphores -----------------------------------------------------------------------------------
+# -- semaphores and read-write locks -------------------------------------------------------------
 #
-# One document per semaphore: {_id, kind: "semaphore", limit, fence, holders: [{o: <token>, exp,
-# fence, ttlMs, holder, at, renewedAt, r}], queue: [places, as a lock's], handedOffTo,
-# handedOffAt, freed, releasedAt, releasedOwners}. Each holder has its own fencing token, from the
-# document's one counter; the queue and its hand-offs work as a lock's, one permit at a time.
+# One document per name: {_id, kind: "semaphore" | "rwlock", limit, fence, expiresAt,
+# holders: [{o: <token>, w: <weight>, exp, fence, ttlMs, holder, at, renewedAt, r}],
+# queue: [places, as a lock's, with their weight w], handedOffTo: [tokens], handedOffAt, freed,
+# releasedAt, releasedOwners, withdrawn}. Holders' weights add up to at most ``limit``: a
+# semaphore's permits weigh 1; a read-write lock's readers 1 and a writer the whole limit. Each
+# holder has its own fencing token, from the document's one counter. A release hands the weight it
+# frees to the longest run of the oldest places that fits, in the same write.
+
+PERMIT_KINDS = ("semaphore", "rwlock")
 
 _HOLDER_WELL_FORMED: dict[str, Any] = {
     "$and": [
@@ -1221,35 +1245,14 @@ _HOLDER_WELL_FORMED: dict[str, Any] = {
         _type_in("$$this.fence", "int", "long"),
         {"$gte": ["$$this.fence", 0]},
         {"$lt": ["$$this.fence", MAX_FENCE]},
-    ]
-}
-# A semaphore's document with the fields its decisions read in the shapes written here, or a new
-# document (the upsert's bare _id). A lock's document, or one edited into another shape, is left
-# as it is, and the caller raises LockDataError from LockState parsing.
-_SEMAPHORE_SANE: dict[str, Any] = {
-    "$or": [
         {
-            "$and": [
-                _type_in("$kind", "missing"),
-                _type_in("$owner", "missing"),
-                _type_in("$fence", "missing"),
-                _type_in("$holders", "missing"),
-            ]
-        },
-        {
-            "$and": [
-                {"$eq": ["$kind", "semaphore"]},
-                _type_in("$limit", "int", "long"),
-                {"$gte": ["$limit", 1]},
-                {"$lte": ["$limit", MAX_PERMITS]},
-                _type_in("$owner", "missing", "null"),
-                _FENCE_OK,
-                _type_in("$queue", "missing", "null", "array"),
-                {"$isArray": "$holders"},
+            "$or": [
+                _type_in("$$this.w", "missing"),
                 {
-                    "$eq": [
-                        {"$size": {"$filter": {"input": "$holders", "cond": {"$not": [_HOLDER_WELL_FORMED]}}}},
-                        0,
+                    "$and": [
+                        _type_in("$$this.w", "int", "long"),
+                        {"$gte": ["$$this.w", 1]},
+                        {"$lte": ["$$this.w", MAX_PERMITS]},
                     ]
                 },
             ]
@@ -1258,8 +1261,44 @@ _SEMAPHORE_SANE: dict[str, Any] = {
 }
 
 
+def _permits_sane(kind: Any) -> dict[str, Any]:
+    """A document of ``kind`` with the fields its decisions read in the shapes written here, or a
+    new document (the upsert's bare _id). A document of another kind, or one edited into another
+    shape, is left as it is, and the caller raises LockDataError from LockState parsing."""
+    return {
+        "$or": [
+            {
+                "$and": [
+                    _type_in("$kind", "missing"),
+                    _type_in("$owner", "missing"),
+                    _type_in("$fence", "missing"),
+                    _type_in("$holders", "missing"),
+                ]
+            },
+            {
+                "$and": [
+                    {"$eq": ["$kind", kind]},
+                    _type_in("$limit", "int", "long"),
+                    {"$gte": ["$limit", 1]},
+                    {"$lte": ["$limit", MAX_PERMITS]},
+                    _type_in("$owner", "missing", "null"),
+                    _FENCE_OK,
+                    _type_in("$queue", "missing", "null", "array"),
+                    {"$isArray": "$holders"},
+                    {
+                        "$eq": [
+                            {"$size": {"$filter": {"input": "$holders", "cond": {"$not": [_HOLDER_WELL_FORMED]}}}},
+                            0,
+                        ]
+                    },
+                ]
+            },
+        ]
+    }
+
+
 def _live_holders(now: Any) -> dict[str, Any]:
-    """A semaphore's holders whose permits have not expired at ``now``."""
+    """The holders whose permits have not expired at ``now``."""
     return {
         "$filter": {
             "input": {"$cond": [{"$isArray": "$holders"}, "$holders", {"$literal": []}]},
@@ -1271,9 +1310,18 @@ def _live_holders(now: Any) -> dict[str, Any]:
 _LIVE_HOLDERS = _live_holders(_NOW)
 
 
+def _weight(entry: str) -> dict[str, Any]:
+    """The weight of a holder or place (``$$this``, say): 1 unless it says otherwise."""
+    return {"$ifNull": [f"{entry}.w", 1]}
+
+
+def _weight_of(holders: Any) -> dict[str, Any]:
+    return {"$sum": {"$map": {"input": holders, "in": _weight("$$this")}}}
+
+
 def _latest_expiry(now: Any) -> dict[str, Any]:
-    """``expiresAt`` of a semaphore's document: its latest permit's expiry, or ``now`` (what the idle
-    cleanup index counts from)."""
+    """``expiresAt`` of the document: its latest permit's expiry, or ``now`` (what the idle cleanup
+    index counts from)."""
     return {"$max": [now, {"$max": {"$map": {"input": "$holders", "in": "$$this.exp"}}}]}
 
 
@@ -1281,9 +1329,10 @@ def _holder_tokens(holders: Any) -> dict[str, Any]:
     return {"$map": {"input": holders, "in": "$$this.o"}}
 
 
-def _new_permit(token: Any, ttl: Any, holder: Any, fence: Any, start: Any = _NOW) -> dict[str, Any]:
+def _new_permit(token: Any, ttl: Any, holder: Any, fence: Any, weight: Any, start: Any = _NOW) -> dict[str, Any]:
     return {
         "o": token,
+        "w": weight,
         "exp": _server_plus(start, ttl),
         "fence": fence,
         "ttlMs": ttl,
@@ -1293,17 +1342,31 @@ def _new_permit(token: Any, ttl: Any, holder: Any, fence: Any, start: Any = _NOW
     }
 
 
-def semaphore_acquire_pipeline(place: PlaceRequest, limit: int, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
-    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder), "limit": limit}
-    return [_values(**values), *_semaphore_acquire_stages(enqueue=enqueue, fair=fair)]
+def _permit_values(place: PlaceRequest, permits: Permits) -> dict[str, Any]:
+    return {
+        "me": place.token,
+        "ttl": place.ttl_ms,
+        "holder": dict(place.holder),
+        "limit": permits.limit,
+        "weight": permits.weight,
+        "kind": permits.kind,
+    }
+
+
+def semaphore_acquire_pipeline(
+    place: PlaceRequest, permits: Permits, *, enqueue: bool, fair: bool
+) -> list[dict[str, Any]]:
+    """The acquire of a permit (a semaphore's or a read-write lock's): see ``_semaphore_acquire_stages``."""
+    return [_values(**_permit_values(place, permits)), *_semaphore_acquire_stages(enqueue=enqueue, fair=fair)]
 
 
 @functools.cache
 def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
-    """Drop expired holders; claim a permit already handed to ``me``, or take one when fewer than
-    the request's ``limit`` are live (and, with ``fair``, no older place waits); else queue."""
+    """Drop expired holders; claim a permit already handed to ``me``, or take one when the live
+    holders' weights leave room for ours under the request's ``limit`` (and, with ``fair``, no
+    older place waits); else queue."""
     me = "$_v.me"
-    my_place = _new_place(me, "$_v.ttl", "$_v.holder")
+    my_place = {**_new_place(me, "$_v.ttl", "$_v.holder"), "w": "$_v.weight"}
     my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
     waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
     renewed_mine = {
@@ -1323,10 +1386,11 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
             },
         }
     }
+    new_permit = _new_permit(me, "$_v.ttl", "$_v.holder", "$_nf", "$_v.weight")
     got_it = {"$or": ["$_claim", "$_take"]}
     return (
         {"$set": {"_now": SERVER_NOW}},
-        {"$set": {"_sane": _SEMAPHORE_SANE}},
+        {"$set": {"_sane": _permits_sane("$_v.kind")}},
         {"$set": {"_q": _live_places(), "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]}}},
         {
             "$set": {
@@ -1334,25 +1398,20 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
                 "_gone": _withdrawn(me),
                 "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
                 "_nf": _NEXT_FENCE,
+                "_room": {"$lte": [{"$add": [_weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
             }
         },
         {
             "$set": {
                 "_claim": {"$and": ["$_sane", "$_mine", {"$not": ["$_gone"]}]},
                 "_take": {
-                    "$and": [
-                        "$_sane",
-                        {"$not": ["$_mine"]},
-                        {"$not": ["$_gone"]},
-                        {"$lt": [{"$size": "$_hs"}, "$_v.limit"]},
-                        {"$eq": ["$_ahead", 0]},
-                    ]
+                    "$and": ["$_sane", {"$not": ["$_mine"]}, {"$not": ["$_gone"]}, "$_room", {"$eq": ["$_ahead", 0]}]
                 },
             }
         },
         {
             "$set": {
-                "kind": {"$cond": ["$_sane", "semaphore", "$kind"]},
+                "kind": {"$cond": ["$_sane", "$_v.kind", "$kind"]},
                 "limit": {"$cond": ["$_sane", "$_v.limit", "$limit"]},
                 "fence": {"$cond": ["$_take", "$_nf", "$fence"]},
                 "holders": {
@@ -1362,7 +1421,7 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
                         {
                             "$cond": [
                                 "$_take",
-                                {"$concatArrays": ["$_hs", [_new_permit(me, "$_v.ttl", "$_v.holder", "$_nf")]]},
+                                {"$concatArrays": ["$_hs", [new_permit]]},
                                 {"$cond": ["$_sane", "$_hs", "$holders"]},
                             ]
                         },
@@ -1385,23 +1444,53 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
 def semaphore_release_pipeline(
     owner: str | None,
     successor: PlaceRequest | None,
+    permits: Permits,
     *,
     fair: bool,
     successor_first: bool,
     leaving: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Return ``owner``'s permit and hand it on, as ``_release_pipeline`` does a lock's lease; with
-    ``leaving``, withdraw those places, and hand on a permit handed to one of them meanwhile."""
-    values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": _stamp()}
+    """Return ``owner``'s permit and hand the weight it frees on, as ``_release_pipeline`` does a
+    lock's lease; with ``leaving``, withdraw those places, and hand on a permit handed to one of
+    them meanwhile."""
+    values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": _stamp(), "kind": permits.kind}
     if successor is not None:
-        values.update(successor=successor.token, successorTtl=successor.ttl_ms, successorHolder=dict(successor.holder))
+        values.update(
+            successor=successor.token,
+            successorTtl=successor.ttl_ms,
+            successorHolder=dict(successor.holder),
+            successorWeight=permits.weight,
+        )
     shape = {"successor": successor is not None, "fair": fair, "successor_first": successor_first}
     return [_values(**values), *_semaphore_release_stages(**shape, leaving=bool(leaving))]
 
 
-# Released owner tokens a semaphore remembers, so that a release sent again after a lost reply
+# Released owner tokens a document remembers, so that a release sent again after a lost reply
 # recognises its own success among the releases of other holders meanwhile.
 _RELEASES_REMEMBERED = 64
+
+
+def _fitting_run(places: Any, room: Any) -> dict[str, Any]:
+    """The longest run of ``places`` from the first whose weights add up to at most ``room``."""
+    fits = {"$and": ["$$value.open", {"$lte": [_weight("$$this"), "$$value.left"]}]}
+    run = {
+        "$reduce": {
+            "input": places,
+            "initialValue": {"left": room, "take": [], "open": True},
+            "in": {
+                "$cond": [
+                    fits,
+                    {
+                        "left": {"$subtract": ["$$value.left", _weight("$$this")]},
+                        "take": {"$concatArrays": ["$$value.take", ["$$this"]]},
+                        "open": True,
+                    },
+                    {"left": "$$value.left", "take": "$$value.take", "open": False},
+                ]
+            },
+        }
+    }
+    return {"$let": {"vars": {"run": run}, "in": "$$run.take"}}
 
 
 @functools.cache
@@ -1409,27 +1498,49 @@ def _semaphore_release_stages(
     *, successor: bool, fair: bool, successor_first: bool, leaving: bool
 ) -> tuple[dict[str, Any], ...]:
     gone: Any = {"$in": ["$$this.o", "$_v.leaving"]} if leaving else {"$eq": ["$$this.o", "$_v.me"]}
-    # Candidates for the freed permit: live places (ours removed), with the successor queued last;
-    # never a token that holds a permit already (the successor's own attempt may have taken one).
+    # Candidates for the freed weight: live places (ours removed), with the successor (a waiting
+    # task of this process) rewritten where it stands or queued last; never a token that holds a
+    # permit already (the successor's own attempt may have taken one).
     candidates: Any = "$_q"
     if successor:
-        successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder")
+        successor_place = {
+            **_new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder"),
+            "w": "$_v.successorWeight",
+        }
         candidates = _with_place("$_q", "$_v.successor", successor_place)
     candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
-    handee: Any = _first_or_null("$_c")
+    order: Any = "$_c"
     if successor and not fair:
         mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
         others = _without("$_c", "$_v.successor")
-        first_of = [mine, others] if successor_first else [others, mine]
-        handee = _first_or_null({"$concatArrays": first_of})
+        order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
     live_places: Any = _live_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
     successor_token = "$_v.successor" if successor else None
-    handed_permit = _new_permit("$_h.t", "$_h.ttlMs", "$_h.holder", "$_nf", start=_not_before("$_h.at", _NOW))
+    handed_permits = {
+        "$map": {
+            "input": {"$range": [0, {"$size": "$_hand"}]},
+            "as": "i",
+            "in": {
+                "$let": {
+                    "vars": {"h": {"$arrayElemAt": ["$_hand", "$$i"]}},
+                    "in": _new_permit(
+                        "$$h.t",
+                        "$$h.ttlMs",
+                        "$$h.holder",
+                        {"$add": ["$_nf", "$$i"]},
+                        _weight("$$h"),
+                        start=_not_before("$$h.at", _NOW),
+                    ),
+                }
+            },
+        }
+    }
+    remote = {"$filter": {"input": _tokens("$_hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
     return (
         {"$set": {"_now": SERVER_NOW}},
-        {"$set": {"_sane": {"$and": [_SEMAPHORE_SANE, {"$eq": ["$kind", "semaphore"]}]}}},
+        {"$set": {"_sane": {"$and": [_permits_sane("$_v.kind"), {"$eq": ["$kind", "$_v.kind"]}]}}},
         {
             "$set": {
                 "_q": live_places,
@@ -1445,28 +1556,29 @@ def _semaphore_release_stages(
         },
         {"$set": {"_held": _holder_tokens("$_rest")}},
         {"$set": {"_c": candidates}},
-        # A freed permit is handed on only while the holders left are under the stored limit (a
-        # lowered limit revokes nobody; the permits above it are not handed on).
-        {"$set": {"_room": {"$lt": [{"$size": "$_rest"}, "$limit"]}}},
-        {"$set": {"_h": {"$cond": [{"$and": ["$_own", "$_room"]}, handee, None]}}},
+        # The freed weight goes to the oldest places that fit under the stored limit (a lowered
+        # limit revokes nobody; the weight above it is not handed on).
         {
             "$set": {
-                "_handed": {"$ne": ["$_h", None]},
-                "_remote": {"$and": [{"$ne": ["$_h", None]}, {"$ne": ["$_h.t", successor_token]}]},
+                "_hand": {
+                    "$cond": [
+                        "$_own",
+                        _fitting_run(order, {"$subtract": ["$limit", _weight_of("$_rest")]}),
+                        [],
+                    ]
+                }
             }
         },
+        {"$set": {"_handed": {"$gt": [{"$size": "$_hand"}, 0]}, "_remote": remote}},
         {
             "$set": {
                 "holders": {
-                    "$cond": [
-                        "$_own",
-                        {"$cond": ["$_handed", {"$concatArrays": ["$_rest", [handed_permit]]}, "$_rest"]},
-                        "$holders",
-                    ]
+                    "$cond": ["$_own", {"$concatArrays": ["$_rest", handed_permits]}, "$holders"],
                 },
-                "fence": {"$cond": ["$_handed", "$_nf", "$fence"]},
-                "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
-                "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
+                "fence": {"$cond": ["$_handed", {"$add": ["$_nf", {"$size": "$_hand"}, -1]}, "$fence"]},
+                "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _NOW, "$handedOffAt"]},
+                # The change stream looks for the tokens of the places handed to (other processes').
+                "handedOffTo": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, "$_remote", "$handedOffTo"]},
                 # What the change stream wakes other processes' waiters with: a value new on every
                 # release that frees a permit without handing it on.
                 "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}]}, "$_v.stamp", "$freed"]},
@@ -1488,7 +1600,18 @@ def _semaphore_release_stages(
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {"$cond": ["$_handed", _without("$_c", "$_h.t"), {"$cond": ["$_own", "$_c", "$_q"]}]},
+                        {
+                            "$cond": [
+                                "$_own",
+                                {
+                                    "$filter": {
+                                        "input": "$_c",
+                                        "cond": {"$not": [{"$in": ["$$this.t", _tokens("$_hand")]}]},
+                                    }
+                                },
+                                "$_q",
+                            ]
+                        },
                     ]
                 },
             }

@@ -44,7 +44,7 @@ from .documents import LockState
 from .errors import LockTimeoutError, ServerUnreachableError
 from .keeper import keeper_for_running_loop
 from .queues import Grant, LocalQueue, PlaceState, Turn, Waiter, existing_queue, join, leave
-from .store import LockStore, PlaceRequest, is_transient
+from .store import LockStore, Permits, PlaceRequest, is_transient
 from .watcher import ReleaseWatcher, watcher_for
 
 logger = logging.getLogger("mongolock_async")
@@ -75,8 +75,8 @@ class AcquireRequest(NamedTuple):
     """The acquire's timeout, for the error that says it passed while MongoDB could not be reached."""
     unreachable_timeout: float | None
     """How long MongoDB may stay unreachable before the acquire raises (None: for ever)."""
-    limit: int | None = None
-    """A semaphore's limit: the request is for one of its permits. None for a lock."""
+    permits: Permits | None = None
+    """What a semaphore's (or read-write lock's) request is for: one of its permits. None for a lock."""
 
     @property
     def ttl_ms(self) -> int:
@@ -99,7 +99,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     watcher = watcher_for(request.store)
     waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for)
     queue = join(
-        request.store, request.name, waiter, token_prefix=watcher.token_prefix, followers=request.limit is None
+        request.store, request.name, waiter, token_prefix=watcher.token_prefix, followers=request.permits is None
     )
     backoff = Backoff(request.retry_base, request.retry_cap)
     attempted = False
@@ -134,7 +134,9 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
         if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
             owner = waiter.grant.owner
             until = deadline_in(request.ttl)
-            spawn(hand_over(request.store, request.name, owner, fair=request.fair, until=until, limit=request.limit))
+            spawn(
+                hand_over(request.store, request.name, owner, fair=request.fair, until=until, permits=request.permits)
+            )
         raise
     finally:
         if leave(queue, waiter):
@@ -145,7 +147,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
                 tokens = queue.tokens()
                 spawn(
                     _withdraw(
-                        queue.store, queue.name, tokens, fair=request.fair, within=request.ttl, limit=request.limit
+                        queue.store, queue.name, tokens, fair=request.fair, within=request.ttl, permits=request.permits
                     )
                 )
 
@@ -182,7 +184,7 @@ async def _attempt(
                 queue.on_taken(Grant(token, result[0].fence_of(token), sent_at, place.ttl_ms), follower=place.follower)
             leave(queue, waiter)
             until = deadline_in(request.ttl)
-            await hand_over(request.store, request.name, token, fair=request.fair, until=until, limit=request.limit)
+            await hand_over(request.store, request.name, token, fair=request.fair, until=until, permits=request.permits)
 
     left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
     try:
@@ -273,7 +275,7 @@ async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_se
         "enqueue": True,
         "fair": request.fair,
         "follower": place.follower,
-        "limit": request.limit,
+        "permits": request.permits,
     }
     if not with_session:
         return await store.try_acquire(*arguments, **options), None
@@ -302,13 +304,13 @@ async def _sleep_until(waiter: Waiter, *moments: float | None) -> None:
 
 
 async def hand_over(
-    store: LockStore, name: str, owner: str, *, fair: bool, until: float, limit: int | None = None
+    store: LockStore, name: str, owner: str, *, fair: bool, until: float, permits: Permits | None = None
 ) -> bool:
     """Release ``owner``'s lease on ``name``, handing it to the next waiter in the same write.
 
     The lease goes to this process's head waiter when there is one (within the streak limit, or in
     its turn with ``fair``), else to the oldest place of another process, else nobody. Returns
-    whether the lease was still live. With ``limit``, ``owner``'s semaphore permit is returned and
+    whether the lease was still live. With ``permits``, ``owner``'s permit is returned and
     handed on the same way. A transient failure is retried with backoff until ``until``
     (monotonic: when the lease expires on the server anyway), which also bounds each request; past
     it the last error is raised. A cancellation waits for the request in flight and propagates.
@@ -320,7 +322,7 @@ async def hand_over(
     while True:
         try:
             return await _hand_over_once(
-                store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at, limit=limit
+                store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at, permits=permits
             )
         except PyMongoError as error:
             delay = backoff.next_delay()
@@ -331,7 +333,9 @@ async def hand_over(
         except _HandedToNobody as handed:
             # Handed to this process's place, but its waiters are gone: pass the lease on, and
             # withdraw the follower place that write queued, or the lease could go to it next.
-            await store.send(store.leave(name, handed.tokens, fair=fair, limit=limit), bound=until - time.monotonic())
+            await store.send(
+                store.leave(name, handed.tokens, fair=fair, permits=permits), bound=until - time.monotonic()
+            )
             return True
 
 
@@ -341,7 +345,7 @@ class _HandedToNobody(Exception):
 
 
 async def _hand_over_once(
-    store: LockStore, name: str, owner: str, *, fair: bool, until: float, first_sent_at: float, limit: int | None
+    store: LockStore, name: str, owner: str, *, fair: bool, until: float, first_sent_at: float, permits: Permits | None
 ) -> bool:
     queue = existing_queue(store, name)
     successor = None
@@ -359,7 +363,7 @@ async def _hand_over_once(
                 successor=successor,
                 fair=fair,
                 successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
-                limit=limit,
+                permits=permits,
             ),
             bound=until - sent_at,
         )
@@ -393,10 +397,10 @@ def deadline_in(seconds: float) -> float:
 
 
 async def _withdraw(
-    store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float, limit: int | None
+    store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float, permits: Permits | None
 ) -> None:
     try:
-        await store.send(store.leave(name, tokens, fair=fair, limit=limit), bound=within)
+        await store.send(store.leave(name, tokens, fair=fair, permits=permits), bound=within)
     except Exception as error:  # best effort: the place expires by itself
         logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, str(error))
 

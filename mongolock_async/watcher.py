@@ -165,6 +165,13 @@ class ReleaseWatcher:
             queue.on_news()  # released (a semaphore: a permit freed): the first waiter tries
         elif operation == "update" and isinstance(fields.get("handedOffTo"), str):
             queue.on_handed_to_place(fields["handedOffTo"], fields.get("fence"))
+        elif operation == "update" and isinstance(fields.get("handedOffTo"), list):
+            # Permits handed to places: with several at once, each has its own fencing token, which
+            # the claim that takes it reads back; alone, the document's is its token.
+            handed = fields["handedOffTo"]
+            for token in handed:
+                if token == queue.slot:
+                    queue.on_handed_to_place(token, fields.get("fence") if len(handed) == 1 else None)
         elif isinstance(fields.get("owner"), str):
             queue.on_handed_to_place(fields["owner"], fields.get("fence"))
 

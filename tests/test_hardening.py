@@ -34,7 +34,7 @@ from mongolock_async import (
 )
 from mongolock_async import store as store_module
 from mongolock_async.documents import LockState
-from mongolock_async.store import LockStore, oldest_wire_version
+from mongolock_async.store import LockStore, Permits, oldest_wire_version
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, set_fail_point
@@ -222,25 +222,25 @@ async def test_a_release_whose_reply_was_lost_is_still_a_release(private_collect
         assert await successor.release()
 
 
-@pytest.mark.parametrize("limit", [None, 2], ids=["lock", "semaphore"])
+@pytest.mark.parametrize("permits", [None, Permits("semaphore", 2)], ids=["lock", "semaphore"])
 async def test_an_attempt_applied_after_its_withdrawal_queues_nothing_and_takes_nothing(
-    lock_collection: Any, limit: int | None
+    lock_collection: Any, permits: Permits | None
 ) -> None:
     # A waiter gives up while its attempt, cut off by the acquire's timeout, is still on its way;
     # the server applies it after the withdrawal. It must not queue a place nobody keeps (the next
     # release would hand the lease to it, idle for a TTL), nor take the lock for nobody.
     store = LockStore(lock_collection, WriteConcern(w="majority"))
-    holders = [f"holder-{index}" for index in range(limit or 1)]
+    holders = [f"holder-{index}" for index in range(permits.limit if permits else 1)]
     for holder in holders:
-        assert (await store.try_acquire("late", holder, 30_000, {}, limit=limit)).holds(holder)
-    await store.leave("late", ["gave-up"], fair=False, limit=limit)
-    state = await store.try_acquire("late", "gave-up", 30_000, {}, enqueue=True, limit=limit)
+        assert (await store.try_acquire("late", holder, 30_000, {}, permits=permits)).holds(holder)
+    await store.leave("late", ["gave-up"], fair=False, permits=permits)
+    state = await store.try_acquire("late", "gave-up", 30_000, {}, enqueue=True, permits=permits)
     assert state.place_of("gave-up") is None and not state.holds("gave-up")
     for holder in holders:
-        assert await store.release("late", holder, limit=limit) is not None
-    state = await store.try_acquire("late", "gave-up", 30_000, {}, enqueue=True, limit=limit)
+        assert await store.release("late", holder, permits=permits) is not None
+    state = await store.try_acquire("late", "gave-up", 30_000, {}, enqueue=True, permits=permits)
     assert not state.holds("gave-up") and state.place_of("gave-up") is None
-    assert (await store.try_acquire("late", "someone-else", 30_000, {}, limit=limit)).holds("someone-else")
+    assert (await store.try_acquire("late", "someone-else", 30_000, {}, permits=permits)).holds("someone-else")
 
 
 async def test_an_attempt_that_queued_a_follower_leaves_nothing_behind_when_its_waiters_give_up(
