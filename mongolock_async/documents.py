@@ -233,7 +233,9 @@ def _permits(value: object, name: str) -> tuple[Permit, ...]:
         if isinstance(fence, bool) or not isinstance(fence, int) or not 0 <= fence < MAX_FENCE:
             raise LockDataError(name, f"{where}.fence", f"holds {_type_name(fence)} {fence!r}, expected a token")
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_PERMITS:
-            raise LockDataError(name, f"{where}.w", f"holds {_type_name(weight)} {weight!r}, expected 1 to {MAX_PERMITS}")
+            raise LockDataError(
+                name, f"{where}.w", f"holds {_type_name(weight)} {weight!r}, expected 1 to {MAX_PERMITS}"
+            )
         permits.append(
             Permit(
                 token=token,
