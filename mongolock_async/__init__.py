@@ -22,11 +22,13 @@ from .hooks import LockHooks
 from .indexes import ensure_idle_cleanup_index
 from .lock import AsyncMongoLock, OnLost
 from .manager import LockManager
+from .rwlock import AsyncMongoRWLock, RWLockHandle
 from .semaphore import AsyncMongoSemaphore
 
 __all__ = [
     "AsyncCollectionLike",
     "AsyncMongoLock",
+    "AsyncMongoRWLock",
     "AsyncMongoSemaphore",
     "LockHooks",
     "LockManager",
@@ -37,6 +39,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "OnLost",
+    "RWLockHandle",
     "ServerTooOldError",
     "ServerUnreachableError",
     "TransactionsUnsupportedError",

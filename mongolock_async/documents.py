@@ -222,7 +222,7 @@ def _permits(value: object, name: str) -> tuple[Permit, ...]:
         where = f"holders.{index}"
         if not isinstance(entry, Mapping):
             raise LockDataError(name, where, f"holds {_type_name(entry)}, expected a holder document")
-        token, fence, ttl_ms, weight = entry.get("o"), entry.get("fence"), entry.get("ttlMs"), entry.get("w", 1)
+        token, fence, ttl_ms, weight = entry.get("o"), entry.get("fence"), entry.get("ttlMs"), entry.get("w")
         if not isinstance(token, str):
             raise LockDataError(name, f"{where}.o", f"holds {_type_name(token)}, expected an owner token")
         expires_at = _date_or_none(entry.get("exp"), name, f"{where}.exp", strict=True)
@@ -232,6 +232,7 @@ def _permits(value: object, name: str) -> tuple[Permit, ...]:
             raise LockDataError(name, f"{where}.exp", f"is {expires_at:%Y-%m-%d}, more than a year ahead")
         if isinstance(fence, bool) or not isinstance(fence, int) or not 0 <= fence < MAX_FENCE:
             raise LockDataError(name, f"{where}.fence", f"holds {_type_name(fence)} {fence!r}, expected a token")
+        weight = 1 if weight is None else weight
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_PERMITS:
             raise LockDataError(
                 name, f"{where}.w", f"holds {_type_name(weight)} {weight!r}, expected 1 to {MAX_PERMITS}"

@@ -81,6 +81,8 @@ class Waiter:
     fresh_for: float
     """How old the place's last write may be for a hand-off to be taken without a claim: the
     handle's safety margin (see ``LocalQueue.on_handed_to_place``)."""
+    weight: int = 1
+    """What it asks for of a semaphore's or read-write lock's limit (a lock's waiters: 1)."""
     turn: Turn = Turn.QUEUED
     attempt_at: float | None = None
     """In ``PLACED`` and ``BACKING_OFF``: when to attempt if no news comes first (None: not set yet)."""
@@ -141,7 +143,7 @@ class LocalQueue:
         if self.slot is None:
             self.slot = self.new_token()
         if not self.followers:
-            return PlaceRequest(self.slot, head.ttl_ms, head.holder)
+            return PlaceRequest(self.slot, head.ttl_ms, head.holder, weight=head.weight)
         if len(self.waiters) > 1 and self.upcoming is None:
             self.upcoming = PlaceRequest(self.new_token(), self.waiters[1].ttl_ms, self.waiters[1].holder)
         follower = self.upcoming if len(self.waiters) > 1 else None

@@ -113,6 +113,8 @@ class PlaceRequest(NamedTuple):
     ttl_ms: int
     holder: Mapping[str, Any]
     follower: PlaceRequest | None = None
+    weight: int = 1
+    """What the place asks for of a semaphore's or read-write lock's limit (see ``Permits``)."""
 
 
 class Permits(NamedTuple):
@@ -693,7 +695,10 @@ class LockStore:
                         {"operationType": "update", "updateDescription.updatedFields.freed": {"$exists": True}},
                         {
                             "operationType": "update",
-                            "updateDescription.updatedFields.handedOffTo": {"$regex": f"^{re.escape(token_prefix)}"},
+                            # One token, or (a read-write lock's readers) several separated by spaces.
+                            "updateDescription.updatedFields.handedOffTo": {
+                                "$regex": f"(^| ){re.escape(token_prefix)}"
+                            },
                         },
                         {"operationType": "replace"},
                     ]
@@ -787,7 +792,8 @@ def _live_places(excluding: str | None = None) -> dict[str, Any]:
         {"$lte": ["$$this.ttlMs", MAX_TTL_MS]},
         {"$gt": ["$$this.exp", _NOW]},
         # A place's weight (a semaphore's or a read-write lock's) is 1 unless it says otherwise.
-        {"$in": [{"$type": "$$this.w"}, ["missing", "int", "long"]]},
+        # ("null" too: the embedded test server types a missing field of $$this as null.)
+        {"$in": [{"$type": "$$this.w"}, ["missing", "null", "int", "long"]]},
     ]
     if excluding is not None:
         conditions.append({"$ne": ["$$this.t", excluding]})
@@ -1247,7 +1253,7 @@ _HOLDER_WELL_FORMED: dict[str, Any] = {
         {"$lt": ["$$this.fence", MAX_FENCE]},
         {
             "$or": [
-                _type_in("$$this.w", "missing"),
+                _type_in("$$this.w", "missing", "null"),
                 {
                     "$and": [
                         _type_in("$$this.w", "int", "long"),
@@ -1459,7 +1465,7 @@ def semaphore_release_pipeline(
             successor=successor.token,
             successorTtl=successor.ttl_ms,
             successorHolder=dict(successor.holder),
-            successorWeight=permits.weight,
+            successorWeight=successor.weight,
         )
     shape = {"successor": successor is not None, "fair": fair, "successor_first": successor_first}
     return [_values(**values), *_semaphore_release_stages(**shape, leaving=bool(leaving))]
@@ -1468,6 +1474,17 @@ def semaphore_release_pipeline(
 # Released owner tokens a document remembers, so that a release sent again after a lost reply
 # recognises its own success among the releases of other holders meanwhile.
 _RELEASES_REMEMBERED = 64
+
+
+def _joined(tokens: Any) -> dict[str, Any]:
+    """``tokens`` in one string, separated by spaces."""
+    return {
+        "$reduce": {
+            "input": tokens,
+            "initialValue": "",
+            "in": {"$cond": [{"$eq": ["$$value", ""]}, "$$this", {"$concat": ["$$value", " ", "$$this"]}]},
+        }
+    }
 
 
 def _fitting_run(places: Any, room: Any) -> dict[str, Any]:
@@ -1577,8 +1594,10 @@ def _semaphore_release_stages(
                 },
                 "fence": {"$cond": ["$_handed", {"$add": ["$_nf", {"$size": "$_hand"}, -1]}, "$fence"]},
                 "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _NOW, "$handedOffAt"]},
-                # The change stream looks for the tokens of the places handed to (other processes').
-                "handedOffTo": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, "$_remote", "$handedOffTo"]},
+                # The change stream looks for the tokens of the places handed to (other processes'),
+                # in one string: a change event reports a changed array element by element
+                # ("handedOffTo.0"), which a filter on the field would miss; a string is reported whole.
+                "handedOffTo": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined("$_remote"), "$handedOffTo"]},
                 # What the change stream wakes other processes' waiters with: a value new on every
                 # release that frees a permit without handing it on.
                 "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}]}, "$_v.stamp", "$freed"]},

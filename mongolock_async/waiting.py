@@ -97,7 +97,8 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     propagates.
     """
     watcher = watcher_for(request.store)
-    waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for)
+    weight = 1 if request.permits is None else request.permits.weight
+    waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for, weight=weight)
     queue = join(
         request.store, request.name, waiter, token_prefix=watcher.token_prefix, followers=request.permits is None
     )

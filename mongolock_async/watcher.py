@@ -29,7 +29,7 @@ from pymongo.errors import InvalidOperation, PyMongoError
 from ._backoff import Backoff
 from ._weak import PerLoop, WeakIdentityMap
 from .queues import LocalQueue, queues_on
-from .store import LockStore
+from .store import PERMIT_KINDS, LockStore
 
 logger = logging.getLogger("mongolock_async")
 
@@ -157,18 +157,16 @@ class ReleaseWatcher:
             fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
         else:
             fields = change.get("fullDocument") or {}
-            if fields.get("kind") == "semaphore":
+            if fields.get("kind") in PERMIT_KINDS:
                 # A whole document does not tell a freed permit from any other write: look again.
                 queue.on_news()
                 return
         if "freed" in fields or ("owner" in fields and fields["owner"] is None):
             queue.on_news()  # released (a semaphore: a permit freed): the first waiter tries
         elif operation == "update" and isinstance(fields.get("handedOffTo"), str):
-            queue.on_handed_to_place(fields["handedOffTo"], fields.get("fence"))
-        elif operation == "update" and isinstance(fields.get("handedOffTo"), list):
-            # Permits handed to places: with several at once, each has its own fencing token, which
-            # the claim that takes it reads back; alone, the document's is its token.
-            handed = fields["handedOffTo"]
+            # Handed to one place, or (a read-write lock's readers) to several at once: then each has
+            # its own fencing token, which the claim that takes it reads back.
+            handed = fields["handedOffTo"].split(" ")
             for token in handed:
                 if token == queue.slot:
                     queue.on_handed_to_place(token, fields.get("fence") if len(handed) == 1 else None)

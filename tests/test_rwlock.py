@@ -1,0 +1,211 @@
+"""AsyncMongoRWLock: many readers or one writer, across OS processes and tasks; writers are not
+starved by readers nor readers by writers; a writer's token is above every token before it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError
+from mongolock_async.testing.clients import TEST_DATABASE
+from tests.conftest import CommandCounter
+
+WORKER = Path(__file__).with_name("rwlock_worker.py")
+PROCESSES, READERS, WRITERS, SECONDS = 4, 4, 1, 4.0
+Section = tuple[str, float, float, int, float]
+"""(mode, entered, left, fencing token, when its acquire began), on the machine's monotonic clock."""
+
+
+def conflicts(sections: list[Section]) -> int:
+    """Pairs of sections that overlapped in time with a writer in the pair."""
+    ordered = sorted(sections, key=lambda section: section[1])
+    found = 0
+    for index, (mode, entered, left, _, _) in enumerate(ordered):
+        for other in ordered[index + 1 :]:
+            if other[1] >= left:
+                break
+            if "write" in (mode, other[0]):
+                found += 1
+    return found
+
+
+def most_readers_at_once(sections: list[Section]) -> int:
+    reads = [section for section in sections if section[0] == "read"]
+    events = sorted([(section[1], 1) for section in reads] + [(section[2], -1) for section in reads])
+    inside = most = 0
+    for _, step in events:
+        inside += step
+        most = max(most, inside)
+    return most
+
+
+def test_the_detectors_count_what_they_should() -> None:
+    read, write = "read", "write"
+    assert conflicts([(read, 0.0, 2.0, 1, 0.0), (read, 1.0, 3.0, 2, 0.0), (write, 3.0, 4.0, 3, 0.0)]) == 0
+    assert conflicts([(read, 0.0, 2.0, 1, 0.0), (write, 1.0, 3.0, 2, 0.0), (read, 2.5, 3.5, 3, 0.0)]) == 2
+    assert most_readers_at_once([(read, 0.0, 2.0, 1, 0.0), (read, 1.0, 3.0, 2, 0.0), (write, 3.0, 4.0, 3, 0.0)]) == 2
+
+
+def run_contention(uri: str, kind: str) -> list[Section]:
+    collection = f"rwlock_{kind}_{uuid.uuid4().hex[:8]}"
+    start_at = time.monotonic() + 3.0  # time for every process to start and connect
+    arguments = [uri, TEST_DATABASE, collection, kind, str(READERS), str(WRITERS), str(SECONDS), str(start_at)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=WORKER.parent.parent,
+        )
+        for _ in range(PROCESSES)
+    ]
+    sections: list[Section] = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        sections += [tuple(json.loads(line)) for line in out.splitlines()]  # type: ignore[misc]
+    return sections
+
+
+@pytest.mark.parametrize("kind", ["real", "broken"])
+def test_never_a_writer_with_anyone_else_across_processes(mongodb_uri: str, kind: str) -> None:
+    sections = run_contention(mongodb_uri, kind)
+    writes = [section for section in sections if section[0] == "write"]
+    assert len(sections) >= 40 and writes, f"too little contention to judge ({len(sections)} sections)"
+    found = conflicts(sections)
+    if kind == "broken":
+        assert found > 0, f"the detector found no writer overlapping anyone in {len(sections)} sections"
+        return
+    assert found == 0, f"{found} overlaps with a writer in {len(sections)} sections"
+    assert most_readers_at_once(sections) >= 2, "readers held the lock together"
+    # A grant's token is above the token of every section that ended before its acquire began.
+    assert len({section[3] for section in sections}) == len(sections), "two grants had one token"
+    for _, _, _, token, asked in sections:
+        before = [earlier[3] for earlier in sections if earlier[2] < asked]
+        assert not before or token > max(before), "a fencing token went down"
+
+
+async def test_a_waiting_writer_holds_new_readers_back(lock_collection: Any) -> None:
+    rw = AsyncMongoRWLock(lock_collection, "index", ttl=10.0)
+    first, second = rw.read(), rw.read()
+    assert await first.acquire(blocking=False) and await second.acquire(blocking=False)
+    writer = rw.write()
+    assert await writer.locked() and not await rw.read().locked()
+    writing = asyncio.create_task(writer.acquire(timeout=10))
+    await asyncio.sleep(0.3)  # the writer's place is queued
+    late = rw.read()
+    assert not await late.acquire(blocking=False), "a reader came in past a waiting writer"
+    reading = asyncio.create_task(late.acquire(timeout=10))
+    await asyncio.sleep(0.2)
+    assert await first.release() and await second.release()
+    assert await writing, "the writer got the lock once the readers in before it left"
+    assert not reading.done(), "the late reader waits for the writer"
+    written = writer.fencing_token
+    assert written is not None and first.fencing_token is None
+    assert await writer.release()
+    assert await reading
+    assert late.fencing_token is not None and late.fencing_token > written
+    assert await late.release()
+
+
+async def test_readers_queued_behind_a_writer_all_get_in_at_its_release(lock_collection: Any) -> None:
+    rw = AsyncMongoRWLock(lock_collection, "batch", ttl=10.0)
+    writer = rw.write()
+    assert await writer.acquire(blocking=False)
+    readers = [rw.read() for _ in range(3)]
+    waiting = [asyncio.create_task(reader.acquire(timeout=10)) for reader in readers]
+    await asyncio.sleep(0.5)
+    assert not any(task.done() for task in waiting)
+    token = writer.fencing_token
+    assert token is not None and await writer.release()
+    assert all(await asyncio.gather(*waiting))
+    tokens = [reader.fencing_token for reader in readers]
+    assert all(t is not None and t > token for t in tokens) and len(set(tokens)) == 3
+    doc = await lock_collection.find_one({"_id": "batch"})
+    assert len(doc["holders"]) == 3, "the three readers hold it together"
+    for reader in readers:
+        assert await reader.release()
+
+
+async def test_a_stream_of_writers_does_not_starve_a_reader(lock_collection: Any) -> None:
+    rw = AsyncMongoRWLock(lock_collection, "busy", ttl=10.0)
+    stop = asyncio.Event()
+    writes = 0
+
+    async def keep_writing() -> None:
+        nonlocal writes
+        while not stop.is_set():
+            async with rw.write():
+                writes += 1
+                await asyncio.sleep(0.05)
+
+    writers = [asyncio.create_task(keep_writing()) for _ in range(3)]
+    await asyncio.sleep(0.5)
+    reader = rw.read()
+    started = time.monotonic()
+    assert await reader.acquire(timeout=10), "the reader got its turn"
+    waited = time.monotonic() - started
+    assert await reader.release()
+    stop.set()
+    await asyncio.gather(*writers)
+    assert writes >= 3, f"the writers wrote ({writes})"
+    assert waited < 10
+
+
+async def test_the_heartbeat_keeps_a_write_and_its_loss_cancels_the_block(lock_collection: Any) -> None:
+    rw = AsyncMongoRWLock(lock_collection, "kept", ttl=1.0, heartbeat=0.3)
+    async with rw.write() as writer:
+        await asyncio.sleep(2.0)  # two TTLs
+        assert await writer.owned()
+    with pytest.raises(LockLostError):
+        async with rw.read():
+            await lock_collection.update_one({"_id": "kept"}, {"$set": {"holders": []}})
+            await asyncio.sleep(5)
+            pytest.fail("the block ran on after its read was lost")
+
+
+async def test_hostile_arguments_are_refused_before_any_io(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    with pytest.raises(TypeError, match="fair"):
+        AsyncMongoRWLock(counted_collection, "bad", fair=True)
+    with pytest.raises(ValueError, match="ttl"):
+        AsyncMongoRWLock(counted_collection, "bad", ttl=-1)
+    with pytest.raises(ValueError, match="name"):
+        AsyncMongoRWLock(counted_collection, "")
+    with pytest.raises(ValueError, match="heartbeat"):
+        AsyncMongoRWLock(counted_collection, "bad", ttl=1.0).write(heartbeat=0.9)
+    assert command_counter.names == []
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [{"holders": [{"o": "x", "w": "heavy", "fence": 1}]}, {"holders": [{"o": "x", "w": 0, "fence": 1}]}],
+    ids=["weight-string", "weight-zero"],
+)
+async def test_documents_edited_by_hand_are_refused(lock_collection: Any, edit: dict[str, Any]) -> None:
+    rw = AsyncMongoRWLock(lock_collection, "edited", ttl=10.0)
+    reader = rw.read()
+    assert await reader.acquire(blocking=False)
+    await lock_collection.update_one({"_id": "edited"}, {"$set": edit})
+    with pytest.raises(LockDataError):
+        await rw.write().acquire(blocking=False)
+    doc = await lock_collection.find_one({"_id": "edited"})
+    assert doc["holders"] == edit["holders"], "nothing was written to the edited document"
+
+
+async def test_a_name_is_of_one_kind(lock_collection: Any) -> None:
+    semaphore = AsyncMongoSemaphore(lock_collection, "shared-name", 2, ttl=10.0)
+    assert await semaphore.acquire(blocking=False)
+    with pytest.raises(LockDataError, match="semaphore, not a read-write lock"):
+        await AsyncMongoRWLock(lock_collection, "shared-name").read().acquire(blocking=False)
+    assert await semaphore.release()
