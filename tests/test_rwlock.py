@@ -28,7 +28,7 @@ def conflicts(sections: list[Section]) -> int:
     """Pairs of sections that overlapped in time with a writer in the pair."""
     ordered = sorted(sections, key=lambda section: section[1])
     found = 0
-    for index, (mode, entered, left, _, _) in enumerate(ordered):
+    for index, (mode, _, left, _, _) in enumerate(ordered):
         for other in ordered[index + 1 :]:
             if other[1] >= left:
                 break
