@@ -1,4 +1,4 @@
-"""Semaphores, reported as ratios and counts measured in one run on one machine.
+"""Semaphores and read-write locks, reported as ratios and counts measured in one run on one machine.
 
 1. Uncontended acquire + release of a semaphore: the requests it sends (command monitoring: it must
    be exactly two), and its wall time against a raw copy of those two requests sent straight
@@ -7,6 +7,10 @@
    acquisitions/s, server round trips per acquisition (change-stream getMores that carried events
    counted apart), the most holders seen at once (sections on the machine's monotonic clock), and
    per-task min/max acquisitions (a starved task shows as a minimum of 0).
+3. A read-heavy read-write lock: 60 readers and 4 writers over 4 processes (50 ms reads, 20 ms
+   writes): readers at once (mean while read, and most), writers' waits (p50, p99) against the
+   longest read section and the hand-off to a writer (the gap between a writer's entry and the
+   last exit before it).
 
     python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300]
 
@@ -17,20 +21,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import secrets
 import socket
+import statistics
+import subprocess
+import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 
 from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
-from bench import ROUND_TRIPS, medians, run_workers
+from bench import ROUND_TRIPS, _percentile, medians, run_workers
 from hot_lock_worker import Requests
 from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoSemaphore
+from mongolock_async._process import die_with_parent
 from mongolock_async.store import PlaceRequest, semaphore_acquire_pipeline, semaphore_release_pipeline
 from mongolock_async.testing.clients import close_client, make_client
 
@@ -110,6 +121,51 @@ def hot(uri: str | None, seconds: float) -> None:
     print(f"acq/s at 64 tasks / at 4 tasks, 4 processes: {rates[4, 64] / rates[4, 4]:4.2f}x")
 
 
+RW_WORKER = Path(__file__).resolve().with_name("rwlock_worker.py")
+
+
+def read_heavy(uri: str | None, seconds: float) -> None:
+    processes, readers, writers, read_ms, write_ms, warmup = 4, 15, 1, 50, 20, 1.0
+    with mongodb(uri) as server:
+        start_at = time.monotonic() + 3.0
+        workers = [
+            subprocess.Popen(
+                [sys.executable, str(RW_WORKER), server, "rw",
+                 str(readers), str(writers), str(warmup), str(seconds), str(start_at), str(read_ms), str(write_ms)],
+                stdout=subprocess.PIPE, text=True, cwd=RW_WORKER.parent.parent, preexec_fn=die_with_parent,
+            )
+            for _ in range(processes)
+        ]  # fmt: skip
+        results = [json.loads(worker.communicate(timeout=warmup + seconds + 120)[0]) for worker in workers]
+    sections = sorted((tuple(section) for result in results for section in result["sections"]), key=lambda s: s[2])
+    reads = [(entered, left) for mode, _, entered, left in sections if mode == "read"]
+    writes = [(asked, entered, left) for mode, asked, entered, left in sections if mode == "write"]
+    events = sorted([(entered, 1) for entered, _ in reads] + [(left, -1) for _, left in reads])
+    inside = most = 0
+    weighted = reading = 0.0
+    for (moment, step), (following, _) in zip(events, [*events[1:], events[-1]], strict=True):
+        inside += step
+        most = max(most, inside)
+        if inside:
+            weighted += inside * (following - moment)
+            reading += following - moment
+    waits = sorted(entered - asked for asked, entered, _ in writes)
+    exits = sorted(left for *_, left in sections)
+    gaps = sorted(
+        entered - max((left for left in exits if left <= entered), default=entered) for _, entered, _ in writes
+    )
+    longest_read = max(left - entered for entered, left in reads)
+    print(
+        f"{processes} processes x ({readers} readers + {writers} writer) | {len(reads)} reads, {len(writes)} writes in "
+        f"{seconds:g} s | readers at once: mean {weighted / max(reading, 1e-9):.1f} while read, most {most}"
+    )
+    print(
+        f"writer wait p50 {statistics.median(waits) * 1000:.0f} ms p99 {_percentile(waits, 99) * 1000:.0f} ms | "
+        f"longest read section {longest_read * 1000:.0f} ms | hand-off to a writer p50 "
+        f"{statistics.median(gaps) * 1000:.1f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
@@ -127,7 +183,8 @@ def main() -> None:
         asyncio.run(uncontended(uri, arguments.cycles))
     print(f"\n== hot semaphore of {LIMIT} permits, 5 ms bodies ==")
     hot(arguments.uri, arguments.seconds)
-
+    print("\n== read-heavy read-write lock ==")
+    read_heavy(arguments.uri, arguments.seconds)
 
 
 if __name__ == "__main__":

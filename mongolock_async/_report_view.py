@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .documents import LockReport, LockState
+from .documents import LockReport, LockState, Place
 
 # The table fits an 80-column terminal; fencing tokens and full times are in `inspect` and --json.
 COLUMNS = ("NAME", "STATE", "HOLDER", "TIME", "WAITING")
@@ -37,21 +37,27 @@ def as_dict(report: LockReport) -> dict[str, Any]:
         return {"name": report.name, "state": "unreadable", "error": str(report.error)}
     semaphore: dict[str, Any] = {}
     if state.limit is not None:
-        semaphore = {
-            "limit": state.limit,
-            "holders": [
-                {
-                    "owner": permit.token,
-                    "holder": dict(permit.holder) if permit.holder else None,
-                    "fencing_token": permit.fencing_token,
-                    "time_left_ms": report.permits_left_ms[permit.token],
-                    "acquired_at": _iso(permit.acquired_at),
-                    "renewed_at": _iso(permit.renewed_at),
-                    "expires_at": _iso(permit.expires_at),
-                }
-                for permit in report.live_permits
-            ],
-        }
+        holders = [
+            {
+                "owner": permit.token,
+                "holder": dict(permit.holder) if permit.holder else None,
+                "fencing_token": permit.fencing_token,
+                "time_left_ms": report.permits_left_ms[permit.token],
+                "acquired_at": _iso(permit.acquired_at),
+                "renewed_at": _iso(permit.renewed_at),
+                "expires_at": _iso(permit.expires_at),
+            }
+            for permit in report.live_permits
+        ]
+        if state.kind == "rwlock":
+            writing = _writing(report, state)
+            semaphore = {
+                "readers": [] if writing else holders,
+                "writer": holders[0] if writing else None,
+                "waiting_writers": sum(place.weight == state.limit for place in state.queue),
+            }
+        else:
+            semaphore = {"limit": state.limit, "holders": holders}
     return {
         "name": state.name,
         "kind": state.kind,
@@ -135,17 +141,34 @@ def print_detail(report: LockReport) -> None:
     print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
 
 
+def _writing(report: LockReport, state: LockState) -> bool:
+    """Whether a read-write lock's live holder is its writer."""
+    return any(permit.weight == state.limit for permit in report.live_permits)
+
+
 def _print_semaphore(report: LockReport, state: LockState) -> None:
     permits = report.live_permits
-    print(f"semaphore {state.name}")
-    print(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
+    if state.kind == "rwlock":
+        print(f"rw lock   {state.name}")
+        held = ("written" if _writing(report, state) else f"read by {len(permits)}") if permits else state_of(report)
+        print(f"state     {held}")
+    else:
+        print(f"semaphore {state.name}")
+        print(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
     print(f"token     {state.fencing_token} (the latest handed out)")
     for permit in permits:
         left = report.permits_left_ms[permit.token] / 1000
         who = holder_text(permit.holder) or "an unlabelled holder"
         print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left, owner {permit.token[:12]}")
-    waiting = [holder_text(place.holder) or place.token[:8] for place in state.queue]
+    waiting = [_waiter(place, state) for place in state.queue]
     print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+
+
+def _waiter(place: Place, state: LockState) -> str:
+    who = holder_text(place.holder) or place.token[:8]
+    if state.kind != "rwlock":
+        return who
+    return f"{who} ({'write' if place.weight == state.limit else 'read'})"
 
 
 def _row(report: LockReport) -> tuple[str, ...]:
@@ -161,7 +184,11 @@ def _row(report: LockReport) -> tuple[str, ...]:
     else:
         time = "" if state.released_at is None else f"since {_short(state.released_at)}"
     holder = holder_text(state.holder) if kind == "held" else ""
-    if state.limit is not None:
+    if state.kind == "rwlock" and report.live_permits:
+        permits = report.live_permits
+        shown = "written" if _writing(report, state) else f"read by {len(permits)}"
+        holder = holder_text(permits[0].holder) if len(permits) == 1 else f"{len(permits)} readers"
+    elif state.limit is not None:
         permits = report.live_permits
         shown = f"{len(permits)}/{state.limit} held" if permits else shown
         holder = holder_text(permits[0].holder) if len(permits) == 1 else (f"{len(permits)} holders" if permits else "")

@@ -39,6 +39,8 @@ class Place(NamedTuple):
     refreshed_at: datetime | None
     """Server time of the last write that added or refreshed the place."""
     holder: Mapping[str, Any]
+    weight: int = 1
+    """What it waits for of a semaphore's or read-write lock's limit (a writer: all of it)."""
 
 
 class Permit(NamedTuple):
@@ -201,6 +203,7 @@ def _place(entry: object) -> Place | None:
         expires_at=_utc(expires_at),
         refreshed_at=_utc(refreshed_at) if isinstance(refreshed_at, datetime) else None,
         holder=_mapping(entry.get("holder")),
+        weight=weight if isinstance(weight := entry.get("w"), int) and not isinstance(weight, bool) else 1,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 from ._collection import AsyncCollectionLike
 from .errors import LockTimeoutError
 from .lock import AsyncMongoLock
+from .rwlock import AsyncMongoRWLock
 from .semaphore import AsyncMongoSemaphore
 
 logger = logging.getLogger("mongolock_async")
@@ -50,6 +51,13 @@ class LockManager:
         """A new handle for one permit of the semaphore ``name`` (at most ``limit`` holders at once),
         with the manager's defaults; see [`AsyncMongoSemaphore`][mongolock_async.AsyncMongoSemaphore]."""
         return AsyncMongoSemaphore(self._collection, name, limit, **self._options(overrides))
+
+    def rwlock(self, name: str, **overrides: Any) -> AsyncMongoRWLock:
+        """The read-write lock ``name`` with the manager's defaults (but ``fair``: a read-write lock
+        always serves in turn); see [`AsyncMongoRWLock`][mongolock_async.AsyncMongoRWLock]."""
+        options = self._options(overrides)
+        options.pop("fair", None)
+        return AsyncMongoRWLock(self._collection, name, **options)
 
     def _options(self, overrides: dict[str, Any]) -> dict[str, Any]:
         options = {**self._defaults, **overrides}

@@ -36,7 +36,7 @@ class AsyncMongoSemaphore(AsyncMongoLock):
     the same write, as a lock's release does.
 
     ``locked()`` says whether every permit is taken (as ``asyncio.Semaphore.locked``). A name is
-    a lock or a semaphore, never both: using it as the other kind raises
+    of one kind (a lock, a semaphore or a read-write lock): using it as another raises
     [`LockDataError`][mongolock_async.LockDataError].
     """
 

@@ -1,5 +1,6 @@
 """Cancelling at each await of acquire and release: only the cancellation surfaces, no lease stays.
-Each test runs with a lock and with a semaphore of one permit (so a contender shows a permit left).
+Each test runs with a lock, a semaphore of one permit and a read-write lock's writer (so a
+contender shows a permit left).
 
 The server is made slow with the ``failCommand`` fail point (``blockConnection``) so the cancel lands
 while a request is in flight.
@@ -14,19 +15,21 @@ from typing import Any
 import anyio
 import pytest
 
-from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore
+from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore
 from tests.conftest import set_fail_point
 
 BLOCK_MS = 600
 Handle = Callable[[Any, str], AsyncMongoLock]
 
 
-@pytest.fixture(params=["lock", "semaphore"])
+@pytest.fixture(params=["lock", "semaphore", "rwlock"])
 def handle(request: pytest.FixtureRequest) -> Handle:
-    """Makes a lock, or a semaphore of one permit, for a collection and name."""
+    """Makes a lock, a semaphore of one permit, or a read-write lock's writer, for a collection and name."""
     if request.param == "lock":
         return lambda collection, name: AsyncMongoLock(collection, name, ttl=30.0)
-    return lambda collection, name: AsyncMongoSemaphore(collection, name, 1, ttl=30.0)
+    if request.param == "semaphore":
+        return lambda collection, name: AsyncMongoSemaphore(collection, name, 1, ttl=30.0)
+    return lambda collection, name: AsyncMongoRWLock(collection, name, ttl=30.0).write()
 
 
 def nothing_held(doc: dict[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, __version__
+from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
 
@@ -432,3 +432,35 @@ def test_semaphores_are_listed_inspected_and_released_by_force(mongodb_uri: str)
     assert after["held"] is False and after["holders"] == []
     wrong = mongolock("release", "pool", "--force", "--yes", "--holder", "x", *where, uri=mongodb_uri)
     assert wrong.returncode == 0 and "nothing to release" in wrong.stdout
+
+
+async def hold_rwlock(uri: str, database: str, collection: str) -> None:
+    """Two readers hold read-write lock "index"; a writer's place waits behind them."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        rw = AsyncMongoRWLock(client[database][collection], "index", ttl=120.0)
+        for label in ("reader-a", "reader-b"):
+            reader = rw.read(label=label)
+            assert await reader.acquire(blocking=False)
+            reader._forget_lease()  # left held, as by a process that is still running elsewhere
+        writer = rw.write(label="writer")
+        assert not await writer.acquire(timeout=0.3)
+    finally:
+        await client.close()
+
+
+def test_read_write_locks_are_listed_inspected_and_released_by_force(mongodb_uri: str) -> None:
+    database, collection = "mongolock_cli", f"rwlocks_{uuid.uuid4().hex[:8]}"
+    where = ("--db", database, "--collection", collection)
+    asyncio.run(hold_rwlock(mongodb_uri, database, collection))
+    listing = mongolock("list", *where, uri=mongodb_uri)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[1].split()[:6] == ["index", "read", "by", "2", "2", "readers"]
+    detail = json.loads(mongolock("inspect", "index", "--json", *where, uri=mongodb_uri).stdout)
+    assert detail["kind"] == "rwlock" and detail["writer"] is None
+    assert [reader["holder"]["label"] for reader in detail["readers"]] == ["reader-a", "reader-b"]
+    text = mongolock("inspect", "index", *where, uri=mongodb_uri).stdout
+    assert "state     read by 2" in text and "reader-a (" in text
+    forced = json.loads(mongolock("release", "index", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout)
+    assert forced["released"] is True and len(forced["broken"]) == 2
+    assert json.loads(mongolock("inspect", "index", "--json", *where, uri=mongodb_uri).stdout)["readers"] == []
