@@ -42,10 +42,11 @@ from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoSemaphore
 from mongolock_async._process import die_with_parent
-from mongolock_async.store import PlaceRequest, semaphore_acquire_pipeline, semaphore_release_pipeline
+from mongolock_async.store import Permits, PlaceRequest, semaphore_acquire_pipeline, semaphore_release_pipeline
 from mongolock_async.testing.clients import close_client, make_client
 
 LIMIT = 4
+PERMITS = Permits("semaphore", LIMIT)
 
 
 async def uncontended(uri: str, cycles: int) -> None:
@@ -66,13 +67,13 @@ async def uncontended(uri: str, cycles: int) -> None:
             place = PlaceRequest(owner, 30_000, holder)
             await collection.find_one_and_update(
                 {"_id": "raw"},
-                semaphore_acquire_pipeline(place, LIMIT, enqueue=True, fair=False),
+                semaphore_acquire_pipeline(place, PERMITS, enqueue=True, fair=False),
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
             await collection.find_one_and_update(
                 {"_id": "raw", "holders.o": owner},
-                semaphore_release_pipeline(owner, None, fair=False, successor_first=True),
+                semaphore_release_pipeline(owner, None, PERMITS, fair=False, successor_first=True),
                 return_document=ReturnDocument.AFTER,
             )
 
