@@ -50,11 +50,11 @@ class AsyncMongoRWLock:
 
     def read(self, **overrides: Any) -> RWLockHandle:
         """A new handle for reading (``overrides`` set handle options for it)."""
-        return RWLockHandle(self._collection, self._name, "read", self._ttl, **{**self._options, **overrides})
+        return RWLockHandle(self._collection, self._name, "read", **{"ttl": self._ttl, **self._options, **overrides})
 
     def write(self, **overrides: Any) -> RWLockHandle:
         """A new handle for writing (``overrides`` set handle options for it)."""
-        return RWLockHandle(self._collection, self._name, "write", self._ttl, **{**self._options, **overrides})
+        return RWLockHandle(self._collection, self._name, "write", **{"ttl": self._ttl, **self._options, **overrides})
 
 
 class RWLockHandle(AsyncMongoLock):
@@ -65,7 +65,12 @@ class RWLockHandle(AsyncMongoLock):
     does."""
 
     def __init__(
-        self, collection: AsyncCollectionLike, name: str, mode: Literal["read", "write"], ttl: float, **options: Any
+        self,
+        collection: AsyncCollectionLike,
+        name: str,
+        mode: Literal["read", "write"],
+        ttl: float = 30.0,
+        **options: Any,
     ) -> None:
         if mode not in ("read", "write"):
             raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError
+from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
+from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter
 
@@ -209,3 +211,30 @@ async def test_a_name_is_of_one_kind(lock_collection: Any) -> None:
     with pytest.raises(LockDataError, match="semaphore, not a read-write lock"):
         await AsyncMongoRWLock(lock_collection, "shared-name").read().acquire(blocking=False)
     assert await semaphore.release()
+
+
+async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_collection: Any) -> None:
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    rw = AsyncMongoRWLock(lock_collection, "fenced", ttl=10.0)
+    tokens: list[int] = []
+
+    async def take(handle: RWLockHandle) -> RWLockHandle:
+        assert await handle.acquire(timeout=5)
+        assert handle.fencing_token is not None
+        tokens.append(handle.fencing_token)
+        return handle
+
+    assert await (await take(rw.write())).release()  # released
+    dead = await take(rw.write(ttl=0.3))
+    dead._forget_lease()  # never released, as by a killed process: the writer's hold expires
+    await asyncio.sleep(0.4)
+    reader = await take(rw.read())  # taken over after the expiry
+    forced = await store.force_release("fenced")  # an operator breaks it
+    assert forced is not None and [permit[2] for permit in forced.permits] == tokens[-1:]
+    reader._forget_lease()
+    writer = await take(rw.write())
+    writer._forget_lease()
+    await lock_collection.delete_one({"_id": "fenced"})  # purged by the idle-cleanup index
+    await asyncio.sleep(0.01)
+    await take(rw.write())
+    assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
