@@ -42,6 +42,8 @@ class Faults:
 
     injected: Counter[str] = field(default_factory=Counter)
     down_seconds: float = 0.0
+    log: list[tuple[datetime, str]] = field(default_factory=list)
+    """When each fault began (UTC), for the description of an overlap."""
 
 
 def inject_faults(server: EmbeddedMongo, until: float, faults: Faults) -> None:
@@ -52,6 +54,7 @@ def inject_faults(server: EmbeddedMongo, until: float, faults: Faults) -> None:
             return
         kind = random.choice(["crash", "restart", "pause", "pause", "network", "not-primary", "unacknowledged", "slow"])
         faults.injected[kind] += 1
+        faults.log.append((datetime.now(UTC), kind))
         started = time.monotonic()
         if kind == "crash":
             server.kill()
@@ -127,13 +130,31 @@ def judge(sections: list[list[Any]]) -> tuple[list[tuple[list[Any], list[Any]]],
     return overlaps, regressions
 
 
-def describe(overlap: tuple[list[Any], list[Any]]) -> str:
+def describe(overlap: tuple[list[Any], list[Any]], server: EmbeddedMongo, faults: Faults) -> str:
+    """The two sections, the faults injected around them, and every write to their name in the
+    server's oplog from a few seconds before the first one's token to the second one's."""
     earlier, later = overlap
-    return (
+    lines = [
         f"  {earlier[0]}: token {earlier[3]} left {earlier[2] - later[1]:.3f} s after token {later[3]} entered; "
         f"it left {earlier[6]:+.3f} s from its local deadline (lost: {earlier[5]}, its fenced write refused: "
         f"{earlier[4]}); the later section's write refused: {later[4]}"
-    )
+    ]
+    # Tokens are the server's clock in microseconds when they were handed out (or just above it).
+    begin = datetime.fromtimestamp(earlier[3] / 1e6 - 5, UTC)
+    end = datetime.fromtimestamp(later[3] / 1e6 + 1, UTC)
+    lines += [f"    fault {moment:%H:%M:%S.%f}: {kind}" for moment, kind in faults.log if begin <= moment <= end]
+    try:
+        with MongoClient(server.uri, serverSelectionTimeoutMS=10_000) as client:
+            entries = client.local["oplog.rs"].find(
+                {"$or": [{"o._id": earlier[0]}, {"o2._id": earlier[0]}], "wall": {"$gte": begin, "$lte": end}}
+            )
+            for entry in entries:
+                document = entry.get("o", {})
+                fields = {key: document.get(key) for key in ("owner", "expiresAt", "fence", "releasedOwner")}
+                lines.append(f"    oplog {entry.get('wall')} {entry.get('op')} {fields} {str(document)[:300]}")
+    except Exception as error:  # diagnostics only: the overlap is reported either way
+        lines.append(f"    (the oplog could not be read: {error})")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -178,7 +199,7 @@ def main() -> None:
             flush=True,
         )
         for overlap in overlap_list:
-            print(describe(overlap), flush=True)
+            print(describe(overlap, server, faults), flush=True)
         control_counts, control_sections, _ = run("broken", server, arguments, arguments.control_seconds, None)
         control_overlap_list, control_regressions = judge(control_sections)
         control_overlaps = len(control_overlap_list)
