@@ -1235,7 +1235,7 @@ def is_transient(error: PyMongoError) -> bool:
 #
 # One document per name: {_id, kind: "semaphore" | "rwlock", limit, fence, expiresAt,
 # holders: [{o: <token>, w: <weight>, exp, fence, ttlMs, holder, at, renewedAt, r}],
-# queue: [places, as a lock's, with their weight w], handedOffTo: [tokens], handedOffAt, freed,
+# queue: [places, as a lock's, with their weight w], handedOffTo: "<token> <token> ...", handedOffAt, freed,
 # releasedAt, releasedOwners, withdrawn}. Holders' weights add up to at most ``limit``: a
 # semaphore's permits weigh 1; a read-write lock's readers 1 and a writer the whole limit. Each
 # holder has its own fencing token, from the document's one counter. A release hands the weight it
