@@ -9,9 +9,9 @@ no pooled connection is torn down mid-request.
 
 Any failure (the collection dropped or renamed, the stream ending, a timeout, resumable errors the
 driver could not resume, non-resumable errors, no replica set) closes it; it is reopened with
-backoff while anyone waits, and waiters rely on their own backoff meanwhile. Every time it opens
-without a start position, all heads are woken to try again, so nothing missed while it was down
-goes unnoticed.
+backoff while anyone waits, and waiters rely on their own backoff meanwhile. Every time it opens,
+all heads are woken to try again, so nothing missed before it opened (while it was down, or
+before a start position a server set too late) goes unnoticed.
 """
 
 from __future__ import annotations
@@ -95,8 +95,13 @@ class ReleaseWatcher:
                         token_prefix=self.token_prefix, max_await_ms=max_await_ms, start_at=start_at
                     )
                     self._failing_until = 0.0
-                    if start_at is None:
-                        self._wake_all()  # (re)opened at "now": what happened before is looked at again
+                    # Every head looks again once the stream is open: opened at "now", it missed
+                    # what came before. Opened at an attempt's operationTime, it may have too:
+                    # mongod answers a write with that write's own optime (computeOperationTime in
+                    # src/mongo/db/service_entry_point_common.cpp), but a server that answers with
+                    # its latest cluster time (the embedded test server does) starts the stream
+                    # past writes that followed ours, such as the hand-off to our place.
+                    self._wake_all()
                     start_at = self._start_at = None
                     while stream.alive:
                         change = await stream.try_next()

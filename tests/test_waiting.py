@@ -343,6 +343,45 @@ async def test_no_release_is_missed_before_the_stream_starts(driver: str, privat
         await close_client(waiter_client)
 
 
+async def test_no_hand_off_is_missed_when_the_stream_starts_past_it(
+    driver: str, private_server: EmbeddedMongo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mongod answers a write with that write's own optime, but a server may answer with its latest
+    # cluster time (the embedded one does, under concurrent writes): a stream started there begins
+    # past a hand-off that followed the attempt. Here the stream starts after the hand-off.
+    holder_client = make_client(driver, private_server.uri)
+    waiter_client = make_client(driver, private_server.uri)
+    asked: list[tuple[watcher_module.ReleaseWatcher, LockStore]] = []
+    start_stream = watcher_module.ReleaseWatcher.cover_from
+
+    def start_nothing_yet(self: watcher_module.ReleaseWatcher, store: LockStore, operation_time: Any) -> bool:
+        asked.append((self, store))
+        return True
+
+    monkeypatch.setattr(watcher_module.ReleaseWatcher, "cover_from", start_nothing_yet)
+    try:
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE]["locks"], "late", ttl=60.0)
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE]["locks"], "late", ttl=60.0, **PATIENT)
+        assert await holder.acquire()
+        waiting = asyncio.create_task(waiter.acquire(timeout=30))
+        while not asked:  # noqa: ASYNC110 - waits for the waiter's place
+            await asyncio.sleep(0.01)
+        assert await holder.release()
+        handed = await holder_client[TEST_DATABASE]["locks"].find_one({"_id": "late"})
+        assert handed["owner"] is not None, "the release handed the lease to the waiter's place"
+        watcher, store = asked[0]
+        async with store.session() as session:
+            await waiter_client[TEST_DATABASE]["elsewhere"].insert_one({}, session=session)
+            after_the_hand_off = session.operation_time
+        monkeypatch.undo()
+        assert start_stream(watcher, store, after_the_hand_off)
+        assert await asyncio.wait_for(waiting, 10), "the hand-off before the stream's start was missed"
+        assert await waiter.release()
+    finally:
+        await close_client(holder_client)
+        await close_client(waiter_client)
+
+
 async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
     mongodb_uri: str, lock_collection: Any
 ) -> None:
