@@ -1517,7 +1517,9 @@ def _semaphore_release_stages(
     gone: Any = {"$in": ["$$this.o", "$_v.leaving"]} if leaving else {"$eq": ["$$this.o", "$_v.me"]}
     # Candidates for the freed weight: live places (ours removed), with the successor (a waiting
     # task of this process) rewritten where it stands or queued last; never a token that holds a
-    # permit already (the successor's own attempt may have taken one).
+    # permit already (the successor's own attempt may have taken one), nor one that held a permit
+    # and returned it, or gave up waiting: a release that was delayed past those would hand a
+    # permit to nobody, which then stayed idle for its whole TTL.
     candidates: Any = "$_q"
     if successor:
         successor_place = {
@@ -1571,7 +1573,17 @@ def _semaphore_release_stages(
                 "_rest": {"$filter": {"input": "$_hs", "cond": {"$not": [gone]}}},
             }
         },
-        {"$set": {"_held": _holder_tokens("$_rest")}},
+        {
+            "$set": {
+                "_held": {
+                    "$concatArrays": [
+                        _holder_tokens("$_rest"),
+                        {"$cond": [{"$isArray": "$releasedOwners"}, "$releasedOwners", []]},
+                        {"$cond": [{"$isArray": "$withdrawn"}, "$withdrawn", []]},
+                    ]
+                }
+            }
+        },
         {"$set": {"_c": candidates}},
         # The freed weight goes to the oldest places that fit under the stored limit (a lowered
         # limit revokes nobody; the weight above it is not handed on).

@@ -16,7 +16,7 @@ import pytest
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockDataError, LockLostError
-from mongolock_async.store import LockStore
+from mongolock_async.store import LockStore, Permits, PlaceRequest
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter
 
@@ -229,3 +229,22 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_co
     await asyncio.sleep(0.01)
     await take()
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
+
+
+async def test_a_late_release_hands_no_permit_to_a_token_that_is_done(lock_collection: Any) -> None:
+    # A release of this process names its first waiter's place as the successor. If that waiter
+    # took a permit by its own attempt meanwhile, and already returned it (or gave up waiting), a
+    # release arriving late must not hand it a permit: nobody would use it until it expired.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    permits = Permits("semaphore", 2)
+    holder = {"host": "test", "pid": 1, "label": None}
+    assert (await store.try_acquire("late", "held", 10_000, holder, permits=permits)).holds("held")
+    assert (await store.try_acquire("late", "done", 10_000, holder, permits=permits)).holds("done")
+    assert await store.release("late", "done", permits=permits) is not None
+    await store.leave("late", ["gave-up"], fair=False, permits=permits)
+    for finished in ("done", "gave-up"):
+        assert (await store.try_acquire("late", "again", 10_000, holder, permits=permits)).holds("again")
+        successor = PlaceRequest(finished, 10_000, holder)
+        state = await store.release("late", "again", successor=successor, permits=permits)
+        assert state is not None and not state.holds(finished), f"a permit went to {finished!r}, which is done"
+        assert state.queue == (), "nor does it wait in the queue"
