@@ -216,17 +216,19 @@ class LocalQueue:
             self._move(waiter, Turn.DUE)
 
     def on_attempt_failed(
-        self, waiter: Waiter, place: PlaceRequest, error: Exception, now: float, *, maybe_applied: bool
+        self, waiter: Waiter, place: PlaceRequest, error: Exception, now: float, *, maybe_applied: bool, outage: bool
     ) -> None:
         """The attempt failed in transit: ATTEMPTING -> BACKING_OFF (scheduled by the caller), and
-        the outage clock runs. If the server may have applied it, the place (and the follower it
-        records, or queues with the lease) may be there: UNCERTAIN."""
+        with ``outage`` the outage clock runs (not for a slow answer while others came). If the
+        server may have applied it, the place (and the follower it records, or queues with the
+        lease) may be there: UNCERTAIN."""
         if maybe_applied:
             self.place = PlaceState.UNCERTAIN
             self.place_follower = place.follower or self.place_follower
-        if self.failing_since is None:
-            self.failing_since = now
-        self.last_error = error
+        if outage:
+            if self.failing_since is None:
+                self.failing_since = now
+            self.last_error = error
         waiter.in_session = False
         if waiter.turn is Turn.ATTEMPTING:
             waiter.attempt_at = None

@@ -35,6 +35,7 @@ import functools
 import logging
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
@@ -164,6 +165,8 @@ class LockStore:
         self.client: Any = collection.database.client
         self.full_name: str = collection.full_name
         self.write_concern = write_concern
+        self.answered_at = 0.0
+        """Monotonic time at which a request of this store last got an answer (see ``send``)."""
 
     @functools.cached_property
     def _majority_reads(self) -> Any:
@@ -181,13 +184,16 @@ class LockStore:
         """Run one of this store's requests to completion within ``bound`` seconds, whatever happens
         to the caller (see :func:`~mongolock_async._shield.run_shielded`); past the bound it raises
         ``RequestTimeout``. While the client knows no server to write to, a request still waiting
-        after :data:`NO_SERVER_WARNING_AFTER` seconds logs a warning saying so: no silent waits."""
+        after :data:`NO_SERVER_WARNING_AFTER` seconds logs a warning saying so: no silent waits.
+        An answer sets ``answered_at``."""
         warning = None
         if bound > NO_SERVER_WARNING_AFTER and not _writable_server_known(self.client):
             loop = asyncio.get_running_loop()
             warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, self.client, bound)
         try:
-            return await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
+            result = await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
+            self.answered_at = time.monotonic()
+            return result
         except RequestTimeout as timeout:
             if _writable_server_known(self.client):
                 raise

@@ -40,6 +40,7 @@ from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from ._backoff import Backoff
 from ._diagnosis import cause_of
+from ._shield import RequestTimeout
 from .documents import LockState
 from .errors import LockTimeoutError, ServerUnreachableError
 from .keeper import keeper_for_running_loop
@@ -199,8 +200,12 @@ async def _attempt(
         # raises the first attempt's error instead: pymongo/asynchronous/mongo_client.py,
         # _ClientConnectionRetryable.run).
         sent = not isinstance(error, ServerSelectionTimeoutError)
-        queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent)
-        _warn_retrying(request.name, error)
+        # A request that got no answer in time while others did met a slow server, not an outage:
+        # an acquire whose timeout cut it off timed out, as under a busy lock.
+        slow = isinstance(error, RequestTimeout) and request.store.answered_at > sent_at
+        queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent, outage=not slow)
+        if not slow:
+            _warn_retrying(request.name, error)
         return
     queue.on_answered()
     if waiter.turn is Turn.GRANTED or queue.slot != token:

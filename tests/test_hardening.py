@@ -105,6 +105,23 @@ async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
         await close_client(client)
 
 
+async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(private_collection: Any) -> None:
+    # Under load an attempt can take longer than what is left of a short timeout, while the server
+    # answers other requests: the acquire timed out, as under a busy lock (a web helper's 429), and
+    # does not say MongoDB could not be reached (its 503).
+    holder = AsyncMongoLock(private_collection, "slow", ttl=30.0)
+    assert await holder.acquire()
+    waiter = AsyncMongoLock(private_collection, "slow", ttl=30.0)
+    await set_fail_point(
+        private_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=3000
+    )
+    waiting = asyncio.create_task(waiter.acquire(timeout=1.0))
+    await asyncio.sleep(0.3)  # the waiter's attempt is the one held back
+    await holder.extend()  # another request gets its answer meanwhile
+    assert await waiting is False
+    assert await holder.release()
+
+
 async def test_a_release_returns_within_the_lease_while_the_server_hangs(
     driver: str, private_server: EmbeddedMongo
 ) -> None:
