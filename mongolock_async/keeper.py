@@ -187,7 +187,7 @@ class LeaseKeeper:
                 continue  # the place changed meanwhile
             if alive is None:
                 queue.on_place_confirmed(sent_at)
-            elif queue.name not in alive:
+            elif slot not in alive:
                 queue.on_place_gone()
 
 

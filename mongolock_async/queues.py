@@ -1,6 +1,7 @@
-"""The tasks of this process waiting for a lock, per event loop and lock name, in arrival order, and
-the two state types of waiting: where a task's blocked acquire stands (``Turn``), and where this
-process's place in the queue stored with the lock stands (``PlaceState``).
+"""The tasks of this process waiting for a lock, per event loop, lock name and weight (a read-write
+lock's readers apart from its writers), in arrival order, and the two state types of waiting: where
+a task's blocked acquire stands (``Turn``), and where this process's place in the queue stored with
+the lock stands (``PlaceState``).
 
 Every transition is a method of ``LocalQueue``, named after what triggers it; the diagram is in
 docs/design.md ("The states of a blocked acquire"). Nothing here sends a request: ``waiting``
@@ -23,9 +24,11 @@ from typing import Any, NamedTuple
 from ._weak import PerLoop
 from .store import LockStore, PlaceRequest
 
-QueueKey = tuple[int, str, str]
-"""(id of the client, collection full name, lock name). A queue holds its store, so the client it
-names stays alive, and its id unique, for as long as the queue is registered."""
+QueueKey = tuple[int, str, str, int]
+"""(id of the client, collection full name, lock name, weight). A queue holds its store, so the
+client it names stays alive, and its id unique, for as long as the queue is registered. Waiters of
+one weight queue together (a read-write lock's readers apart from its writers), so that a place,
+which asks for one weight, is never the place of a waiter that wants another."""
 
 
 class Turn(enum.Enum):
@@ -95,7 +98,8 @@ class Waiter:
 
 
 class LocalQueue:
-    """The tasks of one event loop waiting for one lock name, and this process's place for them."""
+    """The tasks of one event loop waiting for one lock name with one weight, and this process's
+    place for them."""
 
     def __init__(self, store: LockStore, name: str, key: QueueKey, token_prefix: str, *, followers: bool) -> None:
         self.store = store
@@ -316,13 +320,13 @@ _queues: PerLoop[dict[QueueKey, LocalQueue]] = PerLoop(dict)
 """The running loop's queues, by key."""
 
 
-def queue_key(store: LockStore, name: str) -> QueueKey:
-    return (id(store.client), store.full_name, name)
+def queue_key(store: LockStore, name: str, weight: int) -> QueueKey:
+    return (id(store.client), store.full_name, name, weight)
 
 
-def existing_queue(store: LockStore, name: str) -> LocalQueue | None:
-    """The running loop's queue for ``name``, if anyone waits for it."""
-    return _queues.get().get(queue_key(store, name))
+def existing_queue(store: LockStore, name: str, weight: int) -> LocalQueue | None:
+    """The running loop's queue for ``name`` and ``weight``, if anyone waits in it."""
+    return _queues.get().get(queue_key(store, name, weight))
 
 
 def queues_on(client_id: int, full_name: str) -> list[LocalQueue]:
@@ -331,9 +335,10 @@ def queues_on(client_id: int, full_name: str) -> list[LocalQueue]:
 
 
 def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str, followers: bool = True) -> LocalQueue:
-    """Queue ``waiter`` last for ``name``, creating the queue if needed (``followers``: see ``LocalQueue``)."""
+    """Queue ``waiter`` last for ``name`` among the waiters of its weight, creating the queue if
+    needed (``followers``: see ``LocalQueue``)."""
     queues = _queues.get()
-    key = queue_key(store, name)
+    key = queue_key(store, name, waiter.weight)
     queue = queues.get(key)
     if queue is None:
         queue = queues[key] = LocalQueue(store, name, key, token_prefix, followers=followers)

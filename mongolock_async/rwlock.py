@@ -27,9 +27,9 @@ class AsyncMongoRWLock:
     Waiting readers and writers are served first come, first served, across processes: a writer
     waits for the readers in before it, and readers that come after a waiting writer wait for it
     (*writer preference*: a stream of readers cannot starve a writer). When a writer releases, the
-    lock goes to the next waiter, and if that is a reader, to every reader queued before the next
-    writer, in the same write: a stream of writers cannot starve readers either, since each reader
-    is served in its turn.
+    lock goes to the next waiter, and if that is a reader, to every reader place queued before the
+    next writer, in the same write: a stream of writers cannot starve readers either, since each
+    reader is served in its turn.
 
     Fencing: every grant gets its own token from the one counter of the name; a writer's is above
     every token handed out before it, to readers and writers alike. At most 10,000 readers at once.

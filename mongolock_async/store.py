@@ -428,7 +428,7 @@ class LockStore:
         """Push back the expiry of each queue place ``(name, token, ttl_ms)``.
 
         One request, like ``renew``. Returns None if every place was there to be refreshed,
-        else the names that still hold one: a place that is gone (expired and pruned, or its turn
+        else the tokens of those still there: a place that is gone (expired and pruned, or its turn
         came) is missing, and its waiter must queue again.
         """
         requests = [
@@ -440,10 +440,11 @@ class LockStore:
         tokens = {token for _, token, _ in places}
         cursor = self._collection.find({"_id": {"$in": [name for name, _, _ in places]}}, {"queue": 1})
         return {
-            doc["_id"]
+            entry["t"]
             for doc in await cursor.to_list(None)
             if isinstance(doc.get("queue"), list)
-            and any(isinstance(entry, Mapping) and entry.get("t") in tokens for entry in doc["queue"])
+            for entry in doc["queue"]
+            if isinstance(entry, Mapping) and entry.get("t") in tokens
         }
 
     # -- reads ------------------------------------------------------------------------------------

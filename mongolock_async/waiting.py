@@ -353,7 +353,7 @@ class _HandedToNobody(Exception):
 async def _hand_over_once(
     store: LockStore, name: str, owner: str, *, fair: bool, until: float, first_sent_at: float, permits: Permits | None
 ) -> bool:
-    queue = existing_queue(store, name)
+    queue = existing_queue(store, name, 1 if permits is None else permits.weight)
     successor = None
     if queue is not None and queue.waiters:
         # Named even while the first waiter's own attempt is in flight: both carry the same tokens,

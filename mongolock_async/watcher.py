@@ -152,31 +152,35 @@ class ReleaseWatcher:
             self._wake_all()  # drop, rename, dropDatabase, invalidate: look at everything again
             return
         name = (change.get("documentKey") or {}).get("_id")
-        queue = next((queue for queue in self._queues() if queue.name == name), None)
-        if queue is None:
-            return
-        if operation == "delete":
+        for queue in self._queues():
+            if queue.name == name:
+                _report(queue, operation, change)
+
+
+def _report(queue: LocalQueue, operation: str, change: dict[str, Any]) -> None:
+    """Tell ``queue`` what a change to its lock's document means for its waiters."""
+    if operation == "delete":
+        queue.on_news()
+        return
+    if operation == "update":
+        fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+    else:
+        fields = change.get("fullDocument") or {}
+        if fields.get("kind") in PERMIT_KINDS:
+            # A whole document does not tell a freed permit from any other write: look again.
             queue.on_news()
             return
-        if operation == "update":
-            fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
-        else:
-            fields = change.get("fullDocument") or {}
-            if fields.get("kind") in PERMIT_KINDS:
-                # A whole document does not tell a freed permit from any other write: look again.
-                queue.on_news()
-                return
-        if "freed" in fields or ("owner" in fields and fields["owner"] is None):
-            queue.on_news()  # released (a semaphore: a permit freed): the first waiter tries
-        elif operation == "update" and isinstance(fields.get("handedOffTo"), str):
-            # Handed to one place, or (a read-write lock's readers) to several at once: then each has
-            # its own fencing token, which the claim that takes it reads back.
-            handed = fields["handedOffTo"].split(" ")
-            for token in handed:
-                if token == queue.slot:
-                    queue.on_handed_to_place(token, fields.get("fence") if len(handed) == 1 else None)
-        elif isinstance(fields.get("owner"), str):
-            queue.on_handed_to_place(fields["owner"], fields.get("fence"))
+    if "freed" in fields or ("owner" in fields and fields["owner"] is None):
+        queue.on_news()  # released (a semaphore: a permit freed): the first waiter tries
+    elif operation == "update" and isinstance(fields.get("handedOffTo"), str):
+        # Handed to one place, or (a read-write lock's readers) to several at once: then each has
+        # its own fencing token, which the claim that takes it reads back.
+        handed = fields["handedOffTo"].split(" ")
+        for token in handed:
+            if token == queue.slot:
+                queue.on_handed_to_place(token, fields.get("fence") if len(handed) == 1 else None)
+    elif isinstance(fields.get("owner"), str):
+        queue.on_handed_to_place(fields["owner"], fields.get("fence"))
 
 
 _watchers: WeakIdentityMap[Any, PerLoop[dict[str, ReleaseWatcher]]] = WeakIdentityMap()

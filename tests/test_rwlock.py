@@ -17,7 +17,7 @@ from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
 from mongolock_async.store import LockStore
-from mongolock_async.testing.clients import TEST_DATABASE
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter
 
 WORKER = Path(__file__).with_name("rwlock_worker.py")
@@ -238,3 +238,26 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_co
     await asyncio.sleep(0.01)
     await take(rw.write())
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
+
+
+async def test_a_writer_never_waits_in_a_readers_place(driver: str, mongodb_uri: str, lock_collection: Any) -> None:
+    # A reader of this process waits (its place, weighing one reader, is stored) and a writer of the
+    # same process queues behind it. When the reader gives up, the writer must not inherit that
+    # place: a hand-off to it would grant a reader's weight, and readers would come in beside the writer.
+    other = make_client(driver, mongodb_uri)
+    try:
+        elsewhere = AsyncMongoRWLock(other[TEST_DATABASE][lock_collection.name], "index", ttl=10.0)
+        held = elsewhere.write()
+        assert await held.acquire(blocking=False)
+        rw = AsyncMongoRWLock(lock_collection, "index", ttl=10.0, retry_base=60.0, retry_cap=60.0)
+        reader, writer = rw.read(), rw.write()
+        reading = asyncio.create_task(reader.acquire(timeout=1.0))
+        await asyncio.sleep(0.3)  # the reader's place is stored
+        writing = asyncio.create_task(writer.acquire(timeout=10))
+        assert await reading is False
+        assert await held.release()
+        assert await writing
+        assert not await elsewhere.read().acquire(blocking=False), "a reader came in beside the writer"
+        assert await writer.release()
+    finally:
+        await close_client(other)
