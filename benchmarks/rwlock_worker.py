@@ -2,7 +2,9 @@
 lock until a deadline. Prints one JSON object: each section's (mode, asked, entered, left) on the
 machine's shared monotonic clock, and the requests the process sent (command monitoring).
 
-    python benchmarks/rwlock_worker.py URI NAME READERS WRITERS WARMUP SECONDS START_AT READ_MS WRITE_MS
+    python benchmarks/rwlock_worker.py URI NAME READERS WRITERS WARMUP SECONDS START_AT READ_MS WRITE_MS PAUSE_MS
+
+Each writer pauses PAUSE_MS between two writes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from mongolock_async import AsyncMongoRWLock
 
 async def run(
     uri: str, name: str, readers: int, writers: int, warmup: float, seconds: float, start_at: float, read: float,
-    write: float,
+    write: float, pause: float,
 ) -> None:  # fmt: skip
     requests = Requests()
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[requests])
@@ -43,7 +45,7 @@ async def run(
                 if asked >= measure_from:
                     sections.append((mode, asked, entered, time.monotonic()))
             if mode == "write":
-                await asyncio.sleep(read)  # a writer now and then, not back to back
+                await asyncio.sleep(pause)  # a writer now and then, not back to back
 
     await asyncio.gather(*(task("read") for _ in range(readers)), *(task("write") for _ in range(writers)))
     await client.close()
@@ -51,8 +53,8 @@ async def run(
 
 
 if __name__ == "__main__":
-    uri, name, readers, writers, warmup, seconds, start_at, read_ms, write_ms = sys.argv[1:10]
+    uri, name, readers, writers, warmup, seconds, start_at, read_ms, write_ms, pause_ms = sys.argv[1:11]
     asyncio.run(
         run(uri, name, int(readers), int(writers), float(warmup), float(seconds), float(start_at),
-            float(read_ms) / 1000, float(write_ms) / 1000)
+            float(read_ms) / 1000, float(write_ms) / 1000, float(pause_ms) / 1000)
     )  # fmt: skip

@@ -8,9 +8,9 @@
    counted apart), the most holders seen at once (sections on the machine's monotonic clock), and
    per-task min/max acquisitions (a starved task shows as a minimum of 0).
 3. A read-heavy read-write lock: 60 readers and 4 writers over 4 processes (50 ms reads, 20 ms
-   writes): readers at once (mean while read, and most), writers' waits (p50, p99) against the
-   longest read section and the hand-off to a writer (the gap between a writer's entry and the
-   last exit before it).
+   writes, each writer pausing 500 ms between writes): reads and writes done, readers at once
+   (mean while read, and most), writers' waits (p50, p99) against the longest read section and
+   the hand-off to a writer (the gap between a writer's entry and the last exit before it).
 
     python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300]
 
@@ -126,13 +126,14 @@ RW_WORKER = Path(__file__).resolve().with_name("rwlock_worker.py")
 
 
 def read_heavy(uri: str | None, seconds: float) -> None:
-    processes, readers, writers, read_ms, write_ms, warmup = 4, 15, 1, 50, 20, 1.0
+    processes, readers, writers, read_ms, write_ms, pause_ms, warmup = 4, 15, 1, 50, 20, 500, 1.0
     with mongodb(uri) as server:
         start_at = time.monotonic() + 3.0
         workers = [
             subprocess.Popen(
                 [sys.executable, str(RW_WORKER), server, "rw",
-                 str(readers), str(writers), str(warmup), str(seconds), str(start_at), str(read_ms), str(write_ms)],
+                 str(readers), str(writers), str(warmup), str(seconds), str(start_at),
+                 str(read_ms), str(write_ms), str(pause_ms)],
                 stdout=subprocess.PIPE, text=True, cwd=RW_WORKER.parent.parent, preexec_fn=die_with_parent,
             )
             for _ in range(processes)
