@@ -1,8 +1,10 @@
 """The soak: several processes contend for a few names for minutes while the server is crashed,
 restarted and paused and fail points fire; every critical section is recorded, and a resource that
-refuses stale fencing tokens is written in each. Then: overlaps (per name) and token regressions.
+refuses stale fencing tokens is written in each (but reads). Then: overlaps (per name; on a
+read-write lock's name, any pair with a writer in it) and token regressions.
 
-    python benchmarks/soak.py [--minutes 20] [--processes 4] [--tasks 8] [--names 4] [--control-seconds 30]
+    python benchmarks/soak.py [--minutes 20] [--processes 4] [--tasks 8] [--names 4] [--rw-names 2]
+                              [--control-seconds 30]
 
 Runs on the embedded server (``--sync-on-commit``, so a SIGKILL loses no acknowledged write). A
 control run of a deliberately broken lock, same detector, must show overlaps. Prints the
@@ -12,7 +14,6 @@ environment and a Markdown summary for docs/reliability.md.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -86,14 +87,14 @@ def inject_faults(server: EmbeddedMongo, until: float, faults: Faults) -> None:
 def run(kind: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds: float, faults: Faults | None) -> Any:
     with MongoClient(server.uri) as client:
         client.drop_database(DATABASE)
-        client[DATABASE]["resource"].insert_many([{"_id": f"name-{i}", "fence": 0, "writes": 0}
-                                                  for i in range(arguments.names)])  # fmt: skip
+        names = [f"name-{i}" for i in range(arguments.names)] + [f"rw-{i}" for i in range(arguments.rw_names)]
+        client[DATABASE]["resource"].insert_many([{"_id": name, "fence": 0, "writes": 0} for name in names])
     directory = Path(tempfile.mkdtemp(prefix="mongolock-soak-"))
     start_at = time.monotonic() + 3.0
     outputs = [directory / f"sections-{i}.jsonl" for i in range(arguments.processes)]
     workers = [
-        start_worker(WORKER, [kind, DATABASE, str(arguments.names), str(arguments.tasks), str(seconds), str(start_at),
-                              str(output)], server.uri)
+        start_worker(WORKER, [kind, DATABASE, str(arguments.names), str(arguments.rw_names), str(arguments.tasks),
+                              str(seconds), str(start_at), str(output)], server.uri)
         for output in outputs
     ]  # fmt: skip
     if faults is not None:
@@ -111,8 +112,9 @@ def run(kind: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds
 
 
 def judge(sections: list[list[Any]]) -> tuple[list[tuple[list[Any], list[Any]]], int]:
-    """Overlapping sections (each with the section it overlapped) and fencing-token regressions,
-    per name, in the order sections began."""
+    """Overlapping sections (each with the section it overlapped; two reads may overlap) and
+    fencing-token regressions (a lock's or a writer's token not above every token before it, a
+    read's not above the last writer's), per name, in the order sections began."""
     by_name: dict[str, list[list[Any]]] = defaultdict(list)
     for section in sections:
         by_name[section[0]].append(section)
@@ -120,13 +122,17 @@ def judge(sections: list[list[Any]]) -> tuple[list[tuple[list[Any], list[Any]]],
     regressions = 0
     for name_sections in by_name.values():
         name_sections.sort(key=lambda section: section[1])
-        latest: list[Any] | None = None
+        inside: list[list[Any]] = []  # sections not yet left when the next one began
+        highest = last_exclusive = 0
         for section in name_sections:
-            if latest is not None and section[1] < latest[2]:
-                overlaps.append((latest, section))
-            if latest is None or section[2] > latest[2]:
-                latest = section
-        regressions += sum(later[3] <= earlier[3] for earlier, later in itertools.pairwise(name_sections))
+            inside = [other for other in inside if other[2] > section[1]]
+            overlaps += [(other, section) for other in inside if (other[7], section[7]) != ("read", "read")]
+            inside.append(section)
+            token = section[3]
+            regressions += token <= (last_exclusive if section[7] == "read" else highest)
+            highest = max(highest, token)
+            if section[7] != "read":
+                last_exclusive = token
     return overlaps, regressions
 
 
@@ -163,6 +169,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--names", type=int, default=4)
+    parser.add_argument("--rw-names", type=int, default=2)
     parser.add_argument("--control-seconds", type=float, default=30.0)
     arguments = parser.parse_args()
     started = datetime.now(UTC)
@@ -172,8 +179,9 @@ def main() -> None:
         f"embedded SecantusDB {version('secantusdb')}",
         flush=True,
     )
-    print(f"{arguments.processes} processes x {arguments.tasks} tasks, {arguments.names} names (odd ones fair), "
-          f"TTL 3 s, one section in fifty long with the heartbeat", flush=True)  # fmt: skip
+    print(f"{arguments.processes} processes x {arguments.tasks} tasks, {arguments.names} lock names (odd ones fair) "
+          f"and {arguments.rw_names} read-write lock names (one hold in four a write), TTL 3 s, one section in "
+          f"fifty long with the heartbeat", flush=True)  # fmt: skip
     with EmbeddedMongo(test_commands=True) as server:
         faults = Faults()
         counts, sections, resource = run("real", server, arguments, arguments.minutes * 60, faults)
@@ -181,8 +189,10 @@ def main() -> None:
         overlaps = len(overlap_list)
         applied = sum(doc["writes"] for doc in resource.values())
         accepted = sum(1 for section in sections if section[4] is False)
+        modes = Counter(section[7] for section in sections)
         print(
-            f"\nreal lock, {arguments.minutes:g} min: {len(sections)} critical sections, {overlaps} overlaps, "
+            f"\nreal locks, {arguments.minutes:g} min: {len(sections)} critical sections ({modes['lock']} of locks, "
+            f"{modes['read']} reads and {modes['write']} writes of read-write locks), {overlaps} overlaps, "
             f"{regressions} fencing-token regressions; lost leases {counts['lost']}, acquire/release errors "
             f"{counts['errors']}; fenced writes accepted {accepted}, refused as stale {counts['refused']}, "
             f"applied at the resource {applied}",

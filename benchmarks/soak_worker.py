@@ -1,14 +1,17 @@
 """One OS process of the soak: TASKS tasks take random names of the lock until a deadline, through
 server crashes, pauses and fail points, and write to a fenced resource inside each section.
 
-    python benchmarks/soak_worker.py {real|broken} DATABASE NAMES TASKS SECONDS START_AT OUT < URI
+    python benchmarks/soak_worker.py {real|broken} DATABASE NAMES RW_NAMES TASKS SECONDS START_AT OUT < URI
 
-The URI comes on stdin. Names with an odd index use ``fair=True``. One section in fifty is long
-(up to 2 TTLs, with the heartbeat on); the rest hold the lock for a few milliseconds. Every section
-is written to OUT as a JSON line: name, enter, exit (CLOCK_MONOTONIC, shared by the machine's
-processes), fencing token, whether the fenced write was refused, whether the lease was lost, and
-how late the exit came after the lease's local deadline (seconds; negative when before it). ``broken`` swaps in a lock
-that checks and then sets in two round trips, so the soak can show its detector works.
+The URI comes on stdin. Tasks take the NAMES lock names (``name-N``; odd ones use ``fair=True``)
+and the RW_NAMES read-write lock names (``rw-N``; one hold in four a write). One section in fifty is
+long (up to 2 TTLs, with the heartbeat on); the rest hold for a few milliseconds. Every section is
+written to OUT as a JSON line: name, enter, exit (CLOCK_MONOTONIC, shared by the machine's
+processes), fencing token, whether the fenced write was refused (None for a read), whether the
+lease was lost, how late the exit came after the lease's local deadline (seconds; negative when
+before it), and the mode ("lock", "read" or "write"). ``broken`` swaps in a lock that checks and
+then sets in two round trips (taken as a write on read-write names), so the soak can show its
+detector works.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from mongolock_async import AsyncMongoLock, LockError, LockLostError
+from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, LockError, LockLostError
 
 TTL = 3.0
 LONG_SECTIONS = 0.02
@@ -53,7 +56,7 @@ class CheckThenSetLock:
 
 
 async def run(
-    kind: str, uri: str, database: str, names: int, tasks: int, seconds: float, start_at: float, out: str
+    kind: str, uri: str, database: str, names: int, rw_names: int, tasks: int, seconds: float, start_at: float, out: str
 ) -> None:
     # Polled monitoring: the embedded server's streaming hello delays recovery after a
     # NotWritablePrimary-style error by about 10 s.
@@ -69,16 +72,21 @@ async def run(
 
         async def task() -> None:
             while time.monotonic() < stop_at:
-                index = random.randrange(names)
-                name = f"name-{index}"
+                index = random.randrange(names + rw_names)
                 long = random.random() < LONG_SECTIONS
+                heartbeat = 1.0 if long else False
                 lock: Any
-                if kind == "broken":
-                    lock = CheckThenSetLock(locks, name)
+                if index < names:
+                    name, mode = f"name-{index}", "lock"
                 else:
-                    lock = AsyncMongoLock(
-                        locks, name, ttl=TTL, timeout=10.0, fair=index % 2 == 1, heartbeat=1.0 if long else False
-                    )
+                    name, mode = f"rw-{index - names}", "write" if random.random() < 0.25 else "read"
+                if kind == "broken":
+                    lock, mode = CheckThenSetLock(locks, name), "write" if mode == "read" else mode
+                elif mode == "lock":
+                    lock = AsyncMongoLock(locks, name, ttl=TTL, timeout=10.0, fair=index % 2 == 1, heartbeat=heartbeat)
+                else:
+                    handles = AsyncMongoRWLock(locks, name, ttl=TTL, timeout=10.0, heartbeat=heartbeat)
+                    lock = handles.read() if mode == "read" else handles.write()
                 entered = left = refused = None
                 token, lost, late = 0, False, 0.0
                 try:
@@ -86,12 +94,13 @@ async def run(
                         entered = time.monotonic()
                         token = lock.fencing_token
                         try:
-                            # The protected resource takes a write only with a token above its last.
-                            result = await resource.update_one(
-                                {"_id": name, "fence": {"$lt": token}},
-                                {"$set": {"fence": token}, "$inc": {"writes": 1}},
-                            )
-                            refused = result.matched_count == 0
+                            if mode != "read":
+                                # The protected resource takes a write only with a token above its last.
+                                result = await resource.update_one(
+                                    {"_id": name, "fence": {"$lt": token}},
+                                    {"$set": {"fence": token}, "$inc": {"writes": 1}},
+                                )
+                                refused = result.matched_count == 0
                             await asyncio.sleep(random.uniform(0.5, 2 * TTL) if long else random.uniform(0.001, 0.01))
                         finally:
                             left = time.monotonic()  # before the release, which hands the lease on
@@ -107,7 +116,7 @@ async def run(
                 if entered is not None and left is not None:
                     counts["sections"] += 1
                     counts["refused"] += bool(refused)
-                    sink.write(json.dumps([name, entered, left, token, refused, lost, late]) + "\n")
+                    sink.write(json.dumps([name, entered, left, token, refused, lost, late, mode]) + "\n")
 
         await asyncio.gather(*(task() for _ in range(tasks)))
     await client.close()
@@ -115,6 +124,6 @@ async def run(
 
 
 if __name__ == "__main__":
-    kind, database, names, tasks, seconds, start_at, out = sys.argv[1:8]
+    kind, database, names, rw_names, tasks, seconds, start_at, out = sys.argv[1:9]
     uri = sys.stdin.readline().strip()
-    asyncio.run(run(kind, uri, database, int(names), int(tasks), float(seconds), float(start_at), out))
+    asyncio.run(run(kind, uri, database, int(names), int(rw_names), int(tasks), float(seconds), float(start_at), out))
