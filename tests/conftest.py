@@ -4,10 +4,12 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +205,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"\nthe test run left {len(left)} embedded server directories behind: {[str(d) for d in left]}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     shutil.rmtree(temporary, ignore_errors=True)
+
+
+def run_workers(worker: Path, arguments: list[str], processes: int) -> list[list[str]]:
+    """Run ``processes`` copies of the ``worker`` script with ``arguments`` at once (from the
+    repository's root) and return each one's output lines; a worker that fails fails the test with
+    its stderr."""
+    started = [
+        subprocess.Popen(
+            [sys.executable, str(worker), *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=worker.parent.parent,
+        )
+        for _ in range(processes)
+    ]
+    outputs = []
+    for process in started:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        outputs.append(out.splitlines())
+    return outputs
+
+
+def most_at_once(sections: Sequence[Sequence[Any]]) -> int:
+    """The largest number of sections (each starting with its enter and exit times) running at one
+    moment: a sweep over entries and exits, an exit before an entry at the same moment."""
+    events = sorted([(section[0], 1) for section in sections] + [(section[1], -1) for section in sections])
+    inside = peak = 0
+    for _, step in events:
+        inside += step
+        peak = max(peak, inside)
+    return peak

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 
 from mongolock_async.testing.clients import TEST_DATABASE
+from tests.conftest import run_workers
 
 PROCESSES = 4
 TASKS = 8
@@ -35,31 +34,9 @@ def run_contention(uri: str, kind: str) -> tuple[list[list[Section]], list[dict[
     clock, and each process's command counts."""
     collection = f"mutex_{kind}_{uuid.uuid4().hex[:8]}"
     start_at = time.monotonic() + 3.0  # time for every process to start and connect
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                uri,
-                TEST_DATABASE,
-                collection,
-                kind,
-                str(TASKS),
-                str(SECONDS),
-                str(start_at),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=WORKER.parent.parent,
-        )
-        for _ in range(PROCESSES)
-    ]
+    arguments = [uri, TEST_DATABASE, collection, kind, str(TASKS), str(SECONDS), str(start_at)]
     results, counts = [], []
-    for worker in workers:
-        out, err = worker.communicate(timeout=120)
-        assert worker.returncode == 0, err
-        *sections, summary = out.splitlines()
+    for *sections, summary in run_workers(WORKER, arguments, PROCESSES):
         results.append([tuple(json.loads(line)) for line in sections])
         counts.append(json.loads(summary))
     return results, counts

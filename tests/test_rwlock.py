@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +16,7 @@ from pymongo.write_concern import WriteConcern
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter
+from tests.conftest import CommandCounter, most_at_once, run_workers
 
 WORKER = Path(__file__).with_name("rwlock_worker.py")
 PROCESSES, READERS, WRITERS, SECONDS = 4, 4, 1, 4.0
@@ -40,13 +38,7 @@ def conflicts(sections: list[Section]) -> int:
 
 
 def most_readers_at_once(sections: list[Section]) -> int:
-    reads = [section for section in sections if section[0] == "read"]
-    events = sorted([(section[1], 1) for section in reads] + [(section[2], -1) for section in reads])
-    inside = most = 0
-    for _, step in events:
-        inside += step
-        most = max(most, inside)
-    return most
+    return most_at_once([(entered, left) for mode, entered, left, _, _ in sections if mode == "read"])
 
 
 def test_the_detectors_count_what_they_should() -> None:
@@ -60,21 +52,9 @@ def run_contention(uri: str, kind: str) -> list[Section]:
     collection = f"rwlock_{kind}_{uuid.uuid4().hex[:8]}"
     start_at = time.monotonic() + 3.0  # time for every process to start and connect
     arguments = [uri, TEST_DATABASE, collection, kind, str(READERS), str(WRITERS), str(SECONDS), str(start_at)]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), *arguments],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=WORKER.parent.parent,
-        )
-        for _ in range(PROCESSES)
-    ]
     sections: list[Section] = []
-    for worker in workers:
-        out, err = worker.communicate(timeout=120)
-        assert worker.returncode == 0, err
-        sections += [tuple(json.loads(line)) for line in out.splitlines()]  # type: ignore[misc]
+    for out in run_workers(WORKER, arguments, PROCESSES):
+        sections += [tuple(json.loads(line)) for line in out]  # type: ignore[misc]
     return sections
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,22 +16,12 @@ from pymongo.write_concern import WriteConcern
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockDataError, LockLostError
 from mongolock_async.store import LockStore, Permits, PlaceRequest
 from mongolock_async.testing.clients import TEST_DATABASE
-from tests.conftest import CommandCounter
+from tests.conftest import CommandCounter, most_at_once, run_workers
 
 WORKER = Path(__file__).with_name("semaphore_worker.py")
 PROCESSES, TASKS, LIMIT, SECONDS = 4, 6, 3, 4.0
 Section = tuple[float, float, int, float]
 """(entered, left, fencing token, when its acquire began), on the machine's monotonic clock."""
-
-
-def most_at_once(sections: list[Section]) -> int:
-    """The largest number of sections running at one moment (a sweep over entries and exits)."""
-    events = sorted([(section[0], 1) for section in sections] + [(section[1], -1) for section in sections])
-    inside = peak = 0
-    for _, step in events:
-        inside += step
-        peak = max(peak, inside)
-    return peak
 
 
 def test_the_detector_counts_holders_at_once() -> None:
@@ -45,22 +33,10 @@ def run_contention(uri: str, kind: str) -> list[Section]:
     collection = f"semaphore_{kind}_{uuid.uuid4().hex[:8]}"
     start_at = time.monotonic() + 3.0  # time for every process to start and connect
     arguments = [uri, TEST_DATABASE, collection, kind, str(LIMIT), str(TASKS), str(SECONDS), str(start_at)]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), *arguments],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=WORKER.parent.parent,
-        )
-        for _ in range(PROCESSES)
-    ]
     sections: list[Section] = []
-    for worker in workers:
-        out, err = worker.communicate(timeout=120)
-        assert worker.returncode == 0, err
-        assert out.strip(), "every process held a permit at least once"
-        sections += [tuple(json.loads(line)) for line in out.splitlines()]
+    for out in run_workers(WORKER, arguments, PROCESSES):
+        assert out, "every process held a permit at least once"
+        sections += [tuple(json.loads(line)) for line in out]  # type: ignore[misc]
     return sections
 
 
