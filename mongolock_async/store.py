@@ -1613,10 +1613,15 @@ def _semaphore_release_stages(
                 },
                 "fence": {"$cond": ["$_handed", {"$add": ["$_nf", {"$size": "$_hand"}, -1]}, "$fence"]},
                 "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _NOW, "$handedOffAt"]},
-                # The change stream looks for the tokens of the places handed to (other processes'),
-                # in one string: a change event reports a changed array element by element
-                # ("handedOffTo.0"), which a filter on the field would miss; a string is reported whole.
-                "handedOffTo": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined("$_remote"), "$handedOffTo"]},
+                # The change stream looks for the tokens of the places handed to, in one string: a
+                # change event reports a changed array element by element ("handedOffTo.0"), which a
+                # filter on the field would miss; a string is reported whole. Written when another
+                # process's place got a permit, naming every place that got one (the releaser's
+                # successor too): a process that finds its token alone there takes the document's
+                # fence as its permit's, which holds only when one permit was handed.
+                "handedOffTo": {
+                    "$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined(_tokens("$_hand")), "$handedOffTo"]
+                },
                 # What the change stream wakes other processes' waiters with: a value new on every
                 # release that frees a permit without handing it on.
                 "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}]}, "$_v.stamp", "$freed"]},

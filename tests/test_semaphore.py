@@ -224,3 +224,24 @@ async def test_a_late_release_hands_no_permit_to_a_token_that_is_done(lock_colle
         state = await store.release("late", "again", successor=successor, permits=permits)
         assert state is not None and not state.holds(finished), f"a permit went to {finished!r}, which is done"
         assert state.queue == (), "nor does it wait in the queue"
+
+
+async def test_a_hand_off_names_one_place_only_when_one_permit_went(lock_collection: Any) -> None:
+    # A waiting process takes a hand-off to its one place with the document's fence as its token,
+    # without a claim. So when a release hands permits to another process's place and to a place
+    # of its own in one write, the change must name both: else the other process would take the
+    # fence of the releaser's successor as its own.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    permits = Permits("semaphore", 3)
+    holder = {"host": "test", "pid": 1, "label": None}
+    for owner, ttl_ms in (("a", 10_000), ("b", 10_000), ("c", 300)):
+        assert (await store.try_acquire("both", owner, ttl_ms, holder, permits=permits)).holds(owner)
+    queued = await store.try_acquire("both", "z", 10_000, holder, enqueue=True, fair=True, permits=permits)
+    assert queued.place_of("z") is not None
+    await asyncio.sleep(0.5)  # c's permit expires: b's release frees two
+    successor = PlaceRequest("s", 10_000, holder)
+    state = await store.release("both", "b", successor=successor, fair=True, permits=permits)
+    assert state is not None and state.holds("z") and state.holds("s")
+    doc = await lock_collection.find_one({"_id": "both"})
+    assert sorted(doc["handedOffTo"].split(" ")) == ["s", "z"], doc["handedOffTo"]
+    assert state.fence_of("z") != state.fence_of("s")
