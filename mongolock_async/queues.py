@@ -115,6 +115,10 @@ class LocalQueue:
         self.slot: str | None = None
         """The owner token of this process's place: what the lease is handed to at its turn."""
         self.place_written_at = 0.0
+        self.place_fence = 0
+        """The document's fencing token as of that write: a hand-off to the place made after the
+        write carries a higher one. A report of an older hand-off (a change event delivered late,
+        after the place expired and was written again with the same token) is not taken as fresh."""
         """Monotonic send time of the last request whose reply showed the place in the queue. A
         hand-off to the place lasts a TTL from that write's server time at least (see the store)."""
         self.place_ttl_ms = 0
@@ -195,7 +199,7 @@ class LocalQueue:
         """The first waiter's place got the lease (its own attempt, a release, a hand-off):
         -> GRANTED, and the next waiter is first, with ``follower`` (queued by the same write) as
         the process's place. False if nobody waits any more."""
-        self._placed(follower, grant.sent_at)
+        self._placed(follower, grant.sent_at, grant.fencing_token)
         if not self.waiters:
             return False
         head = self.waiters.popleft()
@@ -205,11 +209,11 @@ class LocalQueue:
             self._first_in_line(self.waiters[0])
         return True
 
-    def on_placed(self, waiter: Waiter, place: PlaceRequest, sent_at: float, *, covered: bool) -> None:
+    def on_placed(self, waiter: Waiter, place: PlaceRequest, sent_at: float, fence: int, *, covered: bool) -> None:
         """The attempt's reply shows the lock held elsewhere and the place stored: ATTEMPTING ->
         PLACED (scheduled by the caller), or -> DUE in a session when no change stream covers the
         time since the write. An event that moved the waiter meanwhile stands."""
-        self._placed(place, sent_at)
+        self._placed(place, sent_at, fence)
         if waiter.turn is not Turn.ATTEMPTING:
             return
         waiter.in_session = not covered
@@ -264,16 +268,17 @@ class LocalQueue:
         """The change stream saw the lease handed to this process's place.
 
         The hand-off lasts a TTL from the place's last write at least, so the first waiter takes it
-        as it is (-> GRANTED) if that write is recent enough; else, or while its own attempt or a
-        release of this process is in flight, it claims it with an attempt (-> DUE), which
-        restarts the expiry from that attempt's send time.
+        as it is (-> GRANTED) if that write is recent enough and the hand-off came after it (its
+        ``fence`` is above ``place_fence``); else, or while its own attempt or a release of this
+        process is in flight, it claims it with an attempt (-> DUE), which restarts the expiry
+        from that attempt's send time (and finds an expired hand-off gone).
         """
         head = self.head
         if owner != self.slot or head is None:
             return
         fresh = head.turn is Turn.PLACED and not self.releases_in_flight
         fresh = fresh and time.monotonic() - self.place_written_at <= head.fresh_for
-        if not fresh or isinstance(fence, bool) or not isinstance(fence, int):
+        if not fresh or isinstance(fence, bool) or not isinstance(fence, int) or fence <= self.place_fence:
             self.on_news()
             return
         self.on_taken(Grant(owner, fence, self.place_written_at, self.place_ttl_ms), follower=self.place_follower)
@@ -297,14 +302,14 @@ class LocalQueue:
         self.place = PlaceState.ABSENT
         self.on_news()
 
-    def on_lease_went_elsewhere(self, place: PlaceRequest, sent_at: float) -> None:
+    def on_lease_went_elsewhere(self, place: PlaceRequest, sent_at: float, fence: int) -> None:
         """A release of this process handed the lease to another process; its write stored this
         process's place (the successor's) in the queue."""
         self.local_streak = 0
         if self.slot == place.token:
-            self._placed(place, sent_at)
+            self._placed(place, sent_at, fence)
 
-    def _placed(self, place: PlaceRequest | None, written_at: float) -> None:
+    def _placed(self, place: PlaceRequest | None, written_at: float, fence: int) -> None:
         """A request sent at ``written_at`` left ``place`` in the server's queue (or, for None, this
         process has no place there)."""
         if place is not None and place is self.upcoming:
@@ -312,6 +317,7 @@ class LocalQueue:
         self.slot = None if place is None else place.token
         self.place = PlaceState.ABSENT if place is None else PlaceState.STORED
         self.place_written_at = written_at
+        self.place_fence = fence
         self.place_ttl_ms = 0 if place is None else place.ttl_ms
         self.place_follower = None if place is None else place.follower
 

@@ -225,7 +225,7 @@ async def _attempt(
         return
     # Unless a stream reports releases from before this attempt on, one could go unnoticed.
     covered = covered or (with_session and watcher.cover_from(request.store, operation_time))
-    queue.on_placed(waiter, place, sent_at, covered=covered)
+    queue.on_placed(waiter, place, sent_at, state.fencing_token, covered=covered)
     if waiter.turn is Turn.PLACED:
         written = state.place_of(token)
         until_expiry = None
@@ -393,7 +393,7 @@ async def _hand_over_once(
             raise _HandedToNobody([successor.token, *follower])
         queue.local_streak += 1
         return True
-    queue.on_lease_went_elsewhere(successor, first_sent_at)
+    queue.on_lease_went_elsewhere(successor, first_sent_at, state.fencing_token)
     return True
 
 

@@ -28,6 +28,7 @@ from pymongo.write_concern import WriteConcern
 from mongolock_async import AsyncMongoLock
 from mongolock_async import store as store_module
 from mongolock_async import watcher as watcher_module
+from mongolock_async.queues import PlaceState, Turn, existing_queue
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
@@ -670,3 +671,35 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(lock_co
     assert await asyncio.wait_for(second_task, 10), "the lease was stranded with the cancelled waiter"
     assert first.fencing_token is None
     assert await second.release()
+
+
+async def test_a_late_report_of_an_old_hand_off_is_not_taken_as_fresh(
+    lock_collection: Any, driver: str, mongodb_uri: str
+) -> None:
+    # A change stream that the driver resumed after an outage can report a hand-off to this
+    # process's place long after it happened: after that lease expired, someone else took the lock,
+    # and this process wrote its place again with the same token. Such a report carries a fence no
+    # higher than the one the place's last write saw; the waiter must claim (and find it gone),
+    # never take the old lease as its own (seen once in the soak as an overlap).
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
+        holder = AsyncMongoLock(remote, "late-news", ttl=30.0)
+        assert await holder.acquire()
+        waiter = AsyncMongoLock(lock_collection, "late-news", ttl=30.0, fair=True, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        queue = None
+        for _ in range(100):
+            queue = existing_queue(waiter._store, "late-news", 1)
+            stored = queue is not None and queue.place is PlaceState.STORED
+            if stored and queue is not None and queue.head is not None and queue.head.turn is Turn.PLACED:
+                break
+            await asyncio.sleep(0.05)
+        assert queue is not None and queue.slot is not None and queue.head is not None
+        old_fence = holder.fencing_token
+        assert old_fence is not None
+        queue.on_handed_to_place(queue.slot, old_fence)  # the late report: the holder's own fence
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "the waiter took a lease that another holder has"
+        assert await holder.release()
+        assert await asyncio.wait_for(waiting, 10)
+        assert waiter.fencing_token is not None and waiter.fencing_token > old_fence
+        assert await waiter.release()
