@@ -611,7 +611,7 @@ class LockStore:
                             "$cond": [
                                 "$_sane",
                                 {"$filter": {"input": _LIVE_HOLDERS, "cond": chosen}},
-                                {"$cond": [{"$isArray": "$holders"}, "$holders", []]},
+                                _array_or_empty("$holders"),
                             ]
                         }
                     }
@@ -631,7 +631,7 @@ class LockStore:
                         },
                         "limit": {"$cond": ["$_sane", "$limit", 1]},
                         "fence": {"$cond": [_FENCE_OK, "$fence", {"$literal": 0}]},
-                        "queue": {"$cond": [{"$isArray": "$queue"}, "$queue", []]},
+                        "queue": _array_or_empty("$queue"),
                         "freed": {"$cond": ["$_break", stamp, "$freed"]},
                         "releasedAt": {"$cond": ["$_break", _NOW, "$releasedAt"]},
                     }
@@ -720,6 +720,11 @@ class LockStore:
 # -- expressions ----------------------------------------------------------------------------------
 
 
+def _array_or_empty(field: str) -> dict[str, Any]:
+    """The array at ``field``, or an empty one where the document has none (or something else)."""
+    return {"$cond": [{"$isArray": field}, field, {"$literal": []}]}
+
+
 def _type_in(expression: str, *types: str) -> dict[str, Any]:
     return {"$in": [{"$type": expression}, list(types)]}
 
@@ -806,7 +811,7 @@ def _live_places(excluding: str | None = None) -> dict[str, Any]:
         conditions.append({"$ne": ["$$this.t", excluding]})
     return {
         "$filter": {
-            "input": {"$cond": [{"$isArray": "$queue"}, "$queue", {"$literal": []}]},
+            "input": _array_or_empty("$queue"),
             "cond": {"$and": conditions},
         }
     }
@@ -882,12 +887,12 @@ _WITHDRAWALS_REMEMBERED = 64
 
 def _withdrawn(token: Any) -> dict[str, Any]:
     """Whether ``token``'s place was withdrawn: its owner gave up waiting."""
-    return {"$in": [token, {"$cond": [{"$isArray": "$withdrawn"}, "$withdrawn", {"$literal": []}]}]}
+    return {"$in": [token, _array_or_empty("$withdrawn")]}
 
 
 def _remember_withdrawals() -> dict[str, Any]:
     """``withdrawn`` with the tokens of a ``leaving`` request added (the last few kept)."""
-    earlier = {"$cond": [{"$isArray": "$withdrawn"}, "$withdrawn", {"$literal": []}]}
+    earlier = _array_or_empty("$withdrawn")
     return {"$slice": [{"$concatArrays": [earlier, "$_v.leaving"]}, -_WITHDRAWALS_REMEMBERED]}
 
 
@@ -1314,7 +1319,7 @@ def _live_holders(now: Any) -> dict[str, Any]:
     """The holders whose permits have not expired at ``now``."""
     return {
         "$filter": {
-            "input": {"$cond": [{"$isArray": "$holders"}, "$holders", {"$literal": []}]},
+            "input": _array_or_empty("$holders"),
             "cond": {"$gt": ["$$this.exp", now]},
         }
     }
@@ -1585,8 +1590,8 @@ def _semaphore_release_stages(
                 "_held": {
                     "$concatArrays": [
                         _holder_tokens("$_rest"),
-                        {"$cond": [{"$isArray": "$releasedOwners"}, "$releasedOwners", []]},
-                        {"$cond": [{"$isArray": "$withdrawn"}, "$withdrawn", []]},
+                        _array_or_empty("$releasedOwners"),
+                        _array_or_empty("$withdrawn"),
                     ]
                 }
             }
