@@ -1569,6 +1569,11 @@ def _semaphore_release_stages(
         }
     }
     remote = {"$filter": {"input": _tokens("$_hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    # Served in turn, waiters all queue behind the oldest place; when the weight freed does not fit
+    # it (readers leaving before a waiting writer), nobody could come in, and waking every waiting
+    # process would only send an attempt from each to the one document, delaying the release that
+    # will hand the writer its turn.
+    nobody_blocks: Any = {"$eq": [{"$size": "$_c"}, 0]} if fair else True
     return (
         {"$set": {"_now": SERVER_NOW}},
         {"$set": {"_sane": {"$and": [_permits_sane("$_v.kind"), {"$eq": ["$kind", "$_v.kind"]}]}}},
@@ -1628,8 +1633,8 @@ def _semaphore_release_stages(
                     "$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined(_tokens("$_hand")), "$handedOffTo"]
                 },
                 # What the change stream wakes other processes' waiters with: a value new on every
-                # release that frees a permit without handing it on.
-                "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}]}, "$_v.stamp", "$freed"]},
+                # release that frees a permit without handing it on, and that a waiter could take.
+                "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}, nobody_blocks]}, "$_v.stamp", "$freed"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
                 "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
                 "releasedOwners": {

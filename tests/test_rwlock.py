@@ -241,3 +241,39 @@ async def test_a_writer_never_waits_in_a_readers_place(driver: str, mongodb_uri:
         assert await writer.release()
     finally:
         await close_client(other)
+
+
+async def test_readers_leaving_before_a_waiting_writer_wake_no_one(driver: str, mongodb_uri: str) -> None:
+    # While a writer waits for the readers in before it, a reader's release lets nobody in (the
+    # writer does not fit yet; everyone else is behind it), so it must not wake the waiting
+    # processes: each would send an attempt to the one document, and with many processes those
+    # attempts delay the very release that hands the writer its turn.
+    collection = f"rw_wake_{uuid.uuid4().hex[:8]}"
+    counter = CommandCounter()
+    readers_client = make_client(driver, mongodb_uri)
+    waiting_client = make_client(driver, mongodb_uri, event_listeners=[counter])
+    try:
+        elsewhere = AsyncMongoRWLock(readers_client[TEST_DATABASE][collection], "index", ttl=10.0)
+        held = [elsewhere.read() for _ in range(4)]
+        for reader in held:
+            assert await reader.acquire(blocking=False)
+        rw = AsyncMongoRWLock(waiting_client[TEST_DATABASE][collection], "index", ttl=10.0)
+        writer, late_reader = rw.write(), rw.read()
+        writing = asyncio.create_task(writer.acquire(timeout=10))
+        await asyncio.sleep(0.5)  # the writer's place is stored
+        reading = asyncio.create_task(late_reader.acquire(timeout=10))
+        await asyncio.sleep(0.5)  # and the late reader's, behind it
+        attempts_before = counter.count("findAndModify")
+        for reader in held[:-1]:
+            assert await reader.release()
+            await asyncio.sleep(0.3)  # time for the change event to arrive
+        assert counter.count("findAndModify") == attempts_before, "a release that let nobody in woke the waiters"
+        assert not writing.done() and not reading.done()
+        assert await held[-1].release()
+        assert await writing, "the last reader's release handed the writer its turn"
+        assert await writer.release()
+        assert await reading
+        assert await late_reader.release()
+    finally:
+        await close_client(readers_client)
+        await close_client(waiting_client)
