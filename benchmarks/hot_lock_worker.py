@@ -32,12 +32,15 @@ class Requests(monitoring.CommandListener, monitoring.ConnectionPoolListener):
         self.events = 0
         self.empty_get_mores = 0
         self.connections_created = 0
+        self.find_and_modify_seconds: list[float] = []  # each one's round trip, as the driver timed it
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         self.sent[event.command_name] = self.sent.get(event.command_name, 0) + 1
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        if event.command_name == "getMore":
+        if event.command_name == "findAndModify":
+            self.find_and_modify_seconds.append(event.duration_micros / 1e6)
+        elif event.command_name == "getMore":
             if event.reply.get("cursor", {}).get("nextBatch"):
                 self.events += 1
             else:
@@ -63,6 +66,7 @@ class Requests(monitoring.CommandListener, monitoring.ConnectionPoolListener):
 
     def reset(self) -> None:
         self.sent.clear()
+        self.find_and_modify_seconds.clear()
         self.events = self.empty_get_mores = self.connections_created = 0
 
 

@@ -1,6 +1,7 @@
 """One OS process of the read-write lock benchmark: READERS and WRITERS tasks take one read-write
 lock until a deadline. Prints one JSON object: each section's (mode, asked, entered, left) on the
-machine's shared monotonic clock, and the requests the process sent (command monitoring).
+machine's shared monotonic clock, the requests the process sent and each findAndModify's round trip
+(command monitoring).
 
     python benchmarks/rwlock_worker.py URI NAME READERS WRITERS WARMUP SECONDS START_AT READ_MS WRITE_MS PAUSE_MS
 
@@ -49,7 +50,12 @@ async def run(
 
     await asyncio.gather(*(task("read") for _ in range(readers)), *(task("write") for _ in range(writers)))
     await client.close()
-    print(json.dumps({"sections": sections, "sent": dict(requests.sent), "events": requests.events}))
+    print(
+        json.dumps({
+            "sections": sections, "sent": dict(requests.sent), "events": requests.events,
+            "find_and_modify_seconds": requests.find_and_modify_seconds,
+        })
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

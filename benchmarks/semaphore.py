@@ -10,7 +10,9 @@
 3. A read-heavy read-write lock: 60 readers and 4 writers over 4 processes (50 ms reads, 20 ms
    writes, each writer pausing 500 ms between writes): reads and writes done, readers at once
    (mean while read, and most), writers' waits (p50, p99) against the longest read section and
-   the hand-off to a writer (the gap between a writer's entry and the last exit before it).
+   the hand-off to a writer (the gap between a writer's entry and the last exit before it); and
+   what a writer's wait is made of: the findAndModify round trips (as the driver timed them) and
+   the embedded server's CPU time in the window (it serves requests on one core).
 
     python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300]
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -43,6 +46,7 @@ from pymongo import ReturnDocument
 from mongolock_async import AsyncMongoSemaphore
 from mongolock_async._process import die_with_parent
 from mongolock_async.store import Permits, PlaceRequest, semaphore_acquire_pipeline, semaphore_release_pipeline
+from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
 LIMIT = 4
@@ -127,7 +131,8 @@ RW_WORKER = Path(__file__).resolve().with_name("rwlock_worker.py")
 
 def read_heavy(uri: str | None, seconds: float) -> None:
     processes, readers, writers, read_ms, write_ms, pause_ms, warmup = 4, 15, 1, 50, 20, 500, 1.0
-    with mongodb(uri) as server:
+    with contextlib.ExitStack() as stack:
+        server, server_pid = (uri, None) if uri else _embedded(stack.enter_context(EmbeddedMongo()))
         start_at = time.monotonic() + 3.0
         workers = [
             subprocess.Popen(
@@ -138,6 +143,10 @@ def read_heavy(uri: str | None, seconds: float) -> None:
             )
             for _ in range(processes)
         ]  # fmt: skip
+        time.sleep(max(0.0, start_at + warmup - time.monotonic()))
+        server_cpu = _cpu_seconds(server_pid)
+        time.sleep(seconds)
+        server_cpu = _cpu_seconds(server_pid) - server_cpu
         results = [json.loads(worker.communicate(timeout=warmup + seconds + 120)[0]) for worker in workers]
     sections = sorted((tuple(section) for result in results for section in result["sections"]), key=lambda s: s[2])
     reads = [(entered, left) for mode, _, entered, left in sections if mode == "read"]
@@ -166,6 +175,25 @@ def read_heavy(uri: str | None, seconds: float) -> None:
         f"longest read section {longest_read * 1000:.0f} ms | hand-off to a writer p50 "
         f"{statistics.median(gaps) * 1000:.1f} ms"
     )
+    round_trips = sorted(rt for result in results for rt in result["find_and_modify_seconds"])
+    busy = f"{server_cpu / seconds:.0%} of one core" if server_pid else "not measured (--uri)"
+    print(
+        f"what a writer waits on: {len(round_trips)} findAndModify, round trip p50 "
+        f"{statistics.median(round_trips) * 1000:.0f} ms p99 {_percentile(round_trips, 99) * 1000:.0f} ms | "
+        f"server CPU {busy}"
+    )
+
+
+def _embedded(server: EmbeddedMongo) -> tuple[str, int | None]:
+    return server.uri, server.pid
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process ``pid`` so far (0 when there is none to read)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
