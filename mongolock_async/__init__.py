@@ -7,6 +7,7 @@
 
 from ._collection import AsyncCollectionLike
 from ._version import __version__
+from .election import AsyncMongoElection, Leadership
 from .errors import (
     LockAlreadyHeldError,
     LockDataError,
@@ -27,6 +28,7 @@ from .semaphore import AsyncMongoSemaphore
 
 __all__ = [
     "AsyncCollectionLike",
+    "AsyncMongoElection",
     "AsyncMongoLock",
     "AsyncMongoRWLock",
     "AsyncMongoSemaphore",
@@ -38,6 +40,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "Leadership",
     "OnLost",
     "RWLockHandle",
     "ServerTooOldError",

@@ -49,7 +49,12 @@ def as_dict(report: LockReport) -> dict[str, Any]:
             }
             for permit in report.live_permits
         ]
-        if state.kind == "rwlock":
+        if state.kind == "election":
+            semaphore = {
+                "leader": holders[0] if holders else None,
+                "candidates": [dict(place.holder) for place in state.queue],
+            }
+        elif state.kind == "rwlock":
             writing = _writing(report, state)
             semaphore = {
                 "readers": [] if writing else holders,
@@ -148,7 +153,10 @@ def _writing(report: LockReport, state: LockState) -> bool:
 
 def _print_semaphore(report: LockReport, state: LockState) -> None:
     permits = report.live_permits
-    if state.kind == "rwlock":
+    if state.kind == "election":
+        print(f"election  {state.name}")
+        print(f"state     {'led' if permits else 'no leader'}" + ("" if permits else f" ({state_of(report)})"))
+    elif state.kind == "rwlock":
         print(f"rw lock   {state.name}")
         held = ("written" if _writing(report, state) else f"read by {len(permits)}") if permits else state_of(report)
         print(f"state     {held}")
@@ -159,9 +167,14 @@ def _print_semaphore(report: LockReport, state: LockState) -> None:
     for permit in permits:
         left = report.permits_left_ms[permit.token] / 1000
         who = holder_text(permit.holder) or "an unlabelled holder"
+        if state.kind == "election":
+            print(f"leader    {who}, owner {permit.token[:12]}")
+            print(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
+            continue
         print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left, owner {permit.token[:12]}")
     waiting = [_waiter(place, state) for place in state.queue]
-    print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+    label = "candidates" if state.kind == "election" else "waiting"
+    print(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")
 
 
 def _waiter(place: Place, state: LockState) -> str:
@@ -184,7 +197,9 @@ def _row(report: LockReport) -> tuple[str, ...]:
     else:
         time = "" if state.released_at is None else f"since {_short(state.released_at)}"
     holder = holder_text(state.holder) if kind == "held" else ""
-    if state.kind == "rwlock" and report.live_permits:
+    if state.kind == "election" and report.live_permits:
+        shown, holder = "led", holder_text(report.live_permits[0].holder)
+    elif state.kind == "rwlock" and report.live_permits:
         permits = report.live_permits
         shown = "written" if _writing(report, state) else f"read by {len(permits)}"
         holder = holder_text(permits[0].holder) if len(permits) == 1 else f"{len(permits)} readers"

@@ -252,7 +252,12 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
     if report.state is not None and report.remaining_ms is None:
         return done(f"{arguments.name!r} is {view.state_of(report)}; nothing to release.")
     if not arguments.json:
-        print("About to break this lease:" if not semaphore else "About to break permits of this semaphore:")
+        kind = "lease" if report.state is None else report.state.kind
+        print(
+            {"lock": "About to break this lease:", "election": "About to depose this leader:"}.get(
+                kind, f"About to break permits of this {'read-write lock' if kind == 'rwlock' else kind}:"
+            )
+        )
         view.print_detail(report)
     if not arguments.yes:
         if arguments.json or not sys.stdin.isatty():
@@ -268,6 +273,12 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
         who = ", ".join(
             f"{view.holder_text(holder) or owner[:12]} (token {token})" for owner, holder, token in broken.permits
         )
+        if report.state is not None and report.state.kind == "election":
+            return done(
+                f"Deposed the leader of {arguments.name!r}: {who or 'nobody'}. The next candidate leads from its "
+                "next attempt; the deposed leader stops at its own deadline; fence your resources.",
+                broken,
+            )
         return done(
             f"Released {len(broken.permits)} permit(s) of {arguments.name!r}: {who}. Their holders still believe "
             "they hold them until their own deadlines; fence your resources.",

@@ -21,8 +21,9 @@ from .errors import LockDataError
 MAX_FENCE = 2**62
 # No lease is written more than this far ahead (the longest TTL, a year and a day, plus a day).
 EXPIRY_HORIZON = timedelta(days=368)
-PERMIT_KINDS = ("semaphore", "rwlock")
-"""The ``kind`` of a semaphore's and of a read-write lock's document; a lock's document has none."""
+PERMIT_KINDS = ("semaphore", "rwlock", "election")
+"""The ``kind`` of a semaphore's, a read-write lock's and an election's document (holders of
+permits, each with its own token); a lock's document has none."""
 MAX_PERMITS = 10_000
 """The largest semaphore ``limit``: its holders, each some hundreds of bytes with the holder's
 label, and its queue share one document, which MongoDB caps at 16 MB."""
@@ -84,7 +85,7 @@ class LockState(NamedTuple):
     None for a lock."""
     permits: tuple[Permit, ...] = ()
     kind: str = "lock"
-    """``lock``, ``semaphore`` or ``rwlock``."""
+    """``lock``, ``semaphore``, ``rwlock`` or ``election``."""
 
     def holds(self, token: str) -> bool:
         """Whether ``token`` owns the lease, or one of the semaphore's permits (live or not)."""
@@ -110,7 +111,7 @@ class LockState(NamedTuple):
             raise LockDataError(name, "_id", f"holds {_type_name(name)}, expected a string lock name")
         kind = doc.get("kind")
         if kind is not None and kind not in PERMIT_KINDS:
-            detail = f"holds {kind!r}, expected nothing (a lock), 'semaphore' or 'rwlock'"
+            detail = f"holds {kind!r}, expected nothing (a lock), 'semaphore', 'rwlock' or 'election'"
             raise LockDataError(name, "kind", detail)
         owner = doc.get("owner")
         if owner is not None and not isinstance(owner, str):

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 from ._collection import AsyncCollectionLike
+from .election import AsyncMongoElection
 from .errors import LockTimeoutError
 from .lock import AsyncMongoLock
 from .rwlock import AsyncMongoRWLock
@@ -58,6 +59,17 @@ class LockManager:
         options = self._options(overrides)
         options.pop("fair", None)
         return AsyncMongoRWLock(self._collection, name, **options)
+
+    def election(self, name: str, **overrides: Any) -> AsyncMongoElection:
+        """A new candidate in the election ``name`` with the manager's defaults but ``fair`` and
+        ``blocking`` (a candidate waits in turn) and a default ``heartbeat=False`` (a leader is
+        always renewed); see [`AsyncMongoElection`][mongolock_async.AsyncMongoElection]."""
+        options = self._options(overrides)
+        for not_taken in ("fair", "blocking"):
+            options.pop(not_taken, None)
+        if options.get("heartbeat") is False and "heartbeat" not in overrides:
+            del options["heartbeat"]
+        return AsyncMongoElection(self._collection, name, **options)
 
     def _options(self, overrides: dict[str, Any]) -> dict[str, Any]:
         options = {**self._defaults, **overrides}

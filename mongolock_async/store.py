@@ -60,7 +60,7 @@ from pymongo.write_concern import WriteConcern
 from ._diagnosis import cause_of, retrying_cannot_fix
 from ._shield import RequestTimeout, run_shielded
 from ._weak import WeakIdentityMap
-from .documents import EXPIRY_HORIZON, MAX_FENCE, MAX_PERMITS, LockReport, LockState
+from .documents import EXPIRY_HORIZON, MAX_FENCE, MAX_PERMITS, PERMIT_KINDS, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
 
 logger = logging.getLogger("mongolock_async")
@@ -120,8 +120,9 @@ class PlaceRequest(NamedTuple):
 
 class Permits(NamedTuple):
     """What a request for a permit is for: a semaphore's (``kind`` "semaphore", one permit of
-    ``limit``) or a read-write lock's (``kind`` "rwlock": a reader weighs 1, a writer the whole
-    ``limit``). Holders' weights add up to at most ``limit``."""
+    ``limit``), a read-write lock's (``kind`` "rwlock": a reader weighs 1, a writer the whole
+    ``limit``) or an election's leadership (``kind`` "election", the one permit of a limit of 1).
+    Holders' weights add up to at most ``limit``."""
 
     kind: str
     limit: int
@@ -271,7 +272,7 @@ class LockStore:
                     raise  # another unique index of the user's: not the upsert race
                 continue
             if doc is not None:  # the embedded server may return None on the same race
-                return _of_kind(LockState.from_document(doc), permits)
+                return of_kind(LockState.from_document(doc), permits)
         raise RuntimeError(f"acquire of {name!r} kept racing with concurrent upserts")
 
     async def release(
@@ -309,7 +310,7 @@ class LockStore:
         doc = await self._find_and_modify(query, pipeline)
         if doc is None:
             return None
-        state = _of_kind(LockState.from_document(doc), permits)
+        state = of_kind(LockState.from_document(doc), permits)
         return None if state.holds(owner) else state  # still ours: it had expired, nothing was released
 
     async def _find_and_modify(
@@ -1127,10 +1128,10 @@ def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]
     ]
 
 
-_KIND_NAMES = {"lock": "a lock", "semaphore": "a semaphore", "rwlock": "a read-write lock"}
+_KIND_NAMES = {"lock": "a lock", "semaphore": "a semaphore", "rwlock": "a read-write lock", "election": "an election"}
 
 
-def _of_kind(state: LockState, permits: Permits | None) -> LockState:
+def of_kind(state: LockState, permits: Permits | None) -> LockState:
     """``state``, if it is of the kind the caller asked for (a lock without ``permits``)."""
     wanted_kind = "lock" if permits is None else permits.kind
     if state.kind != wanted_kind:
@@ -1245,15 +1246,14 @@ def is_transient(error: PyMongoError) -> bool:
 
 # -- semaphores and read-write locks -------------------------------------------------------------
 #
-# One document per name: {_id, kind: "semaphore" | "rwlock", limit, fence, expiresAt,
+# One document per name: {_id, kind: "semaphore" | "rwlock" | "election", limit, fence, expiresAt,
 # holders: [{o: <token>, w: <weight>, exp, fence, ttlMs, holder, at, renewedAt, r}],
 # queue: [places, as a lock's, with their weight w], handedOffTo: "<token> <token> ...", handedOffAt, freed,
 # releasedAt, releasedOwners, withdrawn}. Holders' weights add up to at most ``limit``: a
 # semaphore's permits weigh 1; a read-write lock's readers 1 and a writer the whole limit. Each
 # holder has its own fencing token, from the document's one counter. A release hands the weight it
-# frees to the longest run of the oldest places that fits, in the same write.
-
-PERMIT_KINDS = ("semaphore", "rwlock")
+# frees to the longest run of the oldest places that fits, in the same write. An election is a
+# semaphore of one permit whose candidates are always served in turn.
 
 _HOLDER_WELL_FORMED: dict[str, Any] = {
     "$and": [

@@ -28,8 +28,9 @@ from pymongo.errors import InvalidOperation, PyMongoError
 
 from ._backoff import Backoff
 from ._weak import PerLoop, WeakIdentityMap
+from .documents import PERMIT_KINDS
 from .queues import LocalQueue, queues_on
-from .store import PERMIT_KINDS, LockStore
+from .store import LockStore
 
 logger = logging.getLogger("mongolock_async")
 

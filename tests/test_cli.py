@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
+from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
 
@@ -464,3 +464,54 @@ def test_read_write_locks_are_listed_inspected_and_released_by_force(mongodb_uri
     forced = json.loads(mongolock("release", "index", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout)
     assert forced["released"] is True and len(forced["broken"]) == 2
     assert json.loads(mongolock("inspect", "index", "--json", *where, uri=mongodb_uri).stdout)["readers"] == []
+
+
+async def lead_election(uri: str, database: str, collection: str) -> int:
+    """Election "leader" led by "replica-a", left leading; returns its term."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        leader = AsyncMongoElection(client[database][collection], "leader", ttl=120.0, label="replica-a")
+        term = await leader.campaign(timeout=5)
+        leader._forget_lease()  # left leading, as by a process that is still running elsewhere
+        return term
+    finally:
+        await client.close()
+
+
+def test_elections_are_listed_inspected_and_their_leader_deposed(mongodb_uri: str) -> None:
+    database, collection = "mongolock_cli", f"elections_{uuid.uuid4().hex[:8]}"
+    where = ("--db", database, "--collection", collection)
+    term = asyncio.run(lead_election(mongodb_uri, database, collection))
+    worker = Path(__file__).with_name("election_worker.py")
+    candidate = subprocess.Popen(  # campaigns, then leads until killed
+        [sys.executable, str(worker), mongodb_uri, database, collection, "lead", "-", "120", "-"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=worker.parent.parent,
+    )
+    try:
+        give_up_at = time.monotonic() + 20
+        while not (detail := json.loads(mongolock("inspect", "leader", "--json", *where, uri=mongodb_uri).stdout))[
+            "candidates"
+        ]:
+            assert time.monotonic() < give_up_at, "the candidate's place never showed"
+        assert detail["kind"] == "election" and detail["leader"]["holder"]["label"] == "replica-a"
+        assert detail["leader"]["fencing_token"] == term
+        assert [place["pid"] for place in detail["candidates"]] == [candidate.pid]
+        listing = mongolock("list", *where, uri=mongodb_uri)
+        assert listing.returncode == 0, listing.stderr
+        assert listing.stdout.splitlines()[1].split()[:3] == ["leader", "led", "replica-a"]
+        text = mongolock("inspect", "leader", *where, uri=mongodb_uri).stdout
+        assert "election  leader" in text and f"term      {term}, since " in text
+        assert f"candidates leader {candidate.pid} (" in text
+        released = mongolock("release", "leader", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout
+        forced = json.loads(released)
+        assert forced["released"] is True and [permit["fencing_token"] for permit in forced["broken"]] == [term]
+        assert candidate.stdout is not None
+        said = candidate.stdout.readline().split()  # the candidate leads next, in a higher term
+        assert said[:1] == ["leading"] and int(said[1]) > term, said
+        leader = json.loads(mongolock("inspect", "leader", "--json", *where, uri=mongodb_uri).stdout)["leader"]
+        assert leader["holder"]["pid"] == candidate.pid
+    finally:
+        candidate.kill()
+        candidate.wait()

@@ -1,0 +1,175 @@
+"""``AsyncMongoElection``: one standing leader per name, across processes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pymongo.write_concern import WriteConcern
+
+from ._collection import AsyncCollectionLike
+from .errors import LockLostError, LockTimeoutError
+from .hooks import LockHooks
+from .lease import logger
+from .lock import AsyncMongoLock, OnLost
+from .store import Permits, of_kind
+
+_LEADERSHIP = Permits("election", 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """Who leads an election, as the server saw it when asked."""
+
+    name: str
+    term: int
+    """The leader's term: its fencing token, above every term before it."""
+    holder: Mapping[str, Any]
+    """``label``, ``host`` and ``pid`` of the leading candidate."""
+    since: datetime | None
+    """Server time at which this term began (None on a document written by hand)."""
+    time_left: float
+    """Seconds until the leadership expires on the server's clock unless renewed."""
+    candidates: int
+    """Processes waiting to lead next (each process's candidates wait behind one place)."""
+
+
+class AsyncMongoElection(AsyncMongoLock):
+    """A leader election: at most one leader of ``name`` at a time, kept while the leader lives.
+
+    Every replica makes one handle and campaigns; the winner leads until it resigns, its process
+    dies (the leadership then expires after ``ttl``), or it loses the lease (a network cut, a pause
+    past the TTL, ``mongolock release --force``). Leadership is a lease with every promise of
+    [`AsyncMongoLock`][mongolock_async.AsyncMongoLock]: the server's clock, renewal by the shared
+    heartbeat (always on here: ``True`` renews every ``ttl / 3``, or give an interval), loss that
+    cancels the leader's work. Candidates are served in turn across processes, and a resignation
+    hands leadership to the next candidate in the same write (its process learns it from the change
+    stream at once, not at expiry).
+
+    Each term has its own number, ``term``: the leadership's fencing token, above every term before
+    it (across resignations, expiry, forced release and purge). Pass it with leader-only writes so
+    the resource can refuse a deposed leader's (see the fencing guide).
+
+    Use [`lead`][mongolock_async.AsyncMongoElection.lead] to run leader-only work for as long as
+    the process lives, ``async with election:`` for one term, or
+    [`campaign`][mongolock_async.AsyncMongoElection.campaign] and
+    [`resign`][mongolock_async.AsyncMongoElection.resign]. Anyone can ask who leads with
+    [`leader`][mongolock_async.AsyncMongoElection.leader], without campaigning. The other keyword
+    arguments are a lock's; an election always serves in turn, so it takes no ``fair``. A name is
+    of one kind: using an election's name as a lock, a semaphore or a read-write lock raises
+    [`LockDataError`][mongolock_async.LockDataError].
+    """
+
+    def __init__(
+        self,
+        collection: AsyncCollectionLike,
+        name: str,
+        ttl: float = 15.0,
+        *,
+        timeout: float | None = None,
+        label: str | None = None,
+        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
+        heartbeat: bool | float = True,
+        safety_margin: float | None = None,
+        on_lost: OnLost | None = None,
+        hooks: LockHooks | None = None,
+        retry_base: float = 0.05,
+        retry_cap: float = 1.0,
+        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+    ) -> None:
+        if heartbeat is False:
+            raise ValueError("an election keeps its leader with the heartbeat: heartbeat must be True or an interval")
+        super().__init__(
+            collection,
+            name,
+            ttl,
+            timeout=timeout,
+            label=label,
+            write_concern=write_concern,
+            heartbeat=heartbeat,
+            safety_margin=safety_margin,
+            on_lost=on_lost,
+            fair=True,
+            hooks=hooks,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            unreachable_timeout=unreachable_timeout,
+        )
+        self._permits = _LEADERSHIP
+
+    @property
+    def leading(self) -> bool:
+        """Whether this handle leads now: it won a term that has not ended, locally judged (its
+        lease is before its local deadline and not lost)."""
+        lease = self._lease
+        return lease is not None and lease.believed_held
+
+    @property
+    def term(self) -> int | None:
+        """The term this handle leads in; None while it does not lead."""
+        return self.fencing_token
+
+    async def campaign(self, timeout: float | None = None) -> int:
+        """Wait until this handle leads, and return its term.
+
+        Waits in turn behind the candidates before it, for up to ``timeout`` seconds (the
+        handle's default when None; None there waits for ever), then raises
+        [`LockTimeoutError`][mongolock_async.LockTimeoutError]. Raises
+        [`LockAlreadyHeldError`][mongolock_async.LockAlreadyHeldError] if this handle leads
+        already. Cancelling it withdraws the candidacy (a leadership won meanwhile is handed on).
+        """
+        if not await self.acquire(timeout=timeout):
+            raise LockTimeoutError(self._name, self._timeout if timeout is None else timeout)
+        term = self.term
+        assert term is not None  # acquire returned True: held
+        return term
+
+    async def resign(self) -> bool:
+        """Stop leading; the next candidate leads from this write. True if this ended a live term."""
+        return await self.release()
+
+    async def leader(self) -> Leadership | None:
+        """Who leads ``name`` now, judged on the server's clock; None if nobody does. Does not
+        campaign. Read with read concern ``majority``; the answer can be out of date on arrival.
+        Raises [`LockDataError`][mongolock_async.LockDataError] if the name is not an election's."""
+        reports = await self._store.send(self._store.report([self._name]), bound=self._ttl)
+        if not reports:
+            return None
+        report = reports[0]
+        if report.state is None:
+            assert report.error is not None  # a document that could not be read
+            raise report.error
+        state = of_kind(report.state, _LEADERSHIP)
+        if not report.live_permits:
+            return None
+        permit = report.live_permits[0]
+        return Leadership(
+            name=self._name,
+            term=permit.fencing_token,
+            holder=permit.holder,
+            since=permit.acquired_at,
+            time_left=report.permits_left_ms[permit.token] / 1000,
+            candidates=len(state.queue),
+        )
+
+    async def lead(self, work: Callable[[int], Awaitable[object]]) -> None:
+        """Campaign, run ``work(term)`` while leading, and campaign again whenever leadership is
+        lost; return (resigning) once ``work`` returns.
+
+        A loss cancels ``work`` (as it cancels an ``async with`` block), is logged at WARNING, and
+        a new campaign starts at once; ``work`` starts again, with the new term, when this handle
+        leads again. Errors from ``work`` propagate (after resigning), as do the acquire's
+        (``ServerUnreachableError``, ``LockTimeoutError`` if the handle has a ``timeout``).
+        Cancelling ``lead`` cancels ``work`` and resigns.
+        """
+        while True:
+            try:
+                async with self:
+                    term = self.term
+                    assert term is not None
+                    await work(term)
+                return
+            except LockLostError as error:
+                logger.warning("leadership of %r lost (%s); campaigning again", self._name, error)

@@ -1,0 +1,303 @@
+"""AsyncMongoElection: one leader at a time across OS processes, terms that only go up, hand-over
+on resignation, failover when the leader dies, and the lock's promises (loss cancels the work,
+arguments checked before I/O, documents of another kind refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo.write_concern import WriteConcern
+
+from mongolock_async import (
+    AsyncMongoElection,
+    AsyncMongoLock,
+    AsyncMongoSemaphore,
+    LockDataError,
+    LockManager,
+    LockTimeoutError,
+)
+from mongolock_async.store import LockStore
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.conftest import CommandCounter, most_at_once, run_workers
+
+WORKER = Path(__file__).with_name("election_worker.py")
+PROCESSES, CANDIDATES, SECONDS = 4, 3, 4.0
+Term = tuple[float, float, int, int]
+"""(entered, left, term, pid), on the machine's monotonic clock."""
+
+
+def run_contention(uri: str, kind: str) -> list[Term]:
+    collection = f"election_{kind}_{uuid.uuid4().hex[:8]}"
+    start_at = time.monotonic() + 3.0  # time for every process to start and connect
+    arguments = [uri, TEST_DATABASE, collection, kind, str(CANDIDATES), str(SECONDS), str(start_at)]
+    terms: list[Term] = []
+    for out in run_workers(WORKER, arguments, PROCESSES):
+        assert out, "every process led at least once"
+        terms += [tuple(json.loads(line)) for line in out]
+    return terms
+
+
+@pytest.mark.parametrize("kind", ["contend", "broken"])
+def test_never_two_leaders_across_processes(mongodb_uri: str, kind: str) -> None:
+    terms = run_contention(mongodb_uri, kind)
+    assert len(terms) >= 30, f"too few terms to judge ({len(terms)})"
+    peak = most_at_once(terms)
+    if kind == "broken":
+        assert peak > 1, "the detector found no two leaders at once in a broken election"
+        return
+    assert peak == 1, f"{peak} leaders at once"
+    by_entry = sorted(terms)
+    assert [term for _, _, term, _ in by_entry] == sorted({term for _, _, term, _ in terms}), (
+        "terms do not rise strictly with each new leader"
+    )
+
+
+async def test_a_resignation_hands_leadership_to_the_next_candidate_at_once(driver: str, mongodb_uri: str) -> None:
+    # Two clients stand for two processes. A TTL of 60 s: a hand-over by expiry would miss the
+    # follower's 20 s campaign timeout, so leading within it means the resignation handed it over.
+    collection = f"election_{uuid.uuid4().hex[:8]}"
+    clients = [make_client(driver, mongodb_uri) for _ in range(2)]
+    try:
+        first, second = (
+            AsyncMongoElection(client[TEST_DATABASE][collection], "scheduler", ttl=60.0, label=label)
+            for client, label in zip(clients, ("first", "second"), strict=True)
+        )
+        assert await first.leader() is None, "nobody leads an election nobody campaigned in"
+        first_term = await first.campaign(timeout=5)
+        assert first.leading and first.term == first_term
+        following = asyncio.create_task(second.campaign(timeout=20))
+        await asyncio.sleep(0.5)  # the second candidate's place is stored
+        seen = await second.leader()  # asked by a candidate that does not lead
+        assert seen is not None and seen.term == first_term and seen.holder["label"] == "first"
+        assert seen.holder["pid"] == os.getpid() and seen.candidates == 1 and 0 < seen.time_left <= 60
+        assert not second.leading and second.term is None
+        assert await first.resign()
+        second_term = await following
+        assert second_term > first_term and second.leading and not first.leading
+        seen = await first.leader()
+        assert seen is not None and seen.term == second_term and seen.holder["label"] == "second"
+        assert seen.since is not None
+        assert await second.resign()
+        assert await first.leader() is None
+    finally:
+        for client in clients:
+            await close_client(client)
+
+
+async def test_terms_rise_across_resignation_expiry_force_release_and_purge(lock_collection: Any) -> None:
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    terms: list[int] = []
+
+    async def win(ttl: float = 10.0) -> AsyncMongoElection:
+        election = AsyncMongoElection(lock_collection, "terms", ttl=ttl)
+        terms.append(await election.campaign(timeout=5))
+        return election
+
+    assert await (await win()).resign()
+    expiring = await win(ttl=0.6)
+    expiring._forget_lease()  # the leader dies: its term expires
+    await asyncio.sleep(0.7)
+    deposed = await win()
+    forced = await store.force_release("terms")
+    assert forced is not None and [permit[2] for permit in forced.permits] == terms[-1:]
+    deposed._forget_lease()
+    purged = await win()
+    purged._forget_lease()
+    await lock_collection.delete_one({"_id": "terms"})  # purged by the idle-cleanup index
+    await asyncio.sleep(0.01)
+    await win()
+    assert terms == sorted(set(terms)), f"terms went down: {terms}"
+
+
+async def test_lead_cancels_the_work_on_loss_and_starts_it_again_in_a_new_term(lock_collection: Any) -> None:
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    election = AsyncMongoElection(lock_collection, "worker", ttl=3.0, heartbeat=0.5)
+    started: asyncio.Queue[int] = asyncio.Queue()
+    cancelled: list[int] = []
+
+    async def work(term: int) -> None:
+        started.put_nowait(term)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(term)
+            raise
+
+    leading = asyncio.create_task(election.lead(work))
+    first = await started.get()
+    await store.force_release("worker")  # an operator deposes the leader
+    async with asyncio.timeout(10):
+        second = await started.get()
+    assert cancelled == [first], "the first term's work was cancelled when its leadership was lost"
+    assert second > first, "the work started again in a new, higher term"
+    leading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leading
+    assert cancelled == [first, second], "cancelling lead cancelled the work"
+    assert await election.leader() is None, "cancelling lead resigned"
+
+
+async def test_lead_returns_and_resigns_when_the_work_returns(lock_collection: Any) -> None:
+    election = AsyncMongoElection(lock_collection, "once", ttl=10.0)
+    seen: list[bool] = []
+
+    async def work(term: int) -> None:
+        seen.append(election.leading and election.term == term)
+
+    await election.lead(work)
+    assert seen == [True] and not election.leading
+    assert await election.leader() is None
+
+
+async def test_a_cancelled_campaign_leaves_no_candidacy(lock_collection: Any) -> None:
+    leader = AsyncMongoElection(lock_collection, "cancel", ttl=10.0)
+    await leader.campaign()
+    candidate = AsyncMongoElection(lock_collection, "cancel", ttl=10.0)
+    campaigning = asyncio.create_task(candidate.campaign())
+    await asyncio.sleep(0.3)
+    campaigning.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await campaigning
+    assert await leader.resign()
+    assert await leader.leader() is None, "the resignation handed leadership to a withdrawn candidate"
+    assert not candidate.leading
+
+
+async def test_a_campaign_times_out_with_lock_timeout_error(lock_collection: Any) -> None:
+    leader = AsyncMongoElection(lock_collection, "busy", ttl=10.0)
+    await leader.campaign()
+    with pytest.raises(LockTimeoutError, match=r"within 0\.3 s"):
+        await AsyncMongoElection(lock_collection, "busy", ttl=10.0).campaign(timeout=0.3)
+    assert await leader.resign()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"heartbeat": False}, ValueError, "heartbeat"),
+        ({"fair": False}, TypeError, "fair"),
+        ({"ttl": 0}, ValueError, "ttl"),
+        ({"ttl": 3.0, "heartbeat": 2.0}, ValueError, "heartbeat"),
+        ({"name": ""}, ValueError, "name"),
+        ({"name": 7}, TypeError, "name"),
+        ({"timeout": -1}, ValueError, "timeout"),
+    ],
+)
+async def test_hostile_arguments_are_refused_before_any_io(
+    counted_collection: Any,
+    command_counter: CommandCounter,
+    arguments: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    arguments = {"name": "job", **arguments}
+    with pytest.raises(error, match=match):
+        AsyncMongoElection(counted_collection, **arguments)
+    assert command_counter.names == []
+
+
+async def test_a_name_is_an_election_or_something_else(lock_collection: Any) -> None:
+    lock = AsyncMongoLock(lock_collection, "a-lock", ttl=10.0)
+    assert await lock.acquire(blocking=False)
+    with pytest.raises(LockDataError, match="a lock, not an election"):
+        await AsyncMongoElection(lock_collection, "a-lock").campaign(timeout=1)
+    with pytest.raises(LockDataError, match="a lock, not an election"):
+        await AsyncMongoElection(lock_collection, "a-lock").leader()
+    election = AsyncMongoElection(lock_collection, "an-election", ttl=10.0)
+    await election.campaign()
+    with pytest.raises(LockDataError, match="an election, not a semaphore"):
+        await AsyncMongoSemaphore(lock_collection, "an-election", 1).acquire(blocking=False)
+    with pytest.raises(LockDataError, match="an election, not a lock"):
+        await AsyncMongoLock(lock_collection, "an-election").acquire(blocking=False)
+    assert await election.resign()
+    assert await lock.release()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [{"holders": "everyone"}, {"holders": [{"o": "x", "fence": 1}]}, {"limit": 2}, {"kind": "monarchy"}],
+    ids=["holders-not-array", "holder-without-expiry", "two-leaders-allowed", "unknown-kind"],
+)
+async def test_documents_edited_by_hand_are_refused(lock_collection: Any, edit: dict[str, Any]) -> None:
+    election = AsyncMongoElection(lock_collection, "edited", ttl=10.0)
+    await election.campaign()
+    await lock_collection.update_one({"_id": "edited"}, {"$set": edit})
+    other = AsyncMongoElection(lock_collection, "edited", ttl=10.0)
+    if "limit" in edit:
+        # A limit the election never writes: the next attempt writes 1 again, and the leader
+        # keeps the one permit, so nobody leads beside it.
+        with pytest.raises(LockTimeoutError):
+            await other.campaign(timeout=0.5)
+        return
+    with pytest.raises(LockDataError):
+        await other.campaign(timeout=1)
+    with pytest.raises(LockDataError):
+        await other.leader()
+    doc = await lock_collection.find_one({"_id": "edited"})
+    assert {key: doc[key] for key in edit} == edit, "nothing was written to the edited document"
+
+
+async def test_the_manager_hands_out_candidates(lock_collection: Any) -> None:
+    locks = LockManager(lock_collection, ttl=8.0, label="replica", fair=False, blocking=False, heartbeat=False)
+    election = locks.election("cron")
+    assert election.ttl == 8.0
+    term = await election.campaign(timeout=2)
+    seen = await election.leader()
+    assert seen is not None and seen.term == term and seen.holder["label"] == "replica"
+    assert await election.resign()
+    with pytest.raises(ValueError, match="heartbeat"):
+        locks.election("cron", heartbeat=False)
+
+
+def _start_leader(uri: str, collection: str, ttl: float) -> tuple[subprocess.Popen[str], int]:
+    """A process that leads the election and keeps leading; returns it and its term."""
+    leader = subprocess.Popen(
+        [sys.executable, str(WORKER), uri, TEST_DATABASE, collection, "lead", "-", str(ttl), "-"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=WORKER.parent.parent,
+    )
+    assert leader.stdout is not None
+    line = leader.stdout.readline().split()
+    assert line[:1] == ["leading"], f"the leader process said {line}"
+    return leader, int(line[1])
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+async def test_failover_after_the_leader_dies_or_stalls(driver: str, mongodb_uri: str, fault: str) -> None:
+    collection, ttl = f"election_{uuid.uuid4().hex[:8]}", 2.0
+    leader, killed_term = _start_leader(mongodb_uri, collection, ttl)
+    client = make_client(driver, mongodb_uri)
+    try:
+        candidate = AsyncMongoElection(client[TEST_DATABASE][collection], "leader", ttl=ttl)
+        seen = await candidate.leader()
+        assert seen is not None and seen.term == killed_term and seen.holder["pid"] == leader.pid
+        os.kill(leader.pid, getattr(signal, fault))
+        asked = time.monotonic()
+        term = await candidate.campaign(timeout=30)
+        assert term > killed_term, "the new leader's term is above the dead leader's"
+        # Not before the old leadership could expire: renewed at most a heartbeat (ttl / 3) before
+        # the signal, it lasted at least ttl - ttl / 3 after it.
+        assert time.monotonic() - asked >= ttl * 2 / 3 - 0.1, "leadership changed before the old term expired"
+        if fault == "SIGSTOP":
+            os.kill(leader.pid, signal.SIGCONT)
+            assert leader.stdout is not None
+            said = await asyncio.to_thread(leader.stdout.readline)
+            assert said.split()[:1] == ["lost"], f"the resumed leader said {said!r}, not that it lost"
+            seen = await candidate.leader()
+            assert seen is not None and seen.term == term, "the resumed process did not take leadership back"
+        assert await candidate.resign()
+    finally:
+        leader.kill()
+        leader.wait()
+        await close_client(client)
