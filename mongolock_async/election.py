@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from ._collection import AsyncCollectionLike
@@ -14,9 +18,15 @@ from .errors import LockLostError, LockTimeoutError
 from .hooks import LockHooks
 from .lease import logger
 from .lock import AsyncMongoLock, OnLost
-from .store import Permits, of_kind
+from .store import LockStore, Permits, of_kind
 
 _LEADERSHIP = Permits("election", 1)
+# An observer reads the document again at least this often even when its stream is quiet (a
+# stream can miss nothing, but a leader that died with nobody waiting writes nothing either).
+_IDLE_READ = 60.0
+# Read this long after a leadership's time is up on the server's clock, so that it has expired.
+_EXPIRY_SLACK = 0.05
+_MAX_AWAIT_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +164,35 @@ class AsyncMongoElection(AsyncMongoLock):
             candidates=len(state.queue),
         )
 
+    async def changes(self) -> AsyncIterator[Leadership | None]:
+        """Who leads now, then every change: a new term (a new leader, or the same one elected
+        again), or nobody leading (the last leader resigned, or its term expired). For anyone; does
+        not campaign.
+
+        Each write to the election's document is seen through a change stream opened before the
+        first read, and the document is read again then, so a change is yielded one change event
+        after its write; an expiry, which writes nothing, is seen when the leadership's time is up.
+        Where there are no change streams (a standalone server) or the stream fails, the document
+        is read every ``ttl / 3`` until the stream opens again. The leader's renewals are writes
+        too: an observer reads the document once per heartbeat tick of the leader. Errors reading
+        the document (as [`leader`][mongolock_async.AsyncMongoElection.leader]'s) propagate.
+        Wrap it in ``contextlib.aclosing`` to close its stream as soon as you stop iterating.
+        """
+        watch = _NameWatch(self._store, self._name)
+        try:
+            first, yielded_term = True, None
+            while True:
+                await watch.open()
+                current = await self.leader()
+                term = None if current is None else current.term
+                if first or term != yielded_term:
+                    first, yielded_term = False, term
+                    yield current
+                poll = self._ttl / 3 if watch.stream is None else _IDLE_READ
+                await watch.next_write(poll if current is None else min(poll, current.time_left + _EXPIRY_SLACK))
+        finally:
+            await watch.close()
+
     async def lead(self, work: Callable[[int], Awaitable[object]]) -> None:
         """Campaign, run ``work(term)`` while leading, and campaign again whenever leadership is
         lost; return (resigning) once ``work`` returns.
@@ -173,3 +212,47 @@ class AsyncMongoElection(AsyncMongoLock):
                 return
             except LockLostError as error:
                 logger.warning("leadership of %r lost (%s); campaigning again", self._name, error)
+
+
+class _NameWatch:
+    """A change stream of one election's document for one observer, reopened when it fails."""
+
+    def __init__(self, store: LockStore, name: str) -> None:
+        self._store = store
+        self._name = name
+        self.stream: Any = None
+
+    async def open(self) -> None:
+        if self.stream is not None and self.stream.alive:
+            return
+        await self.close()
+        try:
+            self.stream = await self._store.watch_name(self._name, max_await_ms=_MAX_AWAIT_MS)
+        except PyMongoError as error:  # no replica set, or no server now: the observer polls
+            logger.debug("no change stream for election %r (%s); reading it every poll", self._name, error)
+
+    async def next_write(self, within: float) -> None:
+        """Return at the next write to the document, or after ``within`` seconds."""
+        give_up_at = time.monotonic() + within
+        while time.monotonic() < give_up_at:
+            if self.stream is None:
+                await asyncio.sleep(max(0.0, give_up_at - time.monotonic()))
+                return
+            try:
+                # Between two getMores (each at most a second), never cut one off midway: a
+                # cancelled getMore would cost the pooled connection it ran on.
+                if await self.stream.try_next() is not None:
+                    return
+            except PyMongoError as error:
+                logger.debug("change stream of election %r failed (%s); reopening", self._name, error)
+                await self.close()
+                return
+            if not self.stream.alive:
+                await self.close()
+                return
+
+    async def close(self) -> None:
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            with contextlib.suppress(PyMongoError):
+                await asyncio.shield(stream.close())

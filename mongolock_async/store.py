@@ -717,6 +717,12 @@ class LockStore:
             self._collection.watch(pipeline, max_await_time_ms=max_await_ms, start_at_operation_time=start_at)
         )
 
+    async def watch_name(self, name: str, *, max_await_ms: int) -> Any:
+        """Open a change stream of every write to ``name``'s document (its observers read the
+        document again on each). Needs a replica set or a sharded cluster."""
+        pipeline = [{"$match": {"documentKey._id": name}}]
+        return await _maybe_await(self._collection.watch(pipeline, max_await_time_ms=max_await_ms))
+
 
 # -- expressions ----------------------------------------------------------------------------------
 

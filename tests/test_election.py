@@ -5,6 +5,7 @@ arguments checked before I/O, documents of another kind refused)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from mongolock_async import (
     AsyncMongoElection,
     AsyncMongoLock,
     AsyncMongoSemaphore,
+    Leadership,
     LockDataError,
     LockManager,
     LockTimeoutError,
@@ -301,3 +303,63 @@ async def test_failover_after_the_leader_dies_or_stalls(driver: str, mongodb_uri
         leader.kill()
         leader.wait()
         await close_client(client)
+
+
+async def test_observers_see_each_change_of_leader_without_campaigning(driver: str, mongodb_uri: str) -> None:
+    # A TTL of 60 s: an observer reading only every ttl / 3 would miss the 10 s bound below, so
+    # seeing each change within it means the change stream brought it.
+    collection = f"election_{uuid.uuid4().hex[:8]}"
+    clients = [make_client(driver, mongodb_uri) for _ in range(2)]
+    try:
+        observer = AsyncMongoElection(clients[0][TEST_DATABASE][collection], "cache-warmer", ttl=60.0)
+        first, second = (
+            AsyncMongoElection(clients[1][TEST_DATABASE][collection], "cache-warmer", ttl=60.0, label=label)
+            for label in ("first", "second")
+        )
+        seen: asyncio.Queue[Leadership | None] = asyncio.Queue()
+
+        async def observe() -> None:
+            async with contextlib.aclosing(observer.changes()) as changes:
+                async for leadership in changes:
+                    seen.put_nowait(leadership)
+
+        observing = asyncio.create_task(observe())
+        async with asyncio.timeout(10):
+            assert await seen.get() is None, "nobody leads yet"
+        first_term = await first.campaign(timeout=5)
+        async with asyncio.timeout(10):
+            change = await seen.get()
+        assert change is not None and change.term == first_term and change.holder["label"] == "first"
+        following = asyncio.create_task(second.campaign(timeout=20))
+        await asyncio.sleep(0.5)
+        assert await first.resign()
+        second_term = await following
+        async with asyncio.timeout(10):
+            change = await seen.get()
+        assert change is not None and change.term == second_term and change.holder["label"] == "second"
+        assert await second.resign()
+        async with asyncio.timeout(10):
+            assert await seen.get() is None, "the last resignation left nobody leading"
+        assert seen.empty(), "a renewal or a queued place was reported as a change"
+        assert not observer.leading, "observing did not campaign"
+        observing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await observing
+    finally:
+        for client in clients:
+            await close_client(client)
+
+
+async def test_observers_see_a_dead_leaders_term_expire(lock_collection: Any) -> None:
+    observer = AsyncMongoElection(lock_collection, "expiring", ttl=30.0)
+    dying = AsyncMongoElection(lock_collection, "expiring", ttl=1.0, heartbeat=0.3)
+    term = await dying.campaign()
+    dying._forget_lease()  # the leader's process dies: no renewal, no release, no write at all
+    changes = observer.changes()
+    try:
+        change = await anext(changes)
+        assert change is not None and change.term == term
+        async with asyncio.timeout(10):
+            assert await anext(changes) is None, "the expiry, which wrote nothing, was seen"
+    finally:
+        await changes.aclose()
