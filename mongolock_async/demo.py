@@ -35,7 +35,7 @@ from pymongo.write_concern import WriteConcern
 
 from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, connect, explain, redact_uri
 from ._process import die_with_parent
-from .demo_worker import ACCOUNTS, API, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
+from .demo_worker import ACCOUNTS, API, ELECTION, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
 from .store import LockStore
 
 
@@ -151,6 +151,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
             await crash_and_takeover(uri, database, arguments, view, checks)
             await paused_holder(uri, database, arguments, view, checks)
             await rate_limit(uri, database, arguments, view, checks)
+            await leader_failover(uri, database, arguments, view, checks)
         finally:
             await client.drop_database(database_name)
     finally:
@@ -332,8 +333,7 @@ async def crash_and_takeover(
     lease = await store.read(JOB_LOCK)  # read after the kill: no renewal can follow it
     assert lease is not None and lease.expires_at is not None
     view.event(
-        f"SIGKILLed doomed (pid {doomed.process.pid}) mid-job; "
-        f"its lease runs until {lease.expires_at:%H:%M:%S.%f} UTC"
+        f"SIGKILLed doomed (pid {doomed.process.pid}) mid-job; its lease runs until {lease.expires_at:%H:%M:%S.%f} UTC"
     )
     second = await successor.wait_for("started")
     taken = await store.read(JOB_LOCK)
@@ -433,3 +433,68 @@ async def rate_limit(uri: str, database: Any, arguments: argparse.Namespace, vie
     distinct = len(set(fences))
     label = f"every call held its own permit ({distinct} distinct fencing tokens for {done} calls)"
     checks.record(view, label, done == total and distinct == done)
+
+
+async def leader_failover(uri: str, database: Any, arguments: argparse.Namespace, view: View, checks: Checks) -> None:
+    ttl = arguments.ttl
+    view.section(
+        f"6. Leader election: 3 scheduler replicas; the leader shuts down cleanly, then the next one is "
+        f"SIGKILLed; TTL {ttl:g} s"
+    )
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "leading":
+            view.event(f"{event['worker']} (pid {event['pid']}) leads, term {event['term']}")
+        elif event["event"] == "resigned":
+            view.event(f"{event['worker']} shut down and resigned")
+
+    replicas = [
+        await Worker.start(f"replica-{i + 1}", "replica", uri, database.name, f"replica-{i + 1}", str(ttl))
+        for i in range(3)
+    ]
+    following = [asyncio.create_task(replica.follow(on_event)) for replica in replicas]
+    for replica in replicas:
+        await replica.wait_for("ready")
+
+    async def next_leader(excluding: list[Worker]) -> tuple[Worker, dict[str, Any]]:
+        while True:
+            for replica in replicas:
+                if replica not in excluding and any(e["event"] == "leading" for e in replica.events):
+                    return replica, await replica.wait_for("leading")
+            await asyncio.sleep(0.02)
+
+    store = LockStore(database[LOCKS], WriteConcern(w="majority"))
+    first, first_leading = await next_leader([])
+    before = await store.read(ELECTION)  # the leader's term lasts at least until this expiry
+    assert before is not None and before.permits
+    first.process.send_signal(signal.SIGTERM)
+    asked_at = time.time()
+    second, second_leading = await next_leader([first])
+    handover = second_leading["t"] - asked_at
+    view.event(f"{second.name} leads {handover * 1000:.0f} ms after {first.name} was asked to shut down")
+    handed = await store.read(ELECTION)
+    assert handed is not None and handed.permits and handed.permits[0].acquired_at is not None
+    checks.record(
+        view,
+        f"the clean shutdown handed leadership on at once ({handover * 1000:.0f} ms, not at expiry), in a higher term",
+        handed.permits[0].acquired_at < before.permits[0].expires_at and second_leading["term"] > first_leading["term"],
+    )
+    os.kill(second.process.pid, signal.SIGKILL)
+    killed_at = time.time()
+    term = await store.read(ELECTION)  # read after the kill: no renewal can follow it
+    assert term is not None and term.permits
+    expires_at = term.permits[0].expires_at
+    view.event(f"SIGKILLed {second.name} (pid {second.process.pid}); its term runs until {expires_at:%H:%M:%S.%f} UTC")
+    third, third_leading = await next_leader([first, second])
+    taken = await store.read(ELECTION)
+    assert taken is not None and taken.permits
+    view.event(f"{third.name} leads {third_leading['t'] - killed_at:.2f} s after the kill")
+    checks.record(
+        view,
+        "after the SIGKILL the last replica led only once the dead leader's term expired, in a higher term",
+        taken.permits[0].acquired_at is not None
+        and taken.permits[0].acquired_at >= expires_at
+        and third_leading["term"] > second_leading["term"],
+    )
+    third.process.send_signal(signal.SIGTERM)
+    await asyncio.gather(*following)

@@ -4,6 +4,7 @@ python -m mongolock_async.demo_worker sale DATABASE WORKER TASKS
 python -m mongolock_async.demo_worker job DATABASE WORKER TTL JOB_SECONDS
 python -m mongolock_async.demo_worker ledger DATABASE WORKER TTL PAUSE_SECONDS
 python -m mongolock_async.demo_worker export DATABASE WORKER TASKS LIMIT CALLS
+python -m mongolock_async.demo_worker replica DATABASE WORKER TTL
 
 The MongoDB URI comes on the first line of stdin, never on the command line, which every user of
 the machine can read.
@@ -15,6 +16,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.write_concern import WriteConcern
 
-from . import AsyncMongoLock, AsyncMongoSemaphore, LockError, LockLostError, LockTimeoutError
+from . import AsyncMongoElection, AsyncMongoLock, AsyncMongoSemaphore, LockError, LockLostError, LockTimeoutError
 from .fencing import fenced_update_one
 from .store import LockStore
 
@@ -36,6 +38,7 @@ ACCOUNTS = "accounts"
 LEDGER_LOCK = "account:42"
 API = "partner_api"
 API_QUOTA = "partner-api"
+ELECTION = "scheduler"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -158,6 +161,30 @@ async def export(uri: str, database_name: str, worker: str, tasks: int, limit: i
         await client.close()
 
 
+async def replica(uri: str, database_name: str, worker: str, ttl: float) -> None:
+    """A scheduler replica: leads the election while it lives, ticking; SIGTERM shuts it down
+    cleanly (its leadership is handed on as it resigns)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        election = AsyncMongoElection(client[database_name][LOCKS], ELECTION, ttl=ttl, label=worker)
+
+        async def schedule(term: int) -> None:
+            emit("leading", worker=worker, term=term)
+            while True:
+                await asyncio.sleep(0.25)
+                emit("tick", worker=worker, term=term)
+
+        leading = asyncio.create_task(election.lead(schedule))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, leading.cancel)
+        emit("ready", worker=worker)
+        try:
+            await leading
+        except asyncio.CancelledError:
+            emit("resigned", worker=worker)  # lead() has resigned by the time it is cancelled
+    finally:
+        await client.close()
+
+
 def main(argv: list[str]) -> None:
     kind, database = argv[0], argv[1]
     uri = sys.stdin.readline().strip()
@@ -169,6 +196,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(ledger(uri, database, argv[2], float(argv[3]), float(argv[4])))
     elif kind == "export":
         asyncio.run(export(uri, database, argv[2], int(argv[3]), int(argv[4]), int(argv[5])))
+    elif kind == "replica":
+        asyncio.run(replica(uri, database, argv[2], float(argv[3])))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

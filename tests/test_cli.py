@@ -74,13 +74,15 @@ def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "embedded server listening" in out
-    assert "14/14 checks passed" in out and "FAIL" not in out
+    assert "16/16 checks passed" in out and "FAIL" not in out
     assert "the API never saw more than 3 calls at once" in out
     assert "sales equal the stock (16 of 16)" in out
     assert "SIGKILLed doomed" in out and "takeover" in out
     assert "the successor's fencing token is higher" in out
     assert "SIGSTOPped paused" in out and "ledger transaction refused: LockLostError" in out
     assert "PASS  the account shows only the new holder's posting" in out
+    assert "PASS  the clean shutdown handed leadership on at once" in out
+    assert "PASS  after the SIGKILL the last replica led only once the dead leader's term expired" in out
 
 
 def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
