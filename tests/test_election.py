@@ -29,8 +29,9 @@ from mongolock_async import (
     LockTimeoutError,
 )
 from mongolock_async.store import LockStore
+from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, most_at_once, run_workers
+from tests.conftest import CommandCounter, most_at_once, run_workers, set_fail_point
 
 WORKER = Path(__file__).with_name("election_worker.py")
 PROCESSES, CANDIDATES, SECONDS = 4, 3, 4.0
@@ -363,3 +364,52 @@ async def test_observers_see_a_dead_leaders_term_expire(lock_collection: Any) ->
             assert await anext(changes) is None, "the expiry, which wrote nothing, was seen"
     finally:
         await changes.aclose()
+
+
+async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
+    driver: str, private_server: EmbeddedMongo
+) -> None:
+    # Every command of the leader's client fails with a closed connection (a fail point scoped to
+    # its appName), while the candidate's client is untouched: a network cut of the leader alone.
+    leader_client = make_client(
+        driver, private_server.uri, appName="cut-leader", serverMonitoringMode="poll", heartbeatFrequencyMS=500
+    )
+    candidate_client = make_client(driver, private_server.uri)
+    try:
+        leader = AsyncMongoElection(leader_client[TEST_DATABASE]["locks"], "cut", ttl=3.0, heartbeat=0.5)
+        candidate = AsyncMongoElection(candidate_client[TEST_DATABASE]["locks"], "cut", ttl=3.0)
+        led: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
+        stopped: list[float] = []
+
+        async def work(term: int) -> None:
+            led.put_nowait((term, time.monotonic()))
+            try:
+                await asyncio.sleep(60)
+            finally:
+                stopped.append(time.monotonic())
+
+        leading = asyncio.create_task(leader.lead(work))
+        old_term, _ = await led.get()
+        following = asyncio.create_task(candidate.campaign(timeout=30))
+        await asyncio.sleep(0.3)  # the candidate's place is stored
+        commands = ["update", "findAndModify", "aggregate", "find", "getMore", "ping"]
+        await set_fail_point(
+            candidate_client[TEST_DATABASE]["locks"],
+            "alwaysOn",
+            failCommands=commands,
+            closeConnection=True,
+            appName="cut-leader",
+        )
+        new_term = await following
+        took_over_at = time.monotonic()
+        assert stopped, "the cut-off leader's work was still running when the next leader started"
+        assert stopped[0] <= took_over_at, "two leaders worked at once"
+        assert new_term > old_term
+        await set_fail_point(candidate_client[TEST_DATABASE]["locks"], "off")
+        leading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leading
+        assert await candidate.resign()
+    finally:
+        await close_client(leader_client)
+        await close_client(candidate_client)
