@@ -44,8 +44,9 @@ KILL_TTL = 2.0
 
 
 def lines_of(worker: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    out, _ = worker.communicate(timeout=300)
-    if worker.returncode != 0:
+    assert worker.stdout is not None
+    out = worker.stdout.read()
+    if worker.wait(timeout=300) != 0:
         raise RuntimeError(f"election worker {worker.args[2]} failed (exit {worker.returncode})")
     return [json.loads(line) for line in out.splitlines()]
 
