@@ -136,8 +136,32 @@ class AsyncMongoElection(AsyncMongoLock):
         assert term is not None  # acquire returned True: held
         return term
 
-    async def resign(self) -> bool:
-        """Stop leading; the next candidate leads from this write. True if this ended a live term."""
+    async def resign(self, to: str | None = None) -> bool:
+        """Stop leading; the next candidate leads from this write. True if this ended a live term.
+
+        ``to`` names a waiting candidate (its ``label``) to lead next instead of the next in turn:
+        its place is first moved to the front of the queue (one request, made only while this
+        handle leads), then the resignation hands leadership to it. Raises ``LookupError``, still
+        leading, if no candidate with that label waits. A candidate that gives up between the two
+        requests is passed over for the next in turn.
+        """
+        if to is None:
+            return await self.release()
+        if not isinstance(to, str):
+            raise TypeError(f"to must be a candidate's label (a str) or None, not {type(to).__name__}")
+        if not to:
+            raise ValueError("to must be a candidate's label, not an empty string")
+        lease = self._lease
+        if lease is None or not lease.believed_held:
+            return await self.release()
+        state = await self._store.send(self._store.read(self._name), bound=lease.deadline - time.monotonic())
+        place = next((place for place in (state.queue if state else ()) if place.holder.get("label") == to), None)
+        if place is None:
+            raise LookupError(f"no candidate labelled {to!r} waits in election {self._name!r}")
+        await self._store.send(
+            self._store.put_place_first(self._name, lease.owner, place.token, permits=_LEADERSHIP),
+            bound=lease.deadline - time.monotonic(),
+        )
         return await self.release()
 
     async def leader(self) -> Leadership | None:

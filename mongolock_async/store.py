@@ -392,6 +392,18 @@ class LockStore:
         result = await self._collection.update_one(*_renewal_of(name, owner, ttl_ms, _stamp(), permits))
         return bool(result.modified_count)
 
+    async def put_place_first(self, name: str, owner: str, place: str, *, permits: Permits) -> bool:
+        """Move the queue place ``place`` of ``name`` to the front, so that the next hand-off goes
+        to it; only while ``owner`` holds a permit there and the place waits. True if it was moved
+        (or was first already)."""
+        query = {"_id": name, "kind": permits.kind, "holders.o": owner, "queue.t": place}
+        token = {"$literal": place}  # read from the document: never taken for a field path
+        first = {"$filter": {"input": "$queue", "cond": {"$eq": ["$$this.t", token]}}}
+        rest = {"$filter": {"input": "$queue", "cond": {"$ne": ["$$this.t", token]}}}
+        pipeline = [{"$set": {"queue": {"$concatArrays": [first, rest]}}}]
+        result = await self._collection.update_one(query, pipeline)
+        return bool(result.matched_count)
+
     async def renew(self, leases: Sequence[tuple[str, str, int, Permits | None]]) -> set[tuple[str, str]]:
         """Renew each live lease among ``(name, owner, ttl_ms, permits)`` (``permits`` set for a
         semaphore's permit); return the ``(name, owner)`` pairs this write renewed.

@@ -413,3 +413,41 @@ async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
     finally:
         await close_client(leader_client)
         await close_client(candidate_client)
+
+
+async def test_a_leader_hands_leadership_to_a_named_candidate(driver: str, mongodb_uri: str) -> None:
+    collection = f"election_{uuid.uuid4().hex[:8]}"
+    clients = [make_client(driver, mongodb_uri) for _ in range(3)]
+    try:
+        leader, older, named = (
+            AsyncMongoElection(client[TEST_DATABASE][collection], "handed", ttl=60.0, label=label)
+            for client, label in zip(clients, ("leader", "older", "named"), strict=True)
+        )
+        term = await leader.campaign(timeout=5)
+        waiting_older = asyncio.create_task(older.campaign(timeout=30))
+        await asyncio.sleep(0.5)  # the older candidate's place is stored first
+        waiting_named = asyncio.create_task(named.campaign(timeout=30))
+        await asyncio.sleep(0.5)
+        with pytest.raises(LookupError, match="no candidate labelled 'nobody'"):
+            await leader.resign(to="nobody")
+        assert leader.leading, "a hand-over to nobody left the leader leading"
+        assert await leader.resign(to="named")
+        named_term = await waiting_named
+        assert named_term > term and named.leading
+        assert not waiting_older.done(), "the candidate in turn was passed over for the named one"
+        assert await named.resign()  # then the next in turn
+        assert await waiting_older > named_term
+        assert await older.resign()
+    finally:
+        for client in clients:
+            await close_client(client)
+
+
+@pytest.mark.parametrize(("to", "error"), [(7, TypeError), ("", ValueError)])
+async def test_a_hand_over_to_a_bad_name_is_refused_before_any_io(
+    counted_collection: Any, command_counter: CommandCounter, to: Any, error: type[Exception]
+) -> None:
+    election = AsyncMongoElection(counted_collection, "job")
+    with pytest.raises(error, match="to must be"):
+        await election.resign(to=to)
+    assert command_counter.names == []
