@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -188,7 +188,7 @@ class AsyncMongoElection(AsyncMongoLock):
             candidates=len(state.queue),
         )
 
-    async def changes(self) -> AsyncIterator[Leadership | None]:
+    async def changes(self) -> AsyncGenerator[Leadership | None, None]:
         """Who leads now, then every change: a new term (a new leader, or the same one elected
         again), or nobody leading (the last leader resigned, or its term expired). For anyone; does
         not campaign.
