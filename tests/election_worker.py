@@ -7,10 +7,13 @@ JSON line per term. ``broken`` does the same with an election that reads who lea
 itself leader, in two round trips: the classic race, so the test can show its detector fires.
 
 ``lead``: one candidate leads (TTL from SECONDS) and prints ``leading <term>``, then keeps leading
-until it is killed or stopped; it prints ``lost <monotonic time>`` if it learns of a loss.
+until it is killed or stopped; it prints ``lost <monotonic time>`` if it learns of a loss. With
+``fenced`` it also hands its term to a task that writes to the document "resource" every 50 ms with
+it as the fencing token, for as long as the process runs (a loss does not stop it), printing
+``wrote <monotonic time> applied`` or ``refused`` after each write.
 
     python tests/election_worker.py URI DATABASE COLLECTION {contend|broken} CANDIDATES SECONDS START_AT
-    python tests/election_worker.py URI DATABASE COLLECTION lead - TTL -
+    python tests/election_worker.py URI DATABASE COLLECTION lead - TTL {-|fenced}
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoElection
+from mongolock_async.fencing import fenced_update_one
 
 NAME = "leader"
 
@@ -71,12 +75,24 @@ async def contend(collection: Any, kind: str, stop_at: float, terms: list[Any]) 
         await candidate.lead(work)
 
 
-async def lead(collection: Any, ttl: float) -> None:
+async def lead(collection: Any, ttl: float, fenced: bool) -> None:
     election = AsyncMongoElection(collection, NAME, ttl=ttl, label=f"leader {os.getpid()}")
     stopped = asyncio.Event()
+    writers: set[asyncio.Task[None]] = set()
+
+    async def write_forever(term: int) -> None:
+        # Code the leader handed its term to, outside the leader-only work: a loss cannot cancel it.
+        while True:
+            await asyncio.sleep(0.05)
+            written = await fenced_update_one(
+                collection.database["resource"], {"_id": "resource"}, {"$inc": {"writes": 1}}, token=term, upsert=True
+            )
+            print("wrote", time.monotonic(), "applied" if written.applied else "refused", flush=True)
 
     async def work(term: int) -> None:
         print("leading", term, flush=True)
+        if fenced:
+            writers.add(asyncio.create_task(write_forever(term)))
         try:
             await stopped.wait()
         except asyncio.CancelledError:
@@ -91,7 +107,7 @@ async def main(uri: str, database: str, name: str, mode: str, candidates: str, s
     collection = client[database][name]
     await client.admin.command("ping")
     if mode == "lead":
-        await lead(collection, float(seconds))
+        await lead(collection, float(seconds), start == "fenced")
         return
     await asyncio.sleep(max(0.0, float(start) - time.monotonic()))
     terms: list[Any] = []

@@ -28,6 +28,7 @@ from mongolock_async import (
     LockManager,
     LockTimeoutError,
 )
+from mongolock_async.fencing import fenced_update_one
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
@@ -262,10 +263,21 @@ async def test_the_manager_hands_out_candidates(lock_collection: Any) -> None:
         locks.election("cron", heartbeat=False)
 
 
-def _start_leader(uri: str, collection: str, ttl: float) -> tuple[subprocess.Popen[str], int]:
-    """A process that leads the election and keeps leading; returns it and its term."""
+def _start_leader(uri: str, collection: str, ttl: float, fenced: bool = False) -> tuple[subprocess.Popen[str], int]:
+    """A process that leads the election and keeps leading (writing to "resource" with its term,
+    if ``fenced``); returns it and its term."""
     leader = subprocess.Popen(
-        [sys.executable, str(WORKER), uri, TEST_DATABASE, collection, "lead", "-", str(ttl), "-"],
+        [
+            sys.executable,
+            str(WORKER),
+            uri,
+            TEST_DATABASE,
+            collection,
+            "lead",
+            "-",
+            str(ttl),
+            "fenced" if fenced else "-",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=WORKER.parent.parent,
@@ -278,32 +290,57 @@ def _start_leader(uri: str, collection: str, ttl: float) -> tuple[subprocess.Pop
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
 async def test_failover_after_the_leader_dies_or_stalls(driver: str, mongodb_uri: str, fault: str) -> None:
+    # With SIGSTOP the stalled leader's process keeps writing to a resource with its term as the
+    # fencing token (code it handed the term to): once it resumes after the next leader wrote
+    # there, each of those writes is refused.
     collection, ttl = f"election_{uuid.uuid4().hex[:8]}", 2.0
-    leader, killed_term = _start_leader(mongodb_uri, collection, ttl)
+    leader, old_term = _start_leader(mongodb_uri, collection, ttl, fenced=fault == "SIGSTOP")
     client = make_client(driver, mongodb_uri)
     try:
         candidate = AsyncMongoElection(client[TEST_DATABASE][collection], "leader", ttl=ttl)
         seen = await candidate.leader()
-        assert seen is not None and seen.term == killed_term and seen.holder["pid"] == leader.pid
+        assert seen is not None and seen.term == old_term and seen.holder["pid"] == leader.pid
         os.kill(leader.pid, getattr(signal, fault))
         asked = time.monotonic()
         term = await candidate.campaign(timeout=30)
-        assert term > killed_term, "the new leader's term is above the dead leader's"
+        assert term > old_term, "the new leader's term is above the old leader's"
         # Not before the old leadership could expire: renewed at most a heartbeat (ttl / 3) before
         # the signal, it lasted at least ttl - ttl / 3 after it.
         assert time.monotonic() - asked >= ttl * 2 / 3 - 0.1, "leadership changed before the old term expired"
         if fault == "SIGSTOP":
+            resource = client[TEST_DATABASE]["resource"]
+            written = await fenced_update_one(
+                resource, {"_id": "resource"}, {"$inc": {"writes": 1}}, token=term, upsert=True
+            )
+            assert written.applied
+            resumed_at = time.monotonic()
             os.kill(leader.pid, signal.SIGCONT)
             assert leader.stdout is not None
-            said = await asyncio.to_thread(leader.stdout.readline)
-            assert said.split()[:1] == ["lost"], f"the resumed leader said {said!r}, not that it lost"
+            said = await asyncio.to_thread(_lines_after_resuming, leader.stdout, resumed_at)
+            assert said.count("lost") == 1, said
+            assert said.count("refused") >= 3 and "applied" not in said, f"the resumed leader's writes: {said}"
+            stored = await resource.find_one({"_id": "resource"})
+            assert stored is not None and stored["fence"] == term
             seen = await candidate.leader()
-            assert seen is not None and seen.term == term, "the resumed process did not take leadership back"
+            assert seen is not None and seen.term == term, "the resumed process took leadership back"
         assert await candidate.resign()
     finally:
         leader.kill()
         leader.wait()
         await close_client(client)
+
+
+def _lines_after_resuming(stdout: Any, resumed_at: float) -> list[str]:
+    """What a resumed leader process said after ``resumed_at``: "lost", and its writes' outcomes,
+    until it has said "lost" and written three times."""
+    said: list[str] = []
+    for line in stdout:
+        kind, at, *outcome = line.split()
+        if float(at) >= resumed_at:
+            said.append(outcome[0] if kind == "wrote" else kind)
+        if "lost" in said and len(said) >= 4:
+            return said
+    raise AssertionError(f"the resumed leader process ended saying only {said}")
 
 
 async def test_observers_see_each_change_of_leader_without_campaigning(driver: str, mongodb_uri: str) -> None:
