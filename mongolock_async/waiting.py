@@ -200,9 +200,12 @@ async def _attempt(
         # raises the first attempt's error instead: pymongo/asynchronous/mongo_client.py,
         # _ClientConnectionRetryable.run).
         sent = not isinstance(error, ServerSelectionTimeoutError)
-        # A request that got no answer in time while others did met a slow server, not an outage:
-        # an acquire whose timeout cut it off timed out, as under a busy lock.
-        slow = isinstance(error, RequestTimeout) and request.store.answered_at > sent_at
+        # A request that got no answer in time while others did met a slow server, not an outage;
+        # so did one cut off by the acquire's own timeout after the server answered this acquire:
+        # either way the acquire timed out, as under a busy lock.
+        slow = isinstance(error, RequestTimeout) and (
+            request.store.answered_at > sent_at or _answered_since_start(request, give_up_at, cut=left < request.ttl)
+        )
         queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent, outage=not slow)
         if not slow:
             _warn_retrying(request.name, error)
@@ -233,6 +236,14 @@ async def _attempt(
         if expiry is not None and written is not None and written.refreshed_at is not None:
             until_expiry = max(0.0, (expiry - written.refreshed_at).total_seconds())
         waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_expiry)
+
+
+def _answered_since_start(request: AcquireRequest, give_up_at: float | None, *, cut: bool) -> bool:
+    """Whether a request cut off by the acquire's deadline (``cut``) followed an answer the server
+    gave since this acquire began."""
+    if not cut or give_up_at is None or request.timeout is None:
+        return False
+    return request.store.answered_at >= give_up_at - request.timeout
 
 
 def _give_up_if_unreachable(

@@ -34,7 +34,7 @@ from mongolock_async import (
 )
 from mongolock_async import store as store_module
 from mongolock_async.documents import LockState
-from mongolock_async.store import LockStore, Permits, oldest_wire_version
+from mongolock_async.store import LockStore, Permits, oldest_wire_version, store_for
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, set_fail_point
@@ -120,6 +120,37 @@ async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(privat
     await holder.extend()  # another request gets its answer meanwhile
     assert await waiting is False
     assert await holder.release()
+
+
+async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout(
+    driver: str, private_server: EmbeddedMongo, private_collection: Any
+) -> None:
+    # The waiter's first attempt is answered (held); its next one, at the holder's expiry, gets no
+    # answer before the acquire's timeout, and nobody else's request is answered meanwhile: the
+    # server answered this acquire, so it timed out as under a busy lock (False, a web helper's
+    # 429), not "MongoDB could not be reached" (seen under load with a 0.2 s timeout: a 503).
+    holder = AsyncMongoLock(private_collection, "slow", ttl=1.0)
+    assert await holder.acquire()
+    client = make_client(driver, private_server.uri, appName="slow-waiter")
+    try:
+        collection = client[TEST_DATABASE]["locks"]
+        waiter = AsyncMongoLock(collection, "slow", ttl=30.0, retry_cap=0.2)
+        started = time.monotonic()
+        waiting = asyncio.create_task(waiter.acquire(timeout=2.0))
+        while store_for(collection, WriteConcern(w="majority")).answered_at < started:  # the first answer
+            await asyncio.sleep(0.01)
+        await set_fail_point(
+            private_collection,
+            {"times": 1},
+            failCommands=["findAndModify"],
+            appName="slow-waiter",
+            blockConnection=True,
+            blockTimeMS=3000,
+        )
+        assert await waiting is False
+        assert time.monotonic() - started < 2.5
+    finally:
+        await close_client(client)
 
 
 async def test_a_release_returns_within_the_lease_while_the_server_hangs(
