@@ -310,9 +310,12 @@ def free_port() -> int:
 @contextlib.contextmanager
 def uvicorn(uri: str, database: str) -> Iterator[str]:
     port = free_port()
+    # uvicorn's supervisor kills, silently at this log level, a worker that does not answer its
+    # health check within 5 s: on a loaded shared machine a worker serving 200 requests at once
+    # missed it, and its clients saw "Server disconnected". This test is about the lock, not that.
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "mongolock_async.examples.fastapi_app:app", "--workers", "2", "--port",
-         str(port), "--log-level", "warning"],
+         str(port), "--log-level", "warning", "--timeout-worker-healthcheck", "120"],
         env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database},
     )  # fmt: skip
     try:
