@@ -137,7 +137,7 @@ async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout
         waiter = AsyncMongoLock(collection, "slow", ttl=30.0, retry_cap=0.2)
         started = time.monotonic()
         waiting = asyncio.create_task(waiter.acquire(timeout=2.0))
-        while store_for(collection, WriteConcern(w="majority")).answered_at < started:  # the first answer
+        while store_for(collection, WriteConcern(w="majority")).answered_at < started:  # noqa: ASYNC110 - polls the store for the first answer
             await asyncio.sleep(0.01)
         await set_fail_point(
             private_collection,
