@@ -97,6 +97,14 @@ async def test_debug_logs_and_a_loss_reported_once(lock_collection: Any, caplog:
     assert len(warnings) == 1 and "'explicit' was lost" in warnings[0].getMessage()
 
 
+def _metric_names(reader: InMemoryMetricReader) -> set[str]:
+    data = reader.get_metrics_data()
+    if data is None:
+        return set()
+    scopes = [scope for resource in data.resource_metrics for scope in resource.scope_metrics]
+    return {metric.name for scope in scopes for metric in scope.metrics}
+
+
 async def test_opentelemetry_metrics_and_spans(lock_collection: Any) -> None:
     reader = InMemoryMetricReader()
     spans = InMemorySpanExporter()
@@ -107,6 +115,11 @@ async def test_opentelemetry_metrics_and_spans(lock_collection: Any) -> None:
     async with locks("sku-1", heartbeat=0.3):
         assert await locks("sku-1", blocking=False).acquire() is False
         await asyncio.sleep(0.4)
+        # At least one renewal before the release (on a loaded machine the first can come late).
+        for _ in range(100):
+            if _metric_names(reader) >= {"mongolock.renewals"}:
+                break
+            await asyncio.sleep(0.1)
     lost = locks("sku-2", heartbeat=0.2)
     assert await lost.acquire()
     await lock_collection.update_one({"_id": "sku-2"}, {"$set": {"owner": "intruder"}})
