@@ -55,9 +55,21 @@ class CheckThenSetRWLock:
             await self.collection.update_one({"_id": NAME}, {"$set": {"writer": None}})
 
 
+# Past its deadline a process goes on, for at most GRACE s, until it has ENOUGH sections
+# (the test judges 40, writes among them, from 4 processes): on a loaded machine a few seconds can be too few.
+ENOUGH = 10
+GRACE = 30.0
+
+
+def keep_going(stop_at: float, sections: list[Any]) -> bool:
+    now = time.monotonic()
+    too_few = len(sections) < ENOUGH or all(section[0] != "write" for section in sections)
+    return now < stop_at or (now < stop_at + GRACE and too_few)
+
+
 async def contend(collection: Any, kind: str, mode: str, stop_at: float, sections: list[Any]) -> None:
     rw = AsyncMongoRWLock(collection, NAME, ttl=10.0, retry_base=0.005, retry_cap=0.05)
-    while time.monotonic() < stop_at:
+    while keep_going(stop_at, sections):
         handle: Any = CheckThenSetRWLock(collection, mode) if kind == "broken" else getattr(rw, mode)()
         asked = time.monotonic()
         async with handle:
