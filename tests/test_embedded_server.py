@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -234,3 +235,25 @@ def test_the_suite_fails_if_it_leaves_a_directory_behind(tmp_path: Path) -> None
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "left 1 embedded server directories behind" in result.stdout
+
+
+def test_a_start_removes_directories_whose_server_and_reaper_are_gone() -> None:
+    # What a SIGKILL of a whole session (owner and reaper) leaves behind; a directory a live
+    # process still names (a reaper of a stopped server) and one just made (a start under way) stay.
+    abandoned = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+    (abandoned / "data").mkdir()
+    in_use = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+    just_made = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+    long_ago = time.time() - 3600
+    for directory in (abandoned, in_use):
+        os.utime(directory, (long_ago, long_ago))
+    holder = subprocess.Popen(["sh", "-c", "sleep 60", "mongolock-embedded-reaper", str(in_use)])
+    try:
+        with EmbeddedMongo():
+            assert not abandoned.exists(), "an abandoned directory was left"
+            assert in_use.exists() and just_made.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        for directory in (in_use, just_made):
+            shutil.rmtree(directory, ignore_errors=True)

@@ -9,7 +9,8 @@ removes the directory.
 Nothing is left behind however the process that started it ends: a failed start removes what it
 made; and a small reaper process (``sh``) holds the read end of a pipe from this process, so that
 when this process ends without ``close()`` (a normal exit, an exception, SIGTERM, SIGKILL), the
-pipe closes and the reaper stops the server and removes the directory.
+pipe closes and the reaper stops the server and removes the directory. Where the reaper dies too
+(a SIGKILL of the whole session), the next start removes the directories nobody uses any more.
 """
 
 from __future__ import annotations
@@ -132,11 +133,12 @@ class EmbeddedMongo:
         if self._workdir is not None:
             self._launch(auth=self.auth is not None, tls=self.tls is not None)
             return self.uri
-        self._workdir = Path(tempfile.mkdtemp(prefix="mongolock-embedded-"))
+        _remove_abandoned_directories()
+        self._workdir = Path(tempfile.mkdtemp(prefix=_DIRECTORY_PREFIX))
         try:
             (self._workdir / "data").mkdir()
             self._reaper = subprocess.Popen(
-                ["sh", "-c", _REAPER, "mongolock-embedded-reaper", str(self._workdir)],
+                ["sh", "-c", _REAPER, f"{_DIRECTORY_PREFIX}reaper", str(self._workdir)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -350,6 +352,37 @@ class EmbeddedMongo:
         if self._process is None:
             raise EmbeddedServerError("the embedded server is not running")
         return self._process
+
+
+_DIRECTORY_PREFIX = "mongolock-embedded-"
+_ABANDONED_AFTER = 60.0
+"""Seconds after which a directory without a process is abandoned, not one a start is setting up."""
+
+
+def _remove_abandoned_directories() -> None:
+    """Remove embedded servers' directories that neither a server (its working directory) nor a
+    reaper (its arguments) uses any more: left when the reaper was killed along with its owner
+    (a SIGKILL of the whole session), as it otherwise removes the directory itself. Linux only."""
+    root = Path(tempfile.gettempdir())
+    stale_before = time.time() - _ABANDONED_AFTER
+    candidates = [
+        directory
+        for directory in root.glob(f"{_DIRECTORY_PREFIX}*")
+        if directory.is_dir() and directory.stat().st_mtime < stale_before
+    ]
+    if not candidates or not Path("/proc/self").exists():
+        return
+    in_use: set[str] = set()
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            in_use.add(os.readlink(process / "cwd"))
+        with contextlib.suppress(OSError):
+            in_use.update(os.fsdecode(argument) for argument in (process / "cmdline").read_bytes().split(b"\0"))
+    for directory in candidates:
+        if str(directory) not in in_use:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _accepts_connections(port: int) -> bool:
