@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from contention import keep_going  # tests/, this script's directory
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoElection
@@ -59,15 +60,7 @@ class ReadThenSetElection:
             await asyncio.sleep(random.uniform(0, 0.002))
 
 
-# Past its deadline a process goes on, for at most GRACE s, until it has ENOUGH sections
-# (the test judges 30 from 4 processes): on a loaded machine a few seconds can be too few.
-ENOUGH = 8
-GRACE = 30.0
-
-
-def keep_going(stop_at: float, terms: list[Any]) -> bool:
-    now = time.monotonic()
-    return now < stop_at or (now < stop_at + GRACE and (len(terms) < ENOUGH))
+ENOUGH = 8  # per process: the test judges 30 from 4 processes
 
 
 async def contend(collection: Any, kind: str, stop_at: float, terms: list[Any]) -> None:
@@ -77,7 +70,7 @@ async def contend(collection: Any, kind: str, stop_at: float, terms: list[Any]) 
         await asyncio.sleep(random.uniform(0.02, 0.05))
         terms.append((entered, time.monotonic(), term, os.getpid()))
 
-    while keep_going(stop_at, terms):
+    while keep_going(stop_at, terms, ENOUGH):
         candidate: Any = (
             ReadThenSetElection(collection)
             if kind == "broken"

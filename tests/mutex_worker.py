@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from contention import keep_going  # tests/, this script's directory
 from pymongo import AsyncMongoClient, monitoring
 
 from mongolock_async import AsyncMongoLock
@@ -63,21 +64,13 @@ class Commands(monitoring.CommandListener):
         pass
 
 
-# Past its deadline a process goes on, for at most GRACE s, until it has ENOUGH sections
-# (the test judges 40 from 4 processes): on a loaded machine a few seconds can be too few.
-ENOUGH = 10
-GRACE = 30.0
-
-
-def keep_going(stop_at: float, sections: list[Any]) -> bool:
-    now = time.monotonic()
-    return now < stop_at or (now < stop_at + GRACE and (len(sections) < ENOUGH))
+ENOUGH = 10  # per process: the test judges 40 from 4 processes
 
 
 async def contend(
     collection: Any, kind: str, task_id: str, stop_at: float, sections: list[tuple[float, float, int]]
 ) -> None:
-    while keep_going(stop_at, sections):
+    while keep_going(stop_at, sections, ENOUGH):
         if kind == "broken":
             lock: Any = CheckThenSetLock(collection, task_id)
         else:

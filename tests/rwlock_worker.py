@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from contention import keep_going  # tests/, this script's directory
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoRWLock
@@ -55,20 +56,12 @@ class CheckThenSetRWLock:
             await self.collection.update_one({"_id": NAME}, {"$set": {"writer": None}})
 
 
-# Past its deadline a process goes on, for at most GRACE s, until it has ENOUGH sections
-# (the test judges 40 from 4 processes): on a loaded machine a few seconds can be too few.
-ENOUGH = 10
-GRACE = 30.0
-
-
-def keep_going(stop_at: float, sections: list[Any]) -> bool:
-    now = time.monotonic()
-    return now < stop_at or (now < stop_at + GRACE and len(sections) < ENOUGH)
+ENOUGH = 10  # per process: the test judges 40 from 4 processes
 
 
 async def contend(collection: Any, kind: str, mode: str, stop_at: float, sections: list[Any]) -> None:
     rw = AsyncMongoRWLock(collection, NAME, ttl=10.0, retry_base=0.005, retry_cap=0.05)
-    while keep_going(stop_at, sections):
+    while keep_going(stop_at, sections, ENOUGH):
         handle: Any = CheckThenSetRWLock(collection, mode) if kind == "broken" else getattr(rw, mode)()
         asked = time.monotonic()
         async with handle:

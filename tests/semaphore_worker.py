@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from contention import keep_going  # tests/, this script's directory
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoSemaphore
@@ -47,19 +48,11 @@ class CountThenAddSemaphore:
         await self.collection.update_one({"_id": NAME}, {"$pull": {"members": self.token}})
 
 
-# Past its deadline a process goes on, for at most GRACE s, until it has ENOUGH sections
-# (the test judges 40 from 4 processes): on a loaded machine a few seconds can be too few.
-ENOUGH = 10
-GRACE = 30.0
-
-
-def keep_going(stop_at: float, sections: list[Any]) -> bool:
-    now = time.monotonic()
-    return now < stop_at or (now < stop_at + GRACE and (len(sections) < ENOUGH))
+ENOUGH = 10  # per process: the test judges 40 from 4 processes
 
 
 async def contend(collection: Any, kind: str, limit: int, stop_at: float, sections: list[Any]) -> None:
-    while keep_going(stop_at, sections):
+    while keep_going(stop_at, sections, ENOUGH):
         if kind == "broken":
             semaphore: Any = CountThenAddSemaphore(collection, limit)
         else:
