@@ -31,7 +31,7 @@ from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_cl
 
 
 async def test_a_manager_hands_out_handles_with_its_defaults(lock_collection: Any) -> None:
-    locks = LockManager(lock_collection, ttl=7.0, timeout=0.2, label="checkout")
+    locks = LockManager(lock_collection, ttl=7.0, timeout=2.0, label="checkout")
     lock = locks("stock:42")
     assert lock.name == "stock:42" and lock.ttl == 7.0
     async with lock:
@@ -167,7 +167,8 @@ async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
 
 
 async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_collection: Any) -> None:
-    locks = LockManager(lock_collection, ttl=0.6, timeout=0.2)
+    # The timeout bounds a free lock's acquisition too, so it leaves room for a loaded machine.
+    locks = LockManager(lock_collection, ttl=0.6, timeout=2.0)
     app = FastAPI()
 
     @app.get("/quick")
@@ -175,13 +176,13 @@ async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_coll
         return {"token": lock.fencing_token}
 
     @app.get("/slow")
-    async def slow(lock: Annotated[AsyncMongoLock, hold_lock(locks, "slow")]) -> dict[str, Any]:
+    async def slow(lock: Annotated[AsyncMongoLock, hold_lock(locks, "slow", timeout=30.0)]) -> dict[str, Any]:
         await asyncio.sleep(5)  # past the 0.6 s lease, without heartbeat
         return {}
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
         assert (await http.get("/quick")).status_code == 200
-        async with locks("shared"):
+        async with locks("shared", ttl=30.0):
             locked = await http.get("/quick")
         assert locked.status_code == 423 and locked.headers["Retry-After"] == "1"
         assert "shared" in locked.json()["detail"]
@@ -190,8 +191,22 @@ async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_coll
     assert not await locks("shared").locked()
 
 
+async def until_answered(requests: list[asyncio.Task[Any]], count: int, within: float = 60.0) -> None:
+    """Wait until ``count`` of ``requests`` have been answered; fail after ``within`` seconds (as
+    when more requests than the limit got in and wait for each other)."""
+    give_up_at = time.monotonic() + within
+    while (answered := sum(request.done() for request in requests)) < count:
+        if time.monotonic() >= give_up_at:
+            pytest.fail(f"{answered} of {len(requests)} requests answered within {within:g} s; expected {count}")
+        pending = [request for request in requests if not request.done()]
+        await asyncio.wait(pending, timeout=give_up_at - time.monotonic(), return_when=asyncio.FIRST_COMPLETED)
+
+
 async def test_a_semaphore_limits_a_route_to_n_requests_with_429_beyond(lock_collection: Any) -> None:
-    locks = LockManager(lock_collection, ttl=10.0, timeout=0.2)
+    # The holders keep their permits until the others have been refused, however long that takes
+    # on a loaded machine; the timeout leaves room for the holders' own acquisitions.
+    locks = LockManager(lock_collection, ttl=10.0, timeout=2.0)
+    refused = asyncio.Event()
     app = FastAPI()
     inside, most = 0, 0
 
@@ -200,12 +215,15 @@ async def test_a_semaphore_limits_a_route_to_n_requests_with_429_beyond(lock_col
         nonlocal inside, most
         inside += 1
         most = max(most, inside)
-        await asyncio.sleep(0.6)
+        await refused.wait()
         inside -= 1
         return {"token": permit.fencing_token}
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
-        responses = await asyncio.gather(*(http.get("/export") for _ in range(5)))
+        requests = [asyncio.create_task(http.get("/export")) for _ in range(5)]
+        await until_answered(requests, 3)
+        refused.set()
+        responses = await asyncio.gather(*requests)
     codes = sorted(response.status_code for response in responses)
     assert codes == [200, 200, 429, 429, 429], codes
     assert all(r.headers["Retry-After"] == "1" for r in responses if r.status_code == 429)
@@ -217,17 +235,20 @@ async def test_aiohttp_limits_a_handler_to_n_requests_with_429_beyond(lock_colle
     from mongolock_async.aiohttp import LOCK
     from mongolock_async.aiohttp import limit_concurrency as aiohttp_limit
 
-    locks = LockManager(lock_collection, ttl=10.0, timeout=0.2)
+    locks = LockManager(lock_collection, ttl=10.0, timeout=2.0)
+    refused = asyncio.Event()
 
     async def handler(request: web.Request) -> web.Response:
-        await asyncio.sleep(0.6)
+        await refused.wait()
         return web.json_response({"token": request[LOCK].fencing_token})
 
     app = web.Application()
     app.router.add_get("/", aiohttp_limit(locks, "reports", 2)(handler))
     async with test_utils.TestClient(test_utils.TestServer(app)) as http:
-        responses = await asyncio.gather(*(http.get("/") for _ in range(4)))
-        codes = sorted(response.status for response in responses)
+        requests = [asyncio.create_task(http.get("/")) for _ in range(4)]
+        await until_answered(requests, 2)
+        refused.set()
+        codes = sorted(response.status for response in await asyncio.gather(*requests))
     assert codes == [200, 200, 429, 429], codes
 
 
@@ -254,7 +275,7 @@ async def test_aiohttp_maps_a_held_lock_to_423(lock_collection: Any) -> None:
     from mongolock_async.aiohttp import LOCK
     from mongolock_async.aiohttp import hold_lock as aiohttp_hold_lock
 
-    locks = LockManager(lock_collection, ttl=5.0, timeout=0.2)
+    locks = LockManager(lock_collection, ttl=5.0, timeout=2.0)
 
     async def handler(request: web.Request) -> web.Response:
         return web.json_response({"token": request[LOCK].fencing_token})
