@@ -201,10 +201,10 @@ async def _attempt(
         # _ClientConnectionRetryable.run).
         sent = not isinstance(error, ServerSelectionTimeoutError)
         # A request that got no answer in time while others did met a slow server, not an outage;
-        # so did one cut off by the acquire's own timeout after the server answered this acquire:
-        # either way the acquire timed out, as under a busy lock.
+        # so did one the acquire's own timeout cut too short to tell: the acquire timed out, as
+        # under a busy lock.
         slow = isinstance(error, RequestTimeout) and (
-            request.store.answered_at > sent_at or _answered_since_start(request, give_up_at, cut=left < request.ttl)
+            request.store.answered_at > sent_at or _cut_too_short_to_tell(request, give_up_at, left)
         )
         queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent, outage=not slow)
         if not slow:
@@ -238,12 +238,15 @@ async def _attempt(
         waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_expiry)
 
 
-def _answered_since_start(request: AcquireRequest, give_up_at: float | None, *, cut: bool) -> bool:
-    """Whether a request cut off by the acquire's deadline (``cut``) followed an answer the server
-    gave since this acquire began."""
-    if not cut or give_up_at is None or request.timeout is None:
+def _cut_too_short_to_tell(request: AcquireRequest, give_up_at: float | None, bound: float) -> bool:
+    """Whether a request that the acquire's deadline (not its TTL) bounded to ``bound`` seconds
+    says nothing of an outage when it gets no answer: the server answered this acquire already,
+    or the request had under half the acquire's timeout (it was sent late: a loaded machine can
+    stall a process for a fifth of a second between ``acquire()`` and the send)."""
+    timeout = request.timeout
+    if give_up_at is None or timeout is None or bound >= request.ttl:
         return False
-    return request.store.answered_at >= give_up_at - request.timeout
+    return request.store.answered_at >= give_up_at - timeout or bound < timeout / 2
 
 
 def _give_up_if_unreachable(

@@ -32,6 +32,7 @@ from mongolock_async import (
     ServerTooOldError,
     ensure_idle_cleanup_index,
 )
+from mongolock_async import lock as lock_module
 from mongolock_async import store as store_module
 from mongolock_async.documents import LockState
 from mongolock_async.store import LockStore, Permits, oldest_wire_version, store_for
@@ -151,6 +152,26 @@ async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout
         assert time.monotonic() - started < 2.5
     finally:
         await close_client(client)
+
+
+async def test_a_request_sent_too_late_to_be_answered_in_time_is_a_timeout(
+    private_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process stalls between acquire() and the send (as a loaded machine's scheduler can), so
+    # the attempt gets a twentieth of the timeout, and gets no answer in it: the acquire timed out,
+    # as under a busy lock (a web helper's 423), not "MongoDB could not be reached (MongoDB did not
+    # answer within 0.001 s)" (seen under load with a 0.2 s timeout: a 503).
+    lock = AsyncMongoLock(private_collection, "late", ttl=30.0)
+
+    def stalled_hostname() -> str:
+        time.sleep(0.475)
+        return "stalled"
+
+    monkeypatch.setattr(lock_module, "_hostname", stalled_hostname)
+    await set_fail_point(
+        private_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1000
+    )
+    assert await lock.acquire(timeout=0.5) is False
 
 
 async def test_a_release_returns_within_the_lease_while_the_server_hangs(
