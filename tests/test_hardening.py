@@ -100,8 +100,9 @@ async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
             took_in_block = time.monotonic() - started
         finally:
             private_server.resume()
-        # Within the timeout plus a small slack; before the fix these waited for the server (seen: 8 s).
-        assert took < 2.0 and took_in_block < 2.0, (took, took_in_block)
+        # Within the timeout plus slack for a loaded machine; before the fix these waited for the
+        # server (seen: 8 s).
+        assert took < 5.0 and took_in_block < 5.0, (took, took_in_block)
     finally:
         await close_client(client)
 
@@ -146,10 +147,10 @@ async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout
             failCommands=["findAndModify"],
             appName="slow-waiter",
             blockConnection=True,
-            blockTimeMS=3000,
+            blockTimeMS=8000,
         )
         assert await waiting is False
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 6.0, "the acquire waited for the held-back attempt (8 s)"
     finally:
         await close_client(client)
 
@@ -189,7 +190,7 @@ async def test_a_release_returns_within_the_lease_while_the_server_hangs(
             took = time.monotonic() - started
         finally:
             private_server.resume()
-        assert took < 2.0 + 1.5, f"release took {took:.1f} s for a lease of 2 s"
+        assert took < 2.0 + 3.0, f"release took {took:.1f} s for a lease of 2 s"
     finally:
         await close_client(client)
 

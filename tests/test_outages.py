@@ -55,7 +55,7 @@ async def test_a_timeout_that_passes_while_unreachable_says_so(driver: str, priv
         started = time.monotonic()
         with pytest.raises(LockTimeoutError) as raised:
             await lock.acquire(timeout=1.0)
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 6.0, "waited out the client's 10 s server selection timeout"
         assert raised.value.unreachable is not None and "connection refused" in raised.value.unreachable
         assert "within 1 s: MongoDB could not be reached" in str(raised.value)
         assert isinstance(raised.value.__cause__, ServerSelectionTimeoutError)
@@ -73,7 +73,7 @@ async def test_a_non_blocking_acquire_honours_the_uris_server_selection_timeout(
         started = time.monotonic()
         with pytest.raises(ServerUnreachableError):
             await lock.acquire(blocking=False)
-        assert time.monotonic() - started < 3.0, "the lock's own bound overrode serverSelectionTimeoutMS"
+        assert time.monotonic() - started < 4.0, "the lock's own bound overrode serverSelectionTimeoutMS (1.5 s)"
     finally:
         await close_client(client)
     await asyncio.sleep(0.2)  # any background work would run now
