@@ -5,14 +5,39 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import platform
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 
+import mongolock_async
 from mongolock_async._process import die_with_parent
 from mongolock_async.testing import EmbeddedMongo
+
+
+def environment(uri: str | None, *more: str) -> str:
+    """One line saying where a run happened: date, Python, platform, cores, load, the library (and
+    where it was imported from: ``PYTHONPATH`` can point at another checkout), the driver, the
+    server, then ``more``."""
+    server = "MongoDB at --uri" if uri else f"embedded SecantusDB {version('secantusdb')}"
+    return " | ".join(
+        (
+            f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            f"python {platform.python_version()}",
+            platform.platform(),
+            f"{os.cpu_count()} cores",
+            f"load average {os.getloadavg()[0]:.2f}",
+            f"mongolock-async {mongolock_async.__version__} from {Path(mongolock_async.__file__).parent}",
+            f"pymongo {version('pymongo')}",
+            f"server {server}",
+            *more,
+        )
+    )
 
 
 @contextlib.contextmanager

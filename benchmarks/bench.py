@@ -23,7 +23,6 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import secrets
 import shutil
 import socket
@@ -35,12 +34,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
+from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from hot_lock_worker import Requests
 from pymongo import ReturnDocument
 
@@ -166,9 +164,9 @@ def run_workers(
     :data:`WARMUP`, when ``at_measure_start`` is called; ``library`` is another checkout of this
     library to run instead of this one (a baseline)."""
     name = f"hot_{uuid.uuid4().hex[:8]}"
-    environment = dict(os.environ)
+    worker_environment = dict(os.environ)
     if library is not None:
-        environment["PYTHONPATH"] = library
+        worker_environment["PYTHONPATH"] = library
     start_at = time.monotonic() + 3.0  # time for every process to start and connect
     workers = [
         subprocess.Popen(
@@ -177,7 +175,7 @@ def run_workers(
             stdout=subprocess.PIPE,
             text=True,
             cwd=library or WORKER.parent.parent,
-            env=environment,
+            env=worker_environment,
             preexec_fn=die_with_parent,
         )
         for _ in range(processes)
@@ -225,11 +223,7 @@ def hand_off_latency(backend: str, uri: str, seconds: float, library: str | None
     sections = sorted(
         (entered, left, process) for process, result in enumerate(results) for entered, left in result["sections"]
     )
-    return [
-        later[0] - earlier[1]
-        for earlier, later in itertools.pairwise(sections)
-        if earlier[2] != later[2]
-    ]
+    return [later[0] - earlier[1] for earlier, later in itertools.pairwise(sections) if earlier[2] != later[2]]
 
 
 async def driver_cycle(uri: str, driver: str, cycles: int) -> float:
@@ -283,19 +277,20 @@ class RedisServer:
         shutil.rmtree(self._directory, ignore_errors=True)
 
 
-async def report_environment(uri: str, server: str, redis: RedisServer) -> None:
+async def report_environment(uri: str, given_uri: str | None, redis: RedisServer) -> None:
     client = make_client("pymongo", uri)
     try:
         info = await client.admin.command("buildInfo")
     finally:
         await close_client(client)
     print(
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
-        f"{platform.platform()} | {os.cpu_count()} cores"
-    )
-    print(
-        f"mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | motor {version('motor')} | "
-        f"redis-py {version('redis')} | server {server} (reports {info.get('version')}) | redis-server {redis.version}"
+        environment(
+            given_uri,
+            f"server reports {info.get('version')}",
+            f"motor {version('motor')}",
+            f"redis-py {version('redis')}",
+            f"redis-server {redis.version}",
+        )
     )
 
 
@@ -312,8 +307,7 @@ def main() -> None:
     redis = RedisServer(arguments.redis_server)
     try:
         with mongodb(arguments.uri) as uri:
-            server = "MongoDB" if arguments.uri else f"embedded SecantusDB {version('secantusdb')}"
-            asyncio.run(report_environment(uri, server, redis))
+            asyncio.run(report_environment(uri, arguments.uri, redis))
         print("\n== uncontended ==")
         with mongodb(arguments.uri) as uri:
             asyncio.run(uncontended_against_raw(uri, arguments.cycles))
@@ -353,6 +347,7 @@ def main() -> None:
               f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
     finally:
         redis.close()
+
 
 if __name__ == "__main__":
     main()

@@ -34,16 +34,13 @@ import time
 import tracemalloc
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
+from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from bson import SON
 from pymongo import AsyncMongoClient, monitoring
 
-import mongolock_async
 from mongolock_async import AsyncMongoLock
 
 # Fields the driver adds to every command it sends; a replay through database.command adds its own.
@@ -64,17 +61,6 @@ class Recorder(monitoring.CommandListener):
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
-
-
-def environment() -> None:
-    print(
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
-        f"{len(__import__('os').sched_getaffinity(0))} cores"
-    )
-    print(
-        f"mongolock-async {mongolock_async.__version__} from {Path(mongolock_async.__file__).parent} | "
-        f"pymongo {version('pymongo')} | server embedded SecantusDB {version('secantusdb')} unless --uri"
-    )
 
 
 async def uncontended(uri: str, rounds: int, profile: int) -> float:
@@ -332,7 +318,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=100_000)
     arguments = parser.parse_args()
     parts = {int(part) for part in arguments.parts.split(",")}
-    environment()
+    print(environment(arguments.uri))
     cpu = None
     if parts & {1, 2}:
         with mongodb(arguments.uri) as uri:

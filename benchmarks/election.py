@@ -22,17 +22,14 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
 import time
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _common import mongodb, start_worker  # benchmarks/ is on sys.path when this runs as a script
+from _common import environment, mongodb, start_worker  # benchmarks/ is on sys.path when this runs as a script
 from bench import _percentile
 from hot_lock_worker import Requests
 from pymongo import AsyncMongoClient
@@ -135,12 +132,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the resignation run")
     parser.add_argument("--kills", type=int, default=3, help="leaders SIGKILLed, one per round")
     arguments = parser.parse_args()
-    print(
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
-        f"{platform.platform()} | {os.cpu_count()} cores"
-    )
-    server = "MongoDB at --uri" if arguments.uri else f"embedded SecantusDB {version('secantusdb')}"
-    print(f"mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | server {server}")
+    print(environment(arguments.uri))
     print("\n== failover after a clean resignation, and observers ==")
     with mongodb(arguments.uri) as uri:
         resignations(uri, arguments.seconds)

@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import signal
 import sys
 import time
 from collections import Counter
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _common import collect_counts, start_worker  # benchmarks/ is the script's directory
+from _common import collect_counts, environment, start_worker  # benchmarks/ is the script's directory
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
@@ -109,13 +106,9 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the two runs' results as one JSON line")
     arguments = parser.parse_args()
-    environment = (
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
-        f"{os.cpu_count()} cores | mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | "
-        f"embedded SecantusDB {version('secantusdb')}"
-    )
+    ran_on = environment(None)
     if not arguments.json:
-        print(environment, flush=True)
+        print(ran_on, flush=True)
         print(f"{arguments.processes} processes x {arguments.tasks} tasks, one lock, TTL 1 s, no heartbeat", flush=True)
     with EmbeddedMongo(test_commands=True) as server:
         guarded = run("guarded", server, arguments, arguments.minutes * 60)
@@ -123,7 +116,7 @@ def main() -> None:
         control = run("control", server, arguments, arguments.control_seconds, until_stale=until_stale)
     ok = sum(guarded["stale"].values()) == 0 and sum(control["stale"].values()) > 0
     if arguments.json:
-        print(json.dumps({"environment": environment, "guarded": guarded, "control": control, "ok": ok}))
+        print(json.dumps({"environment": ran_on, "guarded": guarded, "control": control, "ok": ok}))
     else:
         for result in (guarded, control):
             print(

@@ -37,9 +37,7 @@ def count_stale(token: int) -> list[dict[str, Any]]:
         {
             "$set": {
                 "writes": {"$add": [{"$ifNull": ["$writes", 0]}, 1]},
-                "stale": {
-                    "$add": [{"$ifNull": ["$stale", 0]}, {"$cond": [{"$lt": [token, "$highest"]}, 1, 0]}]
-                },
+                "stale": {"$add": [{"$ifNull": ["$stale", 0]}, {"$cond": [{"$lt": [token, "$highest"]}, 1, 0]}]},
                 "highest": {"$max": [{"$ifNull": ["$highest", 0]}, token]},
             }
         }

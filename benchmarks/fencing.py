@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from importlib.metadata import version
 from typing import Any
 
-from _common import mongodb  # benchmarks/ is the script's directory
+from _common import environment, mongodb  # benchmarks/ is the script's directory
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoLock
@@ -82,11 +79,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=50)
     arguments = parser.parse_args()
-    print(
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
-        f"{os.cpu_count()} cores | mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | "
-        + ("server from --uri" if arguments.uri else f"embedded SecantusDB {version('secantusdb')}")
-    )
+    print(environment(arguments.uri))
     with mongodb(arguments.uri) as uri:
         seconds = asyncio.run(measure(uri, arguments.rounds, arguments.per_round))
     median = {kind: statistics.median(values) * 1000 for kind, values in seconds.items()}

@@ -25,16 +25,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import secrets
 import statistics
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from importlib.metadata import version
 from typing import Any
 
-from _common import mongodb  # benchmarks/ is the script's directory
+from _common import environment, mongodb  # benchmarks/ is the script's directory
 from pymongo import monitoring
 from pymongo.write_concern import WriteConcern
 
@@ -205,12 +203,7 @@ def main() -> None:
     parser.add_argument("--keeper-leases", type=int, default=10_000, help="leases held in part 3")
     arguments = parser.parse_args()
     parts = arguments.part or PARTS
-    print(
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
-        f"{platform.platform()} | {os.cpu_count()} cores | load average {os.getloadavg()[0]:.2f} | "
-        f"mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | server "
-        f"{'MongoDB' if arguments.uri else 'embedded SecantusDB ' + version('secantusdb')}"
-    )
+    print(environment(arguments.uri))
     if "per-lease" in parts:
         print(f"\n== renewal per lease: chunks of {keeper.RENEWAL_CHUNK} (the keeper) vs one update_many, $in lists ==")
         results = {}

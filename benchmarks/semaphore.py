@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import secrets
 import socket
 import statistics
@@ -34,11 +33,9 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
-from _common import mongodb  # benchmarks/ is on sys.path when this runs as a script
+from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from bench import ROUND_TRIPS, _percentile, medians, run_workers
 from hot_lock_worker import Requests
 from pymongo import ReturnDocument
@@ -202,12 +199,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each hot run")
     parser.add_argument("--cycles", type=int, default=300, help="uncontended cycles per variant")
     arguments = parser.parse_args()
-    print(
-        f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | "
-        f"{platform.platform()} | {os.cpu_count()} cores"
-    )
-    server = "MongoDB at --uri" if arguments.uri else f"embedded SecantusDB {version('secantusdb')}"
-    print(f"mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | server {server}")
+    print(environment(arguments.uri))
     print(f"\n== uncontended, a semaphore of {LIMIT} ==")
     with mongodb(arguments.uri) as uri:
         asyncio.run(uncontended(uri, arguments.cycles))

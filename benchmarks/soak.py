@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -24,11 +23,10 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from _common import collect_counts, start_worker  # benchmarks/ is the script's directory
+from _common import collect_counts, environment, start_worker  # benchmarks/ is the script's directory
 from pymongo import MongoClient
 
 from mongolock_async.testing import EmbeddedMongo
@@ -172,13 +170,7 @@ def main() -> None:
     parser.add_argument("--rw-names", type=int, default=2)
     parser.add_argument("--control-seconds", type=float, default=30.0)
     arguments = parser.parse_args()
-    started = datetime.now(UTC)
-    print(
-        f"date {started:%Y-%m-%d %H:%M} UTC | python {platform.python_version()} | {platform.platform()} | "
-        f"{os.cpu_count()} cores | mongolock-async {version('mongolock-async')} | pymongo {version('pymongo')} | "
-        f"embedded SecantusDB {version('secantusdb')}",
-        flush=True,
-    )
+    print(environment(None), flush=True)
     print(f"{arguments.processes} processes x {arguments.tasks} tasks, {arguments.names} lock names (odd ones fair) "
           f"and {arguments.rw_names} read-write lock names (one hold in four a write), TTL 3 s, one section in "
           f"fifty long with the heartbeat", flush=True)  # fmt: skip
@@ -198,9 +190,7 @@ def main() -> None:
             f"applied at the resource {applied}",
             flush=True,
         )
-        print(
-            f"faults: {dict(faults.injected)}; server down or paused {faults.down_seconds:.0f} s in all", flush=True
-        )
+        print(f"faults: {dict(faults.injected)}; server down or paused {faults.down_seconds:.0f} s in all", flush=True)
         print(f"load average at the end (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         late = sorted(section[6] for section in sections)
         print(
