@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -57,12 +58,15 @@ async def run_shielded(
     """
     loop = asyncio.get_running_loop()
     bound = min(max(bound, 0.001), 86_400.0)
+    # A caller already handling a cancellation (cleaning up in an ``except CancelledError``) has
+    # one counted: only a new one is the caller's, the rest is the bound's.
+    cancellations_before = _cancellations()
     task = _Request(request, loop=loop)
     timer = loop.call_later(bound, task.cancel, _BOUND)
     try:
         return await task
     except asyncio.CancelledError:
-        if task.cancelled() and not _cancelling():
+        if task.cancelled() and _cancellations() == cancellations_before:
             raise RequestTimeout(f"MongoDB did not answer within {bound:.3g} s") from None
         # The caller was cancelled: the request has finished; clean up after it, then let the
         # cancellation go on.
@@ -74,10 +78,40 @@ async def run_shielded(
         timer.cancel()
 
 
-def _cancelling() -> bool:
-    """Whether someone asked to cancel the running task (and so the caller, not the bound, did)."""
+def start_shielded(request: Coroutine[Any, Any, T], *, bound: float) -> asyncio.Task[T]:
+    """Start ``request`` in a task that nothing but its own ``bound`` (in seconds) cancels.
+
+    Such a task also outlives the cancellation ``asyncio.run`` sends every task left when the
+    program's main coroutine returns: ``asyncio.run`` then waits for it, within its bound. It runs in
+    a fresh context, so no caller's ``pymongo.timeout`` (or other context) applies to it.
+    """
+    loop = asyncio.get_running_loop()
+    task = _Request(request, loop=loop, context=contextvars.Context())
+    timer = loop.call_later(min(max(bound, 0.001), 86_400.0), task.cancel, _BOUND)
+    task.add_done_callback(lambda _: timer.cancel())
+    return task
+
+
+async def wait_within(task: asyncio.Future[Any], within: float) -> None:
+    """Wait for ``task`` to finish, for at most ``within`` seconds, whatever happens to the caller
+    meanwhile; a cancellation of the caller that arrived meanwhile is raised afterwards. What the
+    task raises is left for its own done callbacks (past ``within`` it goes on by itself)."""
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + within
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done() and (left := give_up_at - loop.time()) > 0:
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError as error:  # anyio re-delivers a scope's: keep waiting
+            cancelled = error
+    if cancelled is not None:
+        raise cancelled
+
+
+def _cancellations() -> int:
+    """How many cancellations of the running task are pending (``Task.cancelling``)."""
     current = asyncio.current_task()
-    return current is not None and current.cancelling() > 0
+    return 0 if current is None else current.cancelling()
 
 
 async def _finish(task: asyncio.Future[Any]) -> None:

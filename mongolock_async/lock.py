@@ -36,7 +36,7 @@ from .keeper import keeper_for_running_loop
 from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
 from .queues import Grant
 from .store import Permits, is_transient, store_for
-from .waiting import AcquireRequest, deadline_in, hand_over, spawn, wait_for_lease
+from .waiting import GIVE_UP_SLACK, AcquireRequest, deadline_in, finish_soon, hand_over, spawn, wait_for_lease
 
 OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
 
@@ -288,8 +288,8 @@ class AsyncMongoLock:
             raise ServerUnreachableError(self._name, cause_of(error), time.monotonic() - sent_at) from error
         except PyMongoError as error:
             if is_transient(error):
-                # The server may have applied it: release what this token may hold, in the background.
-                spawn(self._hand_over(owner, until=deadline_in(self._ttl)))
+                # The server may have applied it: release what this token may hold before raising.
+                await finish_soon(self._hand_over(owner, until=deadline_in(self._ttl)))
             raise
         return Grant(owner, state.fence_of(owner), sent_at, ttl_ms) if state.holds(owner) else None
 
@@ -522,23 +522,47 @@ class AsyncMongoLock:
 
 
 def _abandoned(lease: Lease, fair: bool, kind: str) -> None:
-    """A handle was garbage-collected while holding ``lease``: stop renewing it and release it."""
-    loop = lease.loop
-    if lease.ended or lease.lost_error is not None or loop.is_closed():
+    """A handle was garbage-collected while holding ``lease``: stop renewing it and release it.
+
+    The release runs in a task that the shutdown of ``asyncio.run`` waits for (for at most
+    ``GIVE_UP_SLACK`` seconds), so a program whose main coroutine returns holding a lock releases it.
+    """
+    if lease.ended or lease.lost_error is not None:
         return
-    logger.warning(
-        "an %s handle for %r was garbage-collected while holding it; its lease is no longer renewed and is released",
-        kind,
-        lease.name,
-    )
+    if lease.loop.is_closed():
+        logger.warning(
+            "an %s handle for %r was garbage-collected while holding it, after its event loop closed: its lease "
+            "could not be released, and stays held until it expires on the server (its TTL is %g s)",
+            kind,
+            lease.name,
+            lease.ttl,
+        )
+        return
+    logger.warning("an %s handle for %r was garbage-collected while holding it; releasing its lease", kind, lease.name)
 
     def end_it() -> None:
         lease.end()
         keeper_for_running_loop().drop(lease)
-        until = lease.server_expiry_floor
-        spawn(hand_over(lease.store, lease.name, lease.owner, fair=fair, until=until, permits=lease.permits))
+        spawn(_release_abandoned(lease, fair), shielded_for=GIVE_UP_SLACK)
 
-    loop.call_soon_threadsafe(end_it)
+    lease.loop.call_soon_threadsafe(end_it)
+
+
+async def _release_abandoned(lease: Lease, fair: bool) -> None:
+    until = min(lease.server_expiry_floor, deadline_in(GIVE_UP_SLACK))
+    try:
+        await hand_over(lease.store, lease.name, lease.owner, fair=fair, until=until, permits=lease.permits)
+    except (Exception, asyncio.CancelledError) as error:  # cancelled: its time ran out
+        cause = "no answer in time" if isinstance(error, asyncio.CancelledError) else cause_of(error)
+        logger.warning(
+            "could not release %r, whose handle was garbage-collected (%s); it stays held until it expires on "
+            "the server (its TTL is %g s)",
+            lease.name,
+            cause,
+            lease.ttl,
+        )
+        if isinstance(error, asyncio.CancelledError):
+            raise
 
 
 def _heartbeat_interval(heartbeat: bool | float, ttl: float, safety_margin: float | None) -> float | None:

@@ -168,9 +168,10 @@ class LocalQueue:
         waiter.wake.set()
 
     def _first_in_line(self, waiter: Waiter) -> None:
-        """QUEUED -> DUE, or PLACED (not yet scheduled) when a place of this process is already
-        stored and covered by a change stream or a backoff: it just waits for its turn there."""
-        if self.place is PlaceState.ABSENT or waiter.in_session:
+        """QUEUED -> DUE, or PLACED (not yet scheduled) when a place of this process is known to be
+        stored and covered by a change stream or a backoff: it just waits for its turn there. An
+        uncertain place is looked at first: a lease may have been taken for it already."""
+        if self.place is not PlaceState.STORED or waiter.in_session:
             self._move(waiter, Turn.DUE)
         else:
             waiter.attempt_at = None
@@ -241,6 +242,15 @@ class LocalQueue:
         if waiter.turn is Turn.ATTEMPTING:
             waiter.attempt_at = None
             self._move(waiter, Turn.BACKING_OFF)
+
+    def on_attempt_abandoned(self, place: PlaceRequest) -> None:
+        """The caller of the first waiter's attempt was cancelled while it was in flight: the
+        request ran to its end, but its reply is not applied here. Whatever it wrote (the place,
+        the follower it records, or a lease taken for the place) is UNCERTAIN: withdrawn if nobody
+        waits any more, else looked at by the next first waiter's attempt, which claims such a lease."""
+        if self.slot == place.token:
+            self.place = PlaceState.UNCERTAIN
+            self.place_follower = place.follower or self.place_follower
 
     def on_place_uncovered(self) -> None:
         """The write that gave the first waiter's predecessor the lease queued this process's next

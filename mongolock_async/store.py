@@ -195,14 +195,14 @@ class LockStore:
             result = await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
             self.answered_at = time.monotonic()
             return result
-        except RequestTimeout as timeout:
+        except RequestTimeout:
             if _writable_server_known(self.client):
                 raise
             # Still no server to send it to: what the driver itself reports as a server selection
             # timeout (a request it never sent), with what its monitoring ran into.
             cause = _what_the_servers_ran_into(self.client) or "no server answered"
             message = f"no MongoDB server to write to within {bound:.3g} s: {cause}"
-            raise ServerSelectionTimeoutError(message) from timeout
+            raise ServerSelectionTimeoutError(message) from None
         finally:
             if warning is not None:
                 warning.cancel()
@@ -1221,8 +1221,20 @@ def _what_the_servers_ran_into(client: Any) -> str | None:
     return cause_of(*seen) if seen else None
 
 
+_NO_SERVER_WARNING_INTERVAL = 10.0
+_warned_no_server: WeakIdentityMap[Any, list[float]] = WeakIdentityMap()
+
+
 def _warn_no_server(client: Any, bound: float) -> None:
-    hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+    # Once per client and outage (every request of an acquire that retries would say it again).
+    warned = _warned_no_server.setdefault(client, lambda: [-_NO_SERVER_WARNING_INTERVAL])
+    now = time.monotonic()
+    if now - warned[0] < _NO_SERVER_WARNING_INTERVAL:
+        return
+    warned[0] = now
+    servers = client.topology_description.server_descriptions()
+    # An SRV URI's host has no port until its lookup succeeds.
+    hosts = ", ".join(host if port is None else f"{host}:{port}" for host, port in servers)
     cause = _what_the_servers_ran_into(client)
     seen = f": {cause}" if cause else ""
     waits = min(bound, client.options.server_selection_timeout)

@@ -40,7 +40,7 @@ from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from ._backoff import Backoff
 from ._diagnosis import cause_of
-from ._shield import RequestTimeout
+from ._shield import RequestTimeout, start_shielded, wait_within
 from .documents import LockState
 from .errors import LockTimeoutError, ServerUnreachableError
 from .keeper import keeper_for_running_loop
@@ -54,6 +54,12 @@ LOCAL_STREAK = 8
 """Local hand-offs in a row after which another process's place gets the lease (default mode)."""
 WARNING_INTERVAL = 10.0
 """Seconds between two warnings about retried acquires, per process."""
+GIVE_UP_SLACK = 2.0
+"""Seconds a waiter that gives up (timed out, cancelled, failed) waits at most, past its timeout, for
+the withdrawal of its process's place when MongoDB does not answer it at once; the withdrawal then
+goes on in the background until the place would have expired anyway."""
+_EXPIRY_SLACK = 0.01
+"""Seconds a waiter sleeps past an expiry before looking again (so that it has passed on the server)."""
 _RETRY_BASE, _RETRY_CAP = 0.05, 1.0
 
 _background: set[asyncio.Task[Any]] = set()
@@ -136,7 +142,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
         if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
             owner = waiter.grant.owner
             until = deadline_in(request.ttl)
-            spawn(
+            await finish_soon(
                 hand_over(request.store, request.name, owner, fair=request.fair, until=until, permits=request.permits)
             )
         raise
@@ -144,14 +150,10 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
         if leave(queue, waiter):
             keeper_for_running_loop().drop_place(queue)
             if queue.place is not PlaceState.ABSENT:
-                # Nobody here wants the places any more: withdraw them, and if the lease was handed
-                # to one meanwhile, pass that on. In the background: giving up returns at once.
-                tokens = queue.tokens()
-                spawn(
-                    _withdraw(
-                        queue.store, queue.name, tokens, fair=request.fair, within=request.ttl, permits=request.permits
-                    )
-                )
+                # Nobody here wants the places any more: withdraw them (a lease handed to one
+                # meanwhile is passed on) before giving up returns, so that no release can hand
+                # the lock to a waiter that is gone, even if the program ends or closes its client next.
+                await finish_soon(_withdraw(queue, request))
 
 
 async def _attempt(
@@ -178,21 +180,18 @@ async def _attempt(
     with_session = not covered and (not first or waiter.in_session)
     queue.on_attempt_sent(waiter)
     sent_at = time.monotonic()
-
-    async def hand_on_if_taken(result: tuple[LockState, Any]) -> None:
-        if result[0].holds(token):
-            # Taken for a task that is gone: it leaves the queue, and the lease goes to the next.
-            if queue.slot == token:
-                queue.on_taken(Grant(token, result[0].fence_of(token), sent_at, place.ttl_ms), follower=place.follower)
-            leave(queue, waiter)
-            until = deadline_in(request.ttl)
-            await hand_over(request.store, request.name, token, fair=request.fair, until=until, permits=request.permits)
-
-    left = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
+    # Bounded by the acquire's timeout and, in an outage, by when it is given up.
+    ends = (give_up_at, _unreachable_at(queue, request))
+    left = min([request.ttl, *(moment - sent_at for moment in ends if moment is not None)])
     try:
         state, operation_time = await request.store.send(
-            _send_attempt(request, place, with_session=with_session), bound=left, on_cancelled=hand_on_if_taken
+            _send_attempt(request, place, with_session=with_session), bound=left
         )
+    except asyncio.CancelledError:
+        # The request ran to its end, but this task is gone: what it wrote is withdrawn (or
+        # claimed by the next waiter) on the way out of wait_for_lease.
+        queue.on_attempt_abandoned(place)
+        raise
     except PyMongoError as error:
         if not is_transient(error):
             raise
@@ -207,7 +206,7 @@ async def _attempt(
             request.store.answered_at > sent_at or _cut_too_short_to_tell(request, give_up_at, left)
         )
         queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent, outage=not slow)
-        if not slow:
+        if not slow and _will_retry(queue, request, give_up_at):
             _warn_retrying(request.name, error)
         return
     queue.on_answered()
@@ -230,12 +229,31 @@ async def _attempt(
     covered = covered or (with_session and watcher.cover_from(request.store, operation_time))
     queue.on_placed(waiter, place, sent_at, state.fencing_token, covered=covered)
     if waiter.turn is Turn.PLACED:
-        written = state.place_of(token)
-        until_expiry = None
-        expiry = state.next_expiry
-        if expiry is not None and written is not None and written.refreshed_at is not None:
-            until_expiry = max(0.0, (expiry - written.refreshed_at).total_seconds())
-        waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_expiry)
+        until_change = _until_next_change(state, token, fair=request.fair)
+        waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_change)
+
+
+def _until_next_change(state: LockState, token: str, *, fair: bool) -> float | None:
+    """Seconds from the write that stored ``token``'s place until an attempt could go otherwise
+    with nobody writing: a lease (or a permit) expires, or, served in turn, a place ahead of ours
+    does (its process died: nothing writes when it expires). None if nothing is due to expire.
+
+    Reckoned on the server's clock, from the place's ``at``; expiries already past (a lease that
+    expired while a place ahead still blocks it) are not waited for.
+    """
+    written = state.place_of(token)
+    if written is None or written.refreshed_at is None:
+        return None
+    now = written.refreshed_at
+    moments = [permit.expires_at for permit in state.permits]
+    if state.owner is not None and state.expires_at is not None:
+        moments.append(state.expires_at)
+    if fair:
+        moments.extend(place.expires_at for place in state.queue[: state.queue.index(written)])
+    upcoming = [moment for moment in moments if moment > now]
+    if not upcoming:
+        return None
+    return (min(upcoming) - now).total_seconds() + _EXPIRY_SLACK
 
 
 def _cut_too_short_to_tell(request: AcquireRequest, give_up_at: float | None, bound: float) -> bool:
@@ -268,6 +286,12 @@ def _unreachable_at(queue: LocalQueue, request: AcquireRequest) -> float | None:
     if queue.failing_since is None or request.unreachable_timeout is None:
         return None
     return queue.failing_since + request.unreachable_timeout
+
+
+def _will_retry(queue: LocalQueue, request: AcquireRequest, give_up_at: float | None) -> bool:
+    """Whether the acquire goes on after a failed attempt (else saying "retrying" would be wrong)."""
+    now = time.monotonic()
+    return all(moment is None or now < moment for moment in (give_up_at, _unreachable_at(queue, request)))
 
 
 _last_warning = 0.0
@@ -305,12 +329,13 @@ async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_se
 
 
 def _sleep_without_news(
-    watcher: ReleaseWatcher, request: AcquireRequest, backoff: Backoff, until_expiry: float | None = None
+    watcher: ReleaseWatcher, request: AcquireRequest, backoff: Backoff, until_change: float | None = None
 ) -> float:
     """How long a PLACED waiter sleeps unless woken: while the change stream reports releases and
-    hand-offs, until the holder's expiry (at most a TTL); else jittered backoff, never past the expiry."""
+    hand-offs, until the next expiry that can let it in (at most a TTL); else jittered backoff,
+    never past that expiry."""
     delay = max(request.retry_cap, request.ttl) if watcher.streaming else backoff.next_delay()
-    return delay if until_expiry is None else min(delay, until_expiry)
+    return delay if until_change is None else min(delay, until_change)
 
 
 async def _sleep_until(waiter: Waiter, *moments: float | None) -> None:
@@ -353,9 +378,7 @@ async def hand_over(
         except _HandedToNobody as handed:
             # Handed to this process's place, but its waiters are gone: pass the lease on, and
             # withdraw the follower place that write queued, or the lease could go to it next.
-            await store.send(
-                store.leave(name, handed.tokens, fair=fair, permits=permits), bound=until - time.monotonic()
-            )
+            await withdraw(store, name, handed.tokens, fair=fair, until=until, permits=permits)
             return True
 
 
@@ -416,20 +439,61 @@ def deadline_in(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
-async def _withdraw(
-    store: LockStore, name: str, tokens: list[str], *, fair: bool, within: float, permits: Permits | None
+async def _withdraw(queue: LocalQueue, request: AcquireRequest) -> None:
+    """Withdraw the places of ``queue``, whose waiters all left; retried until they would have
+    expired anyway (nothing refreshes them any more)."""
+    lifetime = max(request.ttl, queue.place_ttl_ms / 1000)
+    await withdraw(
+        queue.store, queue.name, queue.tokens(), fair=request.fair, until=deadline_in(lifetime), permits=request.permits
+    )
+
+
+async def withdraw(
+    store: LockStore, name: str, tokens: list[str], *, fair: bool, until: float, permits: Permits | None
 ) -> None:
-    try:
-        await store.send(store.leave(name, tokens, fair=fair, permits=permits), bound=within)
-    except Exception as error:  # best effort: the place expires by itself
-        logger.debug("could not withdraw the queue place for %r (%s); it expires by itself", name, str(error))
+    """Withdraw the queue places holding ``tokens`` (a lease handed to one meanwhile is passed
+    on), retrying transient failures with backoff until ``until`` (monotonic), when the places
+    expire by themselves. A failure is logged at WARNING: until then a release can hand the lock to
+    a place nobody waits behind, and that lease stays idle for its TTL."""
+    backoff = Backoff(_RETRY_BASE, _RETRY_CAP)
+    while True:
+        try:
+            await store.send(store.leave(name, tokens, fair=fair, permits=permits), bound=until - time.monotonic())
+            return
+        except PyMongoError as error:
+            delay = backoff.next_delay()
+            if is_transient(error) and time.monotonic() + delay < until:
+                logger.debug("withdrawing the queue place for %r failed (%s); retrying", name, str(error))
+                await asyncio.sleep(delay)
+                continue
+            logger.warning(
+                "could not withdraw this process's queue place for %r (%s): until it expires, within %.0f s, "
+                "a release can hand the lock to it, and the lock then stays held by nobody for its TTL",
+                name,
+                cause_of(error),
+                max(0.0, until - time.monotonic()),
+            )
+            return
 
 
-def spawn(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+async def finish_soon(cleanup: Coroutine[Any, Any, Any]) -> None:
+    """Run ``cleanup`` (a release, a withdrawal) and wait for it, whatever happens to the caller, for
+    at most ``GIVE_UP_SLACK`` seconds; past that it goes on in the background. A cancellation of
+    the caller meanwhile is raised once the wait ends."""
+    await wait_within(spawn(cleanup), GIVE_UP_SLACK)
+
+
+def spawn(coroutine: Coroutine[Any, Any, Any], *, shielded_for: float | None = None) -> asyncio.Task[Any]:
     """Run ``coroutine`` in the background, in a fresh context so that no caller's
     ``pymongo.timeout`` (or other context) applies to it, and keep it referenced until it ends. What it raises is
-    logged (nobody awaits it): a release that could not be sent leaves a lease to expire."""
-    task = asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
+    logged (nobody awaits it): a release that could not be sent leaves a lease to expire.
+
+    With ``shielded_for``, nothing but that many seconds' passing cancels it (see
+    :func:`~mongolock_async._shield.start_shielded`): a program that ends meanwhile waits for it."""
+    if shielded_for is not None:
+        task = start_shielded(coroutine, bound=shielded_for)
+    else:
+        task = asyncio.get_running_loop().create_task(coroutine, context=contextvars.Context())
     _background.add(task)
     task.add_done_callback(_background_done)
     return task

@@ -242,7 +242,9 @@ async def test_an_acquire_applied_but_not_acknowledged_is_undone(private_collect
     lock = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0)
     with pytest.raises(PyMongoError):
         await lock.acquire(blocking=False)
-    assert (await private_collection.find_one({"_id": "ambiguous"}))["owner"] is not None, "it was applied"
+    doc = await private_collection.find_one({"_id": "ambiguous"})
+    assert doc["fence"] > 0, "it was applied"
+    assert doc["owner"] is None and doc.get("releasedOwner"), "and released before the error was raised"
     other = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0)
     assert await other.acquire(timeout=5), "the unacknowledged lease blocked the lock"
     assert await other.release()

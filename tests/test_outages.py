@@ -40,10 +40,50 @@ async def test_a_blocking_acquire_without_timeout_raises_once_the_server_stays_u
         took = time.monotonic() - started
         # The default bound is the client's serverSelectionTimeoutMS (1.5 s here), plus one attempt.
         assert 1.4 < took < 6.0, took
-        assert isinstance(raised.value.__cause__, ServerSelectionTimeoutError)
         assert "connection refused" in str(raised.value), str(raised.value)
-        retries = [record for record in caplog.records if "could not be reached" in record.getMessage()]
-        assert retries and all(record.levelno == logging.WARNING for record in retries), caplog.text
+        # One error with the driver's as its cause, and nothing of the library's inner workings.
+        cause = raised.value.__cause__
+        assert isinstance(cause, ServerSelectionTimeoutError)
+        assert cause.__cause__ is None and (cause.__context__ is None or cause.__suppress_context__), repr(cause)
+        # The first attempt waited out the whole outage bound: no retry followed, so none is announced.
+        assert "retrying" not in caplog.text, caplog.text
+    finally:
+        await close_client(client)
+
+
+async def test_an_outage_error_shows_the_drivers_cause_not_the_librarys_inner_timeout(
+    driver: str, private_server: EmbeddedMongo
+) -> None:
+    # The client would wait 10 s for a server; each attempt is cut at the lease's TTL (1 s) first.
+    client = make_client(driver, stopped(private_server))
+    try:
+        lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=1.0, unreachable_timeout=2.5)
+        with pytest.raises(ServerUnreachableError, match=r"could not be reached for 2\.\d s") as raised:
+            await lock.acquire()
+    finally:
+        await close_client(client)
+    chain: list[BaseException] = []
+    error: BaseException | None = raised.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    assert [type(error) for error in chain] == [ServerUnreachableError, ServerSelectionTimeoutError], chain
+
+
+async def test_a_retried_acquire_says_so_once_at_warning_level(
+    driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mongolock_async")
+    monkeypatch.setattr(waiting, "_last_warning", 0.0)
+    monkeypatch.setattr(waiting, "_retries_unreported", 0)
+    client = make_client(driver, stopped(private_server), serverSelectionTimeoutMS=1000)
+    try:
+        lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0, unreachable_timeout=3.5)
+        with pytest.raises(ServerUnreachableError, match=r"could not be reached for 3\.\d s"):
+            await lock.acquire()
+        retries = [record for record in caplog.records if "retrying" in record.getMessage()]
+        # Attempts end at about 1 s, 2 s and 3 s (more retries within 10 s are counted, not logged).
+        assert len(retries) == 1 and retries[0].levelno == logging.WARNING, caplog.text
     finally:
         await close_client(client)
 
