@@ -167,11 +167,13 @@ def _print_semaphore(report: LockReport, state: LockState) -> None:
     for permit in permits:
         left = report.permits_left_ms[permit.token] / 1000
         who = holder_text(permit.holder) or "an unlabelled holder"
+        # The whole owner token: the tokens of one process's permits share their start, so only the
+        # whole token is sure to select one holder for `release --force --holder`.
         if state.kind == "election":
-            print(f"leader    {who}, owner {permit.token[:12]}")
+            print(f"leader    {who}\n          owner {permit.token}")
             print(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
             continue
-        print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left, owner {permit.token[:12]}")
+        print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left\n          owner {permit.token}")
     waiting = [_waiter(place, state) for place in state.queue]
     label = "candidates" if state.kind == "election" else "waiting"
     print(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")

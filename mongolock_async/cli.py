@@ -1,8 +1,9 @@
 """The ``mongolock`` command: the demo, and operator commands to list, inspect and break locks.
 
 Exit codes: 0 success; 1 a demo check failed, the operator declined, or MongoDB refused a command;
-2 usage error; 3 MongoDB unreachable or the URI is invalid; 4 the collection or lock does not
-exist; 5 refused (plain ``release`` of a lease this command does not own); 6 authentication failed.
+2 usage error (``release --holder`` that selects several holders); 3 MongoDB unreachable or the URI
+is invalid; 4 the collection, lock or ``--holder`` does not exist; 5 refused (plain ``release`` of a
+lease this command does not own); 6 authentication failed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ._commandline import (
     connect,
     explain,
 )
-from .documents import LockReport
+from .documents import LockReport, Permit
 from .store import ForcedRelease, LockStore
 
 DEFAULT_DATABASE = "mongolock"
@@ -111,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument(
         "--holder",
         metavar="TOKEN",
-        help="a semaphore: break only the permit whose owner token starts with TOKEN (see inspect); default all",
+        help="a semaphore, read-write lock or election: break only the holder whose owner token (shown by "
+        "inspect) is TOKEN, or the only one that starts with it; refused if it selects none or several. "
+        "Default: every holder",
     )
     return parser
 
@@ -251,13 +254,20 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
 
     if report.state is not None and report.remaining_ms is None:
         return done(f"{arguments.name!r} is {view.state_of(report)}; nothing to release.")
+    chosen = None if arguments.holder is None else _select_holder(report, arguments.holder)
     if not arguments.json:
         kind = "lease" if report.state is None else report.state.kind
-        print(
-            {"lock": "About to break this lease:", "election": "About to depose this leader:"}.get(
-                kind, f"About to break permits of this {'read-write lock' if kind == 'rwlock' else kind}:"
+        if chosen is not None and kind != "election":
+            print(
+                f"About to break the permit of {view.holder_text(chosen.holder) or 'an unlabelled holder'} "
+                f"(owner {chosen.token}) of this {'read-write lock' if kind == 'rwlock' else kind}:"
             )
-        )
+        else:
+            print(
+                {"lock": "About to break this lease:", "election": "About to depose this leader:"}.get(
+                    kind, f"About to break permits of this {'read-write lock' if kind == 'rwlock' else kind}:"
+                )
+            )
         view.print_detail(report)
     if not arguments.yes:
         if arguments.json or not sys.stdin.isatty():
@@ -266,12 +276,20 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
         if answer.strip().lower() not in ("y", "yes"):
             print("Left as it was.")
             return EXIT_FAILED
-    broken = await store.force_release(arguments.name, holder=arguments.holder)
+    try:
+        broken = await store.force_release(arguments.name, holder=None if chosen is None else chosen.token)
+    except ValueError as error:  # the holders changed since the report: several now match
+        raise UserError(str(error), EXIT_USAGE) from None
+    except LookupError as error:
+        raise UserError(str(error), EXIT_MISSING) from None
+    if broken is None and chosen is not None:
+        return done(f"The permit of owner {chosen.token} had ended by the time of the release; nothing was broken.")
     if broken is None:
         return done(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
     if semaphore:
         who = ", ".join(
-            f"{view.holder_text(holder) or owner[:12]} (token {token})" for owner, holder, token in broken.permits
+            f"{view.holder_text(holder) or 'an unlabelled holder'} (token {token}, owner {owner})"
+            for owner, holder, token in broken.permits
         )
         if report.state is not None and report.state.kind == "election":
             return done(
@@ -290,4 +308,33 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
         f"(host {holder.get('host')}, pid {holder.get('pid')}, fencing token {broken.fencing_token}). "
         "Its holder still believes it holds the lock until its own deadline; fence your resources.",
         broken,
+    )
+
+
+def _select_holder(report: LockReport, holder: str) -> Permit:
+    """The one live holder of ``report`` that ``holder`` selects (its whole owner token, or the only
+    token that starts with it), as ``LockStore.force_release`` selects it; else a ``UserError``
+    listing the candidates, before anything is asked or broken."""
+    if not holder:
+        raise UserError("--holder must not be empty (leave it out to break every holder)", EXIT_USAGE)
+    live = report.live_permits
+    matches = [permit for permit in live if permit.token == holder] or [
+        permit for permit in live if permit.token.startswith(holder)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+
+    def listing(permits: Sequence[Permit]) -> str:
+        return "; ".join(f"{permit.token} ({view.holder_text(permit.holder) or 'unlabelled'})" for permit in permits)
+
+    if not matches:
+        raise UserError(
+            f"no live holder of {report.name!r} has an owner token starting with {holder!r}; its live holders: "
+            f"{listing(live) or 'none'}",
+            EXIT_MISSING,
+        )
+    raise UserError(
+        f"--holder {holder!r} matches {len(matches)} holders of {report.name!r}: {listing(matches)}; "
+        "give the whole owner token of the one to break",
+        EXIT_USAGE,
     )

@@ -21,6 +21,7 @@ from pymongo import AsyncMongoClient
 from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
+from tests.test_force_release import two_permits_of_one_process
 
 PASSWORD = "pa55-w0rd-secret"
 SMALL_DEMO = ["--workers", "2", "--tasks", "2", "--items", "1", "--stock", "4", "--schedulers", "2", "--ttl", "1",
@@ -517,3 +518,38 @@ def test_elections_are_listed_inspected_and_their_leader_deposed(mongodb_uri: st
     finally:
         candidate.kill()
         candidate.wait()
+
+
+def test_release_force_holder_breaks_one_permit_of_a_process_or_refuses(mongodb_uri: str) -> None:
+    """Two permits of one process: their tokens share a start, so only a whole token (or a start no
+    other holder has) names one; anything else is refused, listing the candidates, and breaks nothing."""
+    database, collection = "mongolock_cli", f"one_process_{uuid.uuid4().hex[:8]}"
+    where = ("--db", database, "--collection", collection)
+
+    async def hold() -> dict[str, str]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+        try:
+            return await two_permits_of_one_process(client[database][collection])
+        finally:
+            await client.close()
+
+    tokens = asyncio.run(hold())
+
+    def holders() -> dict[str, str]:
+        detail = json.loads(mongolock("inspect", "pool", "--json", *where, uri=mongodb_uri).stdout)
+        return {entry["holder"]["label"]: entry["owner"] for entry in detail["holders"]}
+
+    assert holders() == tokens
+    text = mongolock("inspect", "pool", *where, uri=mongodb_uri).stdout
+    assert tokens["export-a"] in text and tokens["export-b"] in text, "inspect shows what selects each holder"
+    for prefix, code, said in ((tokens["export-a"][:12], 2, "matches 2 holders"), ("feedface", 4, "no live holder")):
+        refused = mongolock("release", "pool", "--force", "--yes", "--holder", prefix, *where, uri=mongodb_uri)
+        assert refused.returncode == code, refused.stdout + refused.stderr
+        assert said in refused.stderr and "Traceback" not in refused.stderr
+        assert tokens["export-a"] in refused.stderr and tokens["export-b"] in refused.stderr, "lists the candidates"
+        assert holders() == tokens, "nothing was broken"
+    one = mongolock("release", "pool", "--force", "--yes", "--holder", tokens["export-a"], *where, uri=mongodb_uri)
+    assert one.returncode == 0, one.stdout + one.stderr
+    said = one.stdout.splitlines()[-1]
+    assert "Released 1 permit(s)" in said and "export-a" in said and "export-b" not in said, one.stdout
+    assert holders() == {"export-b": tokens["export-b"]}
