@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 a demo check failed, the operator declined, or MongoDB refused a command;
 2 usage error (``release --holder`` that selects several holders); 3 MongoDB unreachable or the URI
 is invalid; 4 the collection, lock or ``--holder`` does not exist; 5 refused (plain ``release`` of a
-lease this command does not own); 6 authentication failed.
+lease this command does not own); 6 authentication failed. A command whose output pipe closes
+early (``mongolock list | head -1``) stops without a traceback and exits 1.
 """
 
 from __future__ import annotations
@@ -120,6 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        try:
+            code: int | str | None = _run(argv)
+        except SystemExit as exit_:  # argparse's --help, --version and usage errors
+            code = exit_.code
+        # A reader that went away shows here, not in the interpreter's own flush at exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `mongolock list | head -1`: the reader has gone. Python's recipe (the signal module's
+        # docs): stdout pointed at devnull, so the flush at exit cannot fail again; no traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = EXIT_FAILED
+    sys.exit(code)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     arguments = build_parser().parse_args(argv)
     try:
         if arguments.command == "demo":
@@ -135,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = error.exit_code
     except KeyboardInterrupt:
         code = 130
-    sys.exit(code)
+    return code
 
 
 def _serve(arguments: argparse.Namespace) -> int:

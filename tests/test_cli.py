@@ -553,3 +553,41 @@ def test_release_force_holder_breaks_one_permit_of_a_process_or_refuses(mongodb_
     said = one.stdout.splitlines()[-1]
     assert "Released 1 permit(s)" in said and "export-a" in said and "export-b" not in said, one.stdout
     assert holders() == {"export-b": tokens["export-b"]}
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["inspect", "alpha"],
+        ["inspect", "alpha", "--json"],
+        ["release", "alpha", "--force", "--yes"],
+        ["release", "alpha", "--force", "--yes", "--json"],
+        ["--help"],
+        ["list", "--help"],
+        ["--version"],
+        ["server", "--port", "0"],
+    ],
+    ids=" ".join,
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]], arguments: list[str]
+) -> None:
+    """``mongolock list | head -1``: the pipe is closed before the command writes; no traceback."""
+    database, collection, _ = held_locks
+    where = ["--db", database, "--collection", collection] if arguments[0] in ("list", "inspect", "release") else []
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
+    command = subprocess.Popen(
+        [sys.executable, "-m", "mongolock_async", *arguments, *where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**env, "MONGODB_URI": mongodb_uri},
+    )
+    assert command.stdout is not None
+    command.stdout.close()  # the reader is gone before the first line
+    _, err = command.communicate(timeout=120)
+    assert err.decode() == "", err.decode()
+    # argparse ignores a failed write of its help and version and exits 0 as usual; a command cut
+    # short exits 1, as Python's own recipe for a closed pipe does.
+    assert command.returncode == (0 if "--help" in arguments or "--version" in arguments else 1)
