@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="machine-readable output (UTF-8 JSON)")
 
     listing = commands.add_parser(
-        "list", parents=[connection, output], help="list locks: state, holder, fencing token, time, waiters"
+        "list",
+        parents=[connection, output],
+        help="list locks: state, holder, time left, waiters (fencing tokens: inspect or --json)"
     )
     listing.add_argument("--held", action="store_true", help="only locks whose lease is live")
     listing.add_argument("--prefix", default="", help="only locks whose name starts with this")

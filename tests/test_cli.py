@@ -591,3 +591,45 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(
     # argparse ignores a failed write of its help and version and exits 0 as usual; a command cut
     # short exits 1, as Python's own recipe for a closed pipe does.
     assert command.returncode == (0 if "--help" in arguments or "--version" in arguments else 1)
+
+
+def run_on_a_terminal(arguments: list[str], *, columns: int, without_rich: bool = False) -> list[str]:
+    """The lines ``mongolock`` prints on a pseudo-terminal ``columns`` wide (colours removed);
+    ``without_rich`` runs it as if rich were not installed."""
+    prelude = "import sys; sys.modules['rich'] = None; " if without_rich else ""  # `import rich` fails
+    code = prelude + "from mongolock_async.cli import main; main()"
+    controller, terminal = os.openpty()
+    try:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
+        subprocess.run(
+            [sys.executable, "-c", code, *arguments],
+            stdout=terminal, stderr=terminal, env={**env, "COLUMNS": str(columns), "TERM": "xterm"}, timeout=60,
+            check=True,
+        )  # fmt: skip
+        os.close(terminal)
+        output = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(controller, 65536):
+                output += chunk
+    finally:
+        os.close(controller)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", output.decode())
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("without_rich", [False, True], ids=["rich", "plain"])
+def test_a_long_holder_is_shortened_to_fit_the_terminal_never_the_name(mongodb_uri: str, without_rich: bool) -> None:
+    database, collection = "mongolock_cli", f"fit_{uuid.uuid4().hex[:8]}"
+    name, label = "nightly-report:tenant-07", "the-report-worker-of-tenant-seven-in-the-eu-west-region-" + "x" * 20
+    asyncio.run(hold(mongodb_uri, database, collection, name, label))
+    lines = run_on_a_terminal(
+        ["list", "--uri", mongodb_uri, "--db", database, "--collection", collection], columns=80,
+        without_rich=without_rich,
+    )  # fmt: skip
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    assert lines[0].split() == ["NAME", "STATE", "HOLDER", "TIME", "WAITING"], lines
+    assert ("─" in lines[1]) is not without_rich, "rich draws the table, or it is the plain one"
+    (row,) = [line for line in lines if line.startswith(name)]
+    assert row.split()[:2] == [name, "held"] and row.endswith("s left"), row
+    # The columns take the width their content needs: what is left goes to the holder.
+    assert label[:16] in row and label not in row, row
