@@ -633,3 +633,12 @@ def test_a_long_holder_is_shortened_to_fit_the_terminal_never_the_name(mongodb_u
     assert row.split()[:2] == [name, "held"] and row.endswith("s left"), row
     # The columns take the width their content needs: what is left goes to the holder.
     assert label[:16] in row and label not in row, row
+
+
+@pytest.mark.parametrize("command", [["list"], ["inspect", "job"], ["demo", "--uri", "URI"]], ids=" ".join)
+def test_an_srv_host_that_does_not_resolve_is_named_without_a_port(command: list[str]) -> None:
+    uri = "mongodb+srv://cluster0.nowhere.invalid/?serverSelectionTimeoutMS=2000"
+    result = mongolock(*(uri if argument == "URI" else argument for argument in command), uri=uri)
+    assert result.returncode == 3, result.stdout + result.stderr
+    line = one_line(result)
+    assert "cannot reach MongoDB at cluster0.nowhere.invalid (URI" in line and ":None" not in line, line
