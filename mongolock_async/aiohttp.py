@@ -1,4 +1,5 @@
-"""aiohttp: hold a lock while a handler runs (``pip install 'mongolock-async[aiohttp]'``).
+"""aiohttp: hold a lock while a handler runs (the ``aiohttp`` extra; from a checkout:
+``pip install '.[aiohttp]'``).
 
 ::
 
@@ -21,7 +22,9 @@ try:
     from aiohttp import web
 except ModuleNotFoundError as error:
     raise ModuleNotFoundError(
-        f"mongolock_async.aiohttp needs aiohttp: pip install 'mongolock-async[aiohttp]' ({error})", name=error.name
+        f"mongolock_async.aiohttp needs aiohttp: install the aiohttp extra (from a checkout: pip install '.[aiohttp]')"
+        f" ({error})",
+        name=error.name,
     ) from error
 
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError

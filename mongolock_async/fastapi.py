@@ -1,4 +1,5 @@
-"""FastAPI: hold a lock while a path operation runs (``pip install 'mongolock-async[fastapi]'``).
+"""FastAPI: hold a lock while a path operation runs (the ``fastapi`` extra; from a checkout:
+``pip install '.[fastapi]'``).
 
 ::
 
@@ -21,7 +22,9 @@ try:
     from fastapi import Depends, HTTPException, Request, status
 except ModuleNotFoundError as error:
     raise ModuleNotFoundError(
-        f"mongolock_async.fastapi needs FastAPI: pip install 'mongolock-async[fastapi]' ({error})", name=error.name
+        f"mongolock_async.fastapi needs FastAPI: install the fastapi extra (from a checkout: pip install '.[fastapi]')"
+        f" ({error})",
+        name=error.name,
     ) from error
 
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError

@@ -95,3 +95,39 @@ def test_code_blocks_fit_the_page() -> None:
             elif fence is not None and fence != "mermaid" and len(line) > 80:
                 long.append(f"{page.name}:{number}: {line}")
     assert not long, "\n".join(long)
+
+
+def test_every_install_command_is_the_readmes() -> None:
+    """No release is on PyPI yet: the README's Install section installs from a checkout
+    (``pip install '.[fastapi]'``), and every guide, docstring and error message says the same."""
+    readme = (ROOT / "README.md").read_text()
+    assert "No release is on PyPI yet" in readme and "pip install '.[fastapi,embedded]'" in readme
+    package = sorted((ROOT / "mongolock_async").rglob("*.py"))
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *package]
+    stale = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if "mongolock-async[" in line
+    ]
+    assert not stale, "a PyPI install of an unpublished package:\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize(
+    ("code", "extra"),
+    [
+        ("sys.modules['fastapi'] = None; import mongolock_async.fastapi", "fastapi"),
+        ("sys.modules['aiohttp'] = None; import mongolock_async.aiohttp", "aiohttp"),
+        ("sys.modules['opentelemetry'] = None; import mongolock_async.opentelemetry", "opentelemetry"),
+        (
+            "sys.modules['secantus'] = None; from mongolock_async.testing import EmbeddedMongo; EmbeddedMongo()",
+            "embedded",
+        ),
+    ],
+    ids=["fastapi", "aiohttp", "opentelemetry", "embedded"],
+)
+def test_a_missing_extra_is_named_as_the_readme_installs_it(code: str, extra: str) -> None:
+    result = subprocess.run([sys.executable, "-c", f"import sys; {code}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    last = result.stderr.splitlines()[-1]
+    assert f"the {extra} extra (from a checkout: pip install '.[{extra}]')" in last, result.stderr

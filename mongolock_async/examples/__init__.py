@@ -3,8 +3,8 @@
 and seeds the data it needs:
 
     mongolock server                                    # in another terminal
-    python -m mongolock_async.examples.fastapi_app      # a flash sale on http://127.0.0.1:8000 ([fastapi])
-    python -m mongolock_async.examples.aiohttp_app      # the same on http://127.0.0.1:8080 ([aiohttp])
+    python -m mongolock_async.examples.fastapi_app      # a flash sale on http://127.0.0.1:8000 (fastapi extra)
+    python -m mongolock_async.examples.aiohttp_app      # the same on http://127.0.0.1:8080 (aiohttp extra)
     python -m mongolock_async.examples.worker           # workers sharing a queue of items
     python -m mongolock_async.examples.scheduled_job    # a job three replicas start; one runs it
 
