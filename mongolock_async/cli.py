@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run the demo scenarios (on an embedded server unless --uri is given)",
-        description="Flash sale, run-once job, crash and takeover, a paused holder, a shared rate limit: several "
-        "OS processes, checked at the end. "
+        description="Six scenarios with several OS processes, checked at the end: a flash sale, a run-once job, "
+        "crash and takeover, a paused holder and fenced writes, a rate limit shared by processes (a semaphore), "
+        "and leader failover (an election). "
         "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
     )
     _add_uri_option(demo)

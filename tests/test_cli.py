@@ -642,3 +642,9 @@ def test_an_srv_host_that_does_not_resolve_is_named_without_a_port(command: list
     assert result.returncode == 3, result.stdout + result.stderr
     line = one_line(result)
     assert "cannot reach MongoDB at cluster0.nowhere.invalid (URI" in line and ":None" not in line, line
+
+
+def test_the_demo_help_names_its_six_scenarios() -> None:
+    text = " ".join(mongolock("demo", "--help").stdout.split())
+    for scenario in ("flash sale", "run-once job", "crash and takeover", "paused holder", "rate limit", "leader"):
+        assert scenario in text, text
