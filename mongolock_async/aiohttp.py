@@ -1,15 +1,15 @@
 """aiohttp: hold a lock while a handler runs (the ``aiohttp`` extra; from a checkout:
 ``pip install '.[aiohttp]'``).
 
-::
+```python
+locks = LockManager(collection, ttl=10, timeout=2)
 
-    locks = LockManager(collection, ttl=10, timeout=2)
-
-    @routes.post("/items/{sku}/buy")
-    @hold_lock(locks, lambda request: "stock:" + request.match_info["sku"])
-    async def buy(request: web.Request) -> web.Response:
-        lock = request[LOCK]  # the held AsyncMongoLock, for its fencing token
-        ...
+@routes.post("/items/{sku}/buy")
+@hold_lock(locks, lambda request: "stock:" + request.match_info["sku"])
+async def buy(request: web.Request) -> web.Response:
+    lock = request[LOCK]  # the held AsyncMongoLock, for its fencing token
+    ...
+```
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """OpenTelemetry metrics and spans for locks (the ``opentelemetry`` extra; from a checkout:
 ``pip install '.[opentelemetry]'``).
 
-::
-
-    locks = LockManager(collection, hooks=OpenTelemetryHooks())
+```python
+locks = LockManager(collection, hooks=OpenTelemetryHooks())
+```
 
 Uses the global meter and tracer providers unless given others. Metrics, all with the attribute
 ``mongolock.name``:
