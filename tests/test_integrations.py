@@ -337,9 +337,10 @@ def uvicorn(uri: str, database: str) -> Iterator[str]:
     # uvicorn's supervisor kills, silently at this log level, a worker that does not answer its
     # health check within 5 s: on a loaded shared machine a worker serving 200 requests at once
     # missed it, and its clients saw "Server disconnected". This test is about the lock, not that.
+    # --timeout-keep-alive: see KEEPALIVE below.
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "mongolock_async.examples.fastapi_app:app", "--workers", "2", "--port",
-         str(port), "--log-level", "warning", "--timeout-worker-healthcheck", "120"],
+         str(port), "--log-level", "warning", "--timeout-worker-healthcheck", "120", "--timeout-keep-alive", "30"],
         env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database, "MONGOLOCK_DB": database},
     )  # fmt: skip
     try:
@@ -353,10 +354,17 @@ def uvicorn(uri: str, database: str) -> Iterator[str]:
         server.wait(timeout=30)
 
 
+# httpx keeps an idle connection for 5 s by default, exactly as long as uvicorn's default
+# --timeout-keep-alive: a connection reused as uvicorn closes it got "Server disconnected without
+# sending a response" (httpx does not retry a POST). The client now lets its idle connections go
+# long before the server would close them.
+KEEPALIVE = 2.0
+
+
 async def test_fastapi_under_uvicorn_with_two_workers_never_oversells(mongodb_uri: str) -> None:
     async with shop(mongodb_uri, {"sku-1": 10, "sku-2": 10}) as database:
         with uvicorn(mongodb_uri, database) as base_url:
-            limits = httpx.Limits(max_connections=200)
+            limits = httpx.Limits(max_connections=200, keepalive_expiry=KEEPALIVE)
             async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as http:
                 for _ in range(100):  # both workers up
                     with contextlib.suppress(httpx.TransportError):
