@@ -2,13 +2,23 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test lint docs demo bench soak
 
-$(STAMP): pyproject.toml
+$(PYTHON):
 	python3 -m venv $(VENV)
+
+## Every development tool (the dev extra): tests, lint, docs, benchmarks.
+$(STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
+
+## What the demo needs and no more: the embedded server, and rich for its live view on a terminal.
+## A stamp of its own, so that `make test` after `make demo` still installs the dev extra.
+$(DEMO_STAMP): pyproject.toml | $(PYTHON)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[embedded,rich]'
+	touch $(DEMO_STAMP)
 
 ## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
 ## and the package check).
@@ -32,7 +42,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 ## The demo, on an embedded MongoDB server it starts and stops itself.
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/mongolock demo
 
 ## Benchmarks (not part of the tests): installs redis-py and Debian's redis-server for the peer.

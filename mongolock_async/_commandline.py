@@ -141,8 +141,10 @@ async def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
         if isinstance(error, ConnectionFailure) and seen is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(seen.any.wait(), VERDICT_WAIT)
-        hosts = ", ".join(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
-        latest = [server.error for server in client.topology_description.server_descriptions().values()]
+        servers = client.topology_description.server_descriptions()
+        # A mongodb+srv seed that never resolved is the SRV name itself, with no port (None).
+        hosts = ", ".join(host if port is None else f"{host}:{port}" for host, port in servers)
+        latest = [server.error for server in servers.values()]
         cause = cause_of(error, *(seen.errors if seen is not None else ()), *(e for e in latest if e is not None))
         where = f"{hosts or 'its hosts'} (URI {redact_uri(uri)})"
         return UserError(f"cannot reach MongoDB at {where}: {cause}", EXIT_UNREACHABLE)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -10,7 +12,7 @@ from typing import Any
 
 from .documents import LockReport, LockState, Place
 
-# The table fits an 80-column terminal; fencing tokens and full times are in `inspect` and --json.
+# Fencing tokens, owner tokens and full times are in `inspect` and --json: the table fits a terminal.
 COLUMNS = ("NAME", "STATE", "HOLDER", "TIME", "WAITING")
 
 
@@ -89,8 +91,11 @@ def print_json(payload: Any) -> None:
 
 
 def print_table(reports: Sequence[LockReport]) -> None:
-    """One line per lock under a header; with ``rich`` on a terminal when it is installed."""
+    """One line per lock under a header; with ``rich`` on a terminal when it is installed. On a
+    terminal (or with ``COLUMNS`` set) the table fits its width: the holder column is shortened,
+    never the name; piped elsewhere, rows are whole."""
     rows = [_row(report) for report in reports]
+    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)]
     if sys.stdout.isatty():
         try:
             from rich import box
@@ -100,15 +105,15 @@ def print_table(reports: Sequence[LockReport]) -> None:
             pass
         else:
             console = Console()
-            # Fixed columns, the rest of the terminal's width shared by the name (wrapped, never
-            # cut) and the holder (shortened): fits 80 columns.
-            state, time, waiting = 14, 16, 7
+            name, state, holder, time, waiting = widths
+            # STATE, TIME and WAITING as wide as their content; the rest of the terminal's width
+            # shared by the name (wrapped, never cut, when it must) and the holder (shortened).
             flexible = max(24, console.width - (state + time + waiting) - 12)  # 4 gaps of 3
-            name = (flexible * 3 + 4) // 5
+            name = min(name, flexible - min(holder, 16))
             table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
             table.add_column("NAME", overflow="fold", width=name)
             table.add_column("STATE", no_wrap=True, width=state)
-            table.add_column("HOLDER", overflow="ellipsis", no_wrap=True, width=flexible - name)
+            table.add_column("HOLDER", overflow="ellipsis", no_wrap=True, width=min(holder, flexible - name))
             table.add_column("TIME", no_wrap=True, width=time)
             table.add_column("WAITING", justify="right", no_wrap=True, width=waiting)
             for row in rows:
@@ -116,9 +121,16 @@ def print_table(reports: Sequence[LockReport]) -> None:
             console.print(table)
             return
     _utf8_stdout()
-    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=False)]
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        excess = sum(widths) + 2 * (len(widths) - 1) - shutil.get_terminal_size().columns
+        widths[2] = max(len(COLUMNS[2]), widths[2] - max(0, excess))
+        rows = [(*row[:2], _shortened(row[2], widths[2]), *row[3:]) for row in rows]
     for line in (COLUMNS, *rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _shortened(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def print_detail(report: LockReport) -> None:
@@ -167,11 +179,13 @@ def _print_semaphore(report: LockReport, state: LockState) -> None:
     for permit in permits:
         left = report.permits_left_ms[permit.token] / 1000
         who = holder_text(permit.holder) or "an unlabelled holder"
+        # The whole owner token: the tokens of one process's permits share their start, so only the
+        # whole token is sure to select one holder for `release --force --holder`.
         if state.kind == "election":
-            print(f"leader    {who}, owner {permit.token[:12]}")
+            print(f"leader    {who}\n          owner {permit.token}")
             print(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
             continue
-        print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left, owner {permit.token[:12]}")
+        print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left\n          owner {permit.token}")
     waiting = [_waiter(place, state) for place in state.queue]
     label = "candidates" if state.kind == "election" else "waiting"
     print(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")

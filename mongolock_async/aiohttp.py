@@ -1,14 +1,15 @@
-"""aiohttp: hold a lock while a handler runs (``pip install 'mongolock-async[aiohttp]'``).
+"""aiohttp: hold a lock while a handler runs (the ``aiohttp`` extra; from a checkout:
+``pip install '.[aiohttp]'``).
 
-::
+```python
+locks = LockManager(collection, ttl=10, timeout=2)
 
-    locks = LockManager(collection, ttl=10, timeout=2)
-
-    @routes.post("/items/{sku}/buy")
-    @hold_lock(locks, lambda request: "stock:" + request.match_info["sku"])
-    async def buy(request: web.Request) -> web.Response:
-        lock = request[LOCK]  # the held AsyncMongoLock, for its fencing token
-        ...
+@routes.post("/items/{sku}/buy")
+@hold_lock(locks, lambda request: "stock:" + request.match_info["sku"])
+async def buy(request: web.Request) -> web.Response:
+    lock = request[LOCK]  # the held AsyncMongoLock, for its fencing token
+    ...
+```
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ try:
     from aiohttp import web
 except ModuleNotFoundError as error:
     raise ModuleNotFoundError(
-        f"mongolock_async.aiohttp needs aiohttp: pip install 'mongolock-async[aiohttp]' ({error})", name=error.name
+        f"mongolock_async.aiohttp needs aiohttp: install the aiohttp extra (from a checkout: pip install '.[aiohttp]')"
+        f" ({error})",
+        name=error.name,
     ) from error
 
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError

@@ -1,8 +1,10 @@
 """The ``mongolock`` command: the demo, and operator commands to list, inspect and break locks.
 
 Exit codes: 0 success; 1 a demo check failed, the operator declined, or MongoDB refused a command;
-2 usage error; 3 MongoDB unreachable or the URI is invalid; 4 the collection or lock does not
-exist; 5 refused (plain ``release`` of a lease this command does not own); 6 authentication failed.
+2 usage error (``release --holder`` that selects several holders); 3 MongoDB unreachable or the URI
+is invalid; 4 the collection, lock or ``--holder`` does not exist; 5 refused (plain ``release`` of a
+lease this command does not own); 6 authentication failed. A command whose output pipe closes
+early (``mongolock list | head -1``) stops without a traceback and exits 1.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ._commandline import (
     connect,
     explain,
 )
-from .documents import LockReport
+from .documents import LockReport, Permit
 from .store import ForcedRelease, LockStore
 
 DEFAULT_DATABASE = "mongolock"
@@ -67,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run the demo scenarios (on an embedded server unless --uri is given)",
-        description="Flash sale, run-once job, crash and takeover, a paused holder, a shared rate limit: several "
-        "OS processes, checked at the end. "
+        description="Six scenarios with several OS processes, checked at the end: a flash sale, a run-once job, "
+        "crash and takeover, a paused holder and fenced writes, a rate limit shared by processes (a semaphore), "
+        "and leader failover (an election). "
         "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
     )
     _add_uri_option(demo)
@@ -96,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="machine-readable output (UTF-8 JSON)")
 
     listing = commands.add_parser(
-        "list", parents=[connection, output], help="list locks: state, holder, fencing token, time, waiters"
+        "list",
+        parents=[connection, output],
+        help="list locks: state, holder, time left, waiters (fencing tokens: inspect or --json)"
     )
     listing.add_argument("--held", action="store_true", help="only locks whose lease is live")
     listing.add_argument("--prefix", default="", help="only locks whose name starts with this")
@@ -111,12 +116,31 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument(
         "--holder",
         metavar="TOKEN",
-        help="a semaphore: break only the permit whose owner token starts with TOKEN (see inspect); default all",
+        help="a semaphore, read-write lock or election: break only the holder whose owner token (shown by "
+        "inspect) is TOKEN, or the only one that starts with it; refused if it selects none or several. "
+        "Default: every holder",
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        try:
+            code: int | str | None = _run(argv)
+        except SystemExit as exit_:  # argparse's --help, --version and usage errors
+            code = exit_.code
+        # A reader that went away shows here, not in the interpreter's own flush at exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `mongolock list | head -1`: the reader has gone. Python's recipe (the signal module's
+        # docs): stdout pointed at devnull, so the flush at exit cannot fail again; no traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = EXIT_FAILED
+    sys.exit(code)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     arguments = build_parser().parse_args(argv)
     try:
         if arguments.command == "demo":
@@ -132,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = error.exit_code
     except KeyboardInterrupt:
         code = 130
-    sys.exit(code)
+    return code
 
 
 def _serve(arguments: argparse.Namespace) -> int:
@@ -251,13 +275,20 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
 
     if report.state is not None and report.remaining_ms is None:
         return done(f"{arguments.name!r} is {view.state_of(report)}; nothing to release.")
+    chosen = None if arguments.holder is None else _select_holder(report, arguments.holder)
     if not arguments.json:
         kind = "lease" if report.state is None else report.state.kind
-        print(
-            {"lock": "About to break this lease:", "election": "About to depose this leader:"}.get(
-                kind, f"About to break permits of this {'read-write lock' if kind == 'rwlock' else kind}:"
+        if chosen is not None and kind != "election":
+            print(
+                f"About to break the permit of {view.holder_text(chosen.holder) or 'an unlabelled holder'} "
+                f"(owner {chosen.token}) of this {'read-write lock' if kind == 'rwlock' else kind}:"
             )
-        )
+        else:
+            print(
+                {"lock": "About to break this lease:", "election": "About to depose this leader:"}.get(
+                    kind, f"About to break permits of this {'read-write lock' if kind == 'rwlock' else kind}:"
+                )
+            )
         view.print_detail(report)
     if not arguments.yes:
         if arguments.json or not sys.stdin.isatty():
@@ -266,12 +297,20 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
         if answer.strip().lower() not in ("y", "yes"):
             print("Left as it was.")
             return EXIT_FAILED
-    broken = await store.force_release(arguments.name, holder=arguments.holder)
+    try:
+        broken = await store.force_release(arguments.name, holder=None if chosen is None else chosen.token)
+    except ValueError as error:  # the holders changed since the report: several now match
+        raise UserError(str(error), EXIT_USAGE) from None
+    except LookupError as error:
+        raise UserError(str(error), EXIT_MISSING) from None
+    if broken is None and chosen is not None:
+        return done(f"The permit of owner {chosen.token} had ended by the time of the release; nothing was broken.")
     if broken is None:
         return done(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
     if semaphore:
         who = ", ".join(
-            f"{view.holder_text(holder) or owner[:12]} (token {token})" for owner, holder, token in broken.permits
+            f"{view.holder_text(holder) or 'an unlabelled holder'} (token {token}, owner {owner})"
+            for owner, holder, token in broken.permits
         )
         if report.state is not None and report.state.kind == "election":
             return done(
@@ -290,4 +329,33 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
         f"(host {holder.get('host')}, pid {holder.get('pid')}, fencing token {broken.fencing_token}). "
         "Its holder still believes it holds the lock until its own deadline; fence your resources.",
         broken,
+    )
+
+
+def _select_holder(report: LockReport, holder: str) -> Permit:
+    """The one live holder of ``report`` that ``holder`` selects (its whole owner token, or the only
+    token that starts with it), as ``LockStore.force_release`` selects it; else a ``UserError``
+    listing the candidates, before anything is asked or broken."""
+    if not holder:
+        raise UserError("--holder must not be empty (leave it out to break every holder)", EXIT_USAGE)
+    live = report.live_permits
+    matches = [permit for permit in live if permit.token == holder] or [
+        permit for permit in live if permit.token.startswith(holder)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+
+    def listing(permits: Sequence[Permit]) -> str:
+        return "; ".join(f"{permit.token} ({view.holder_text(permit.holder) or 'unlabelled'})" for permit in permits)
+
+    if not matches:
+        raise UserError(
+            f"no live holder of {report.name!r} has an owner token starting with {holder!r}; its live holders: "
+            f"{listing(live) or 'none'}",
+            EXIT_MISSING,
+        )
+    raise UserError(
+        f"--holder {holder!r} matches {len(matches)} holders of {report.name!r}: {listing(matches)}; "
+        "give the whole owner token of the one to break",
+        EXIT_USAGE,
     )

@@ -10,6 +10,11 @@
    takes over and posts to an account; the first resumes and tries to post too: its transaction
    tied to the lease and its token-checked write are refused, and the account shows only the new
    holder's posting.
+5. Rate limit: processes of exporters call an API that allows ``--limit`` calls at once, each call
+   under a permit of a semaphore; the API itself counts, and never sees more at once.
+6. Leader election: three replicas campaign; the leader shuts down cleanly and hands leadership on
+   at once, then the next is SIGKILLed and the last leads only once its term has expired, each in a
+   higher term.
 
 Everything happens in a database of its own (``mongolock_demo_<random>``), dropped at the end.
 """

@@ -1,15 +1,16 @@
-"""FastAPI: hold a lock while a path operation runs (``pip install 'mongolock-async[fastapi]'``).
+"""FastAPI: hold a lock while a path operation runs (the ``fastapi`` extra; from a checkout:
+``pip install '.[fastapi]'``).
 
-::
+```python
+locks = LockManager(collection, ttl=10, timeout=2)
 
-    locks = LockManager(collection, ttl=10, timeout=2)
+def stock_lock(request: Request) -> str:
+    return f"stock:{request.path_params['sku']}"
 
-    def stock_lock(request: Request) -> str:
-        return f"stock:{request.path_params['sku']}"
-
-    @app.post("/items/{sku}/buy")
-    async def buy(sku: str, lock: Annotated[AsyncMongoLock, hold_lock(locks, stock_lock)]) -> dict[str, str]:
-        ...
+@app.post("/items/{sku}/buy")
+async def buy(sku: str, lock: Annotated[AsyncMongoLock, hold_lock(locks, stock_lock)]) -> dict[str, str]:
+    ...
+```
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ try:
     from fastapi import Depends, HTTPException, Request, status
 except ModuleNotFoundError as error:
     raise ModuleNotFoundError(
-        f"mongolock_async.fastapi needs FastAPI: pip install 'mongolock-async[fastapi]' ({error})", name=error.name
+        f"mongolock_async.fastapi needs FastAPI: install the fastapi extra (from a checkout: pip install '.[fastapi]')"
+        f" ({error})",
+        name=error.name,
     ) from error
 
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError

@@ -1,12 +1,12 @@
 """Token-checked writes: a MongoDB document takes a write only from a holder whose fencing token is
 not older than the one stored on it, and records the writer's token, in one request.
 
-::
-
-    async with lock:
-        result = await fenced_update_one(stock, {"_id": sku}, {"$inc": {"sold": 1}}, token=lock)
-        if not result.applied:
-            ...  # a newer holder wrote this document: our lease ended, whatever we believe
+```python
+async with lock:
+    result = await fenced_update_one(stock, {"_id": sku}, {"$inc": {"sold": 1}}, token=lock)
+    if not result.applied:
+        ...  # a newer holder wrote this document: our lease ended, whatever we believe
+```
 
 This protects a document even from a holder that does not know its lease ended (a process paused
 past its TTL, a long GC pause, a partition): once a newer holder has written the document, the old

@@ -1,8 +1,9 @@
-"""OpenTelemetry metrics and spans for locks (``pip install 'mongolock-async[opentelemetry]'``).
+"""OpenTelemetry metrics and spans for locks (the ``opentelemetry`` extra; from a checkout:
+``pip install '.[opentelemetry]'``).
 
-::
-
-    locks = LockManager(collection, hooks=OpenTelemetryHooks())
+```python
+locks = LockManager(collection, hooks=OpenTelemetryHooks())
+```
 
 Uses the global meter and tracer providers unless given others. Metrics, all with the attribute
 ``mongolock.name``:
@@ -28,8 +29,8 @@ try:
     from opentelemetry.trace import Status, StatusCode
 except ModuleNotFoundError as error:
     raise ModuleNotFoundError(
-        f"mongolock_async.opentelemetry needs the OpenTelemetry API: pip install 'mongolock-async[opentelemetry]' "
-        f"({error})",
+        "mongolock_async.opentelemetry needs the OpenTelemetry API: install the opentelemetry extra (from a "
+        f"checkout: pip install '.[opentelemetry]') ({error})",
         name=error.name,
     ) from error
 

@@ -1,10 +1,10 @@
 """The least privileges the library and the ``mongolock`` command need, for a custom role.
 
-::
-
-    await client.admin.command(
-        "createRole", "mongolockUser", privileges=lock_privileges("mongolock", "locks"), roles=[]
-    )
+```python
+await client.admin.command(
+    "createRole", "mongolockUser", privileges=lock_privileges("mongolock", "locks"), roles=[]
+)
+```
 
 Each action is what MongoDB's privilege reference ("Privilege Actions") requires of the commands
 the library sends: ``findAndModify`` with ``upsert`` needs ``find``, ``update`` and ``insert``;

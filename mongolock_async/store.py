@@ -555,21 +555,80 @@ class LockStore:
     async def force_release(self, name: str, holder: str | None = None) -> ForcedRelease | None:
         """Break whatever lease ``name`` has, whoever owns it; return what was broken.
 
-        On a semaphore, breaks every live permit, or with ``holder`` only the permits whose owner
-        token starts with it (what ``inspect`` shows), and wakes its waiters.
+        On a semaphore, a read-write lock or an election, breaks every live permit and wakes the
+        waiters. With ``holder``, breaks only the one live holder it selects: the one whose owner
+        token is ``holder``, else the only one whose owner token starts with it (what ``mongolock
+        inspect`` shows as ``owner``). The owner tokens of one process's waiting places share their
+        start, so a short start can name several permits of one process: that is refused, never
+        taken as all of them. On a lock, ``holder`` must select its live owner. When ``holder``
+        selects none or several, nothing is broken.
 
-        Also repairs a document whose lock fields were corrupted (they are reset; ``fence`` is kept
-        when it is a valid token, else restarted from the server clock's floor). The broken lease is
-        recorded in the document's ``forcedRelease`` field for the record. None if there was no live
-        lease and nothing to repair.
+        Without ``holder``, also repairs a document whose lock fields were corrupted (they are reset;
+        ``fence`` is kept when it is a valid token, else restarted from the server clock's floor).
+        The broken lease is recorded in the document's ``forcedRelease`` field for the record. None
+        if there was no live lease (or, with ``holder``, the selected one ended before the write) and
+        nothing to repair.
+
+        :raises TypeError: ``holder`` is not a string (before any I/O).
+        :raises ValueError: ``holder`` is empty (before any I/O), or several live holders' owner
+            tokens start with it; the message lists them.
+        :raises LookupError: ``holder`` selects no live holder (the message lists the live ones),
+            there is no lock ``name``, or its document is corrupt (break it without ``holder`` to
+            repair it).
         """
-        current = await self._collection.find_one({"_id": name}, {"kind": 1})
-        if current is not None and current.get("kind") in PERMIT_KINDS:
-            return await self._force_release_permits(name, holder)
+        if holder is not None:
+            if not isinstance(holder, str):
+                raise TypeError(f"holder must be a str (an owner token, or its start), not {type(holder).__name__}")
+            if not holder:
+                raise ValueError("holder must not be empty: it would select every holder (pass None for that)")
+        owner: str | None = None
+        if holder is not None:
+            reports = await self.report([name])
+            if not reports:
+                raise LookupError(f"no lock named {name!r} in {self.full_name}")
+            state = reports[0].state
+            if state is None:
+                raise LookupError(
+                    f"{name!r} is unreadable ({reports[0].error}): break it without a holder to repair it"
+                )
+            if state.limit is None:
+                live = [(state.owner, state.holder)] if state.owner and reports[0].remaining_ms is not None else []
+            else:
+                live = [(permit.token, permit.holder) for permit in reports[0].live_permits]
+            # An exact token always selects its holder, even if another token starts with it.
+            matches = [entry for entry in live if entry[0] == holder] or [
+                entry for entry in live if entry[0].startswith(holder)
+            ]
+
+            def listing(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+                return ", ".join(
+                    f"{token} ({who.get('label') or 'unlabelled'}, {who.get('host', '?')} pid {who.get('pid', '?')})"
+                    for token, who in entries
+                )
+
+            if not matches:
+                raise LookupError(
+                    f"no live holder of {name!r} has an owner token starting with {holder!r}; "
+                    f"its live holders: {listing(live) or 'none'}"
+                )
+            if len(matches) > 1:
+                raise ValueError(
+                    f"holder {holder!r} matches {len(matches)} holders of {name!r}: {listing(matches)}; "
+                    "give the whole owner token of the one to break"
+                )
+            owner = matches[0][0]
+            if state.limit is not None:
+                return await self._force_release_permits(name, owner)
+        else:
+            current = await self._collection.find_one({"_id": name}, {"kind": 1})
+            if current is not None and current.get("kind") in PERMIT_KINDS:
+                return await self._force_release_permits(name, None)
         stamp = _stamp()
         broken = "$_break"
+        # With a holder: only that owner's lease, and never a corrupt document's "repair".
+        selected = {} if owner is None else {"owner": owner, "$expr": _SANE}
         doc = await self._collection.find_one_and_update(
-            {"_id": name},
+            {"_id": name, **selected},
             [
                 {"$set": {"_break": {"$or": [{"$not": [_SANE]}, _LEASE_LIVE]}}},
                 {
@@ -609,12 +668,17 @@ class LockStore:
             fencing_token=fence if isinstance(fence, int) and not isinstance(fence, bool) else None,
         )
 
-    async def _force_release_permits(self, name: str, holder: str | None) -> ForcedRelease | None:
+    async def _force_release_permits(self, name: str, owner: str | None) -> ForcedRelease | None:
+        """Break every live permit of ``name``, or only the one of ``owner`` (a whole owner token)."""
         stamp = _stamp()
-        prefix = {"$literal": holder or ""}
-        chosen = {"$eq": [{"$indexOfBytes": [{"$ifNull": ["$$this.o", ""]}, prefix]}, 0]}
+        chosen: Any = True
+        selected: dict[str, Any] = {}
+        if owner is not None:
+            chosen = {"$eq": ["$$this.o", {"$literal": owner}]}
+            # Only a document that still lists that permit, and never a corrupt one's "repair".
+            selected = {"holders.o": owner, "$expr": _permits_sane("$kind")}
         doc = await self._collection.find_one_and_update(
-            {"_id": name, "kind": {"$in": list(PERMIT_KINDS)}},
+            {"_id": name, "kind": {"$in": list(PERMIT_KINDS)}, **selected},
             [
                 {"$set": {"_now": SERVER_NOW, "_sane": _permits_sane("$kind")}},
                 {

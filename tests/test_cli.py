@@ -21,6 +21,7 @@ from pymongo import AsyncMongoClient
 from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
+from tests.test_force_release import two_permits_of_one_process
 
 PASSWORD = "pa55-w0rd-secret"
 SMALL_DEMO = ["--workers", "2", "--tasks", "2", "--items", "1", "--stock", "4", "--schedulers", "2", "--ttl", "1",
@@ -517,3 +518,133 @@ def test_elections_are_listed_inspected_and_their_leader_deposed(mongodb_uri: st
     finally:
         candidate.kill()
         candidate.wait()
+
+
+def test_release_force_holder_breaks_one_permit_of_a_process_or_refuses(mongodb_uri: str) -> None:
+    """Two permits of one process: their tokens share a start, so only a whole token (or a start no
+    other holder has) names one; anything else is refused, listing the candidates, and breaks nothing."""
+    database, collection = "mongolock_cli", f"one_process_{uuid.uuid4().hex[:8]}"
+    where = ("--db", database, "--collection", collection)
+
+    async def hold() -> dict[str, str]:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+        try:
+            return await two_permits_of_one_process(client[database][collection])
+        finally:
+            await client.close()
+
+    tokens = asyncio.run(hold())
+
+    def holders() -> dict[str, str]:
+        detail = json.loads(mongolock("inspect", "pool", "--json", *where, uri=mongodb_uri).stdout)
+        return {entry["holder"]["label"]: entry["owner"] for entry in detail["holders"]}
+
+    assert holders() == tokens
+    text = mongolock("inspect", "pool", *where, uri=mongodb_uri).stdout
+    assert tokens["export-a"] in text and tokens["export-b"] in text, "inspect shows what selects each holder"
+    for prefix, code, said in ((tokens["export-a"][:12], 2, "matches 2 holders"), ("feedface", 4, "no live holder")):
+        refused = mongolock("release", "pool", "--force", "--yes", "--holder", prefix, *where, uri=mongodb_uri)
+        assert refused.returncode == code, refused.stdout + refused.stderr
+        assert said in refused.stderr and "Traceback" not in refused.stderr
+        assert tokens["export-a"] in refused.stderr and tokens["export-b"] in refused.stderr, "lists the candidates"
+        assert holders() == tokens, "nothing was broken"
+    one = mongolock("release", "pool", "--force", "--yes", "--holder", tokens["export-a"], *where, uri=mongodb_uri)
+    assert one.returncode == 0, one.stdout + one.stderr
+    said = one.stdout.splitlines()[-1]
+    assert "Released 1 permit(s)" in said and "export-a" in said and "export-b" not in said, one.stdout
+    assert holders() == {"export-b": tokens["export-b"]}
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["inspect", "alpha"],
+        ["inspect", "alpha", "--json"],
+        ["release", "alpha", "--force", "--yes"],
+        ["release", "alpha", "--force", "--yes", "--json"],
+        ["--help"],
+        ["list", "--help"],
+        ["--version"],
+        ["server", "--port", "0"],
+    ],
+    ids=" ".join,
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]], arguments: list[str]
+) -> None:
+    """``mongolock list | head -1``: the pipe is closed before the command writes; no traceback."""
+    database, collection, _ = held_locks
+    where = ["--db", database, "--collection", collection] if arguments[0] in ("list", "inspect", "release") else []
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
+    command = subprocess.Popen(
+        [sys.executable, "-m", "mongolock_async", *arguments, *where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**env, "MONGODB_URI": mongodb_uri},
+    )
+    assert command.stdout is not None
+    command.stdout.close()  # the reader is gone before the first line
+    _, err = command.communicate(timeout=120)
+    assert err.decode() == "", err.decode()
+    # argparse ignores a failed write of its help and version and exits 0 as usual; a command cut
+    # short exits 1, as Python's own recipe for a closed pipe does.
+    assert command.returncode == (0 if "--help" in arguments or "--version" in arguments else 1)
+
+
+def run_on_a_terminal(arguments: list[str], *, columns: int, without_rich: bool = False) -> list[str]:
+    """The lines ``mongolock`` prints on a pseudo-terminal ``columns`` wide (colours removed);
+    ``without_rich`` runs it as if rich were not installed."""
+    prelude = "import sys; sys.modules['rich'] = None; " if without_rich else ""  # `import rich` fails
+    code = prelude + "from mongolock_async.cli import main; main()"
+    controller, terminal = os.openpty()
+    try:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
+        subprocess.run(
+            [sys.executable, "-c", code, *arguments],
+            stdout=terminal, stderr=terminal, env={**env, "COLUMNS": str(columns), "TERM": "xterm"}, timeout=60,
+            check=True,
+        )  # fmt: skip
+        os.close(terminal)
+        output = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(controller, 65536):
+                output += chunk
+    finally:
+        os.close(controller)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", output.decode())
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("without_rich", [False, True], ids=["rich", "plain"])
+def test_a_long_holder_is_shortened_to_fit_the_terminal_never_the_name(mongodb_uri: str, without_rich: bool) -> None:
+    database, collection = "mongolock_cli", f"fit_{uuid.uuid4().hex[:8]}"
+    name, label = "nightly-report:tenant-07", "the-report-worker-of-tenant-seven-in-the-eu-west-region-" + "x" * 20
+    asyncio.run(hold(mongodb_uri, database, collection, name, label))
+    lines = run_on_a_terminal(
+        ["list", "--uri", mongodb_uri, "--db", database, "--collection", collection], columns=80,
+        without_rich=without_rich,
+    )  # fmt: skip
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    assert lines[0].split() == ["NAME", "STATE", "HOLDER", "TIME", "WAITING"], lines
+    assert ("─" in lines[1]) is not without_rich, "rich draws the table, or it is the plain one"
+    (row,) = [line for line in lines if line.startswith(name)]
+    assert row.split()[:2] == [name, "held"] and row.endswith("s left"), row
+    # The columns take the width their content needs: what is left goes to the holder.
+    assert label[:16] in row and label not in row, row
+
+
+@pytest.mark.parametrize("command", [["list"], ["inspect", "job"], ["demo", "--uri", "URI"]], ids=" ".join)
+def test_an_srv_host_that_does_not_resolve_is_named_without_a_port(command: list[str]) -> None:
+    uri = "mongodb+srv://cluster0.nowhere.invalid/?serverSelectionTimeoutMS=2000"
+    result = mongolock(*(uri if argument == "URI" else argument for argument in command), uri=uri)
+    assert result.returncode == 3, result.stdout + result.stderr
+    line = one_line(result)
+    assert "cannot reach MongoDB at cluster0.nowhere.invalid (URI" in line and ":None" not in line, line
+
+
+def test_the_demo_help_names_its_six_scenarios() -> None:
+    text = " ".join(mongolock("demo", "--help").stdout.split())
+    for scenario in ("flash sale", "run-once job", "crash and takeover", "paused holder", "rate limit", "leader"):
+        assert scenario in text, text

@@ -9,10 +9,12 @@ project's configuration (so in pytest-asyncio's strict mode). Every other block 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,81 @@ def test_code_blocks_fit_the_page() -> None:
             elif fence is not None and fence != "mermaid" and len(line) > 80:
                 long.append(f"{page.name}:{number}: {line}")
     assert not long, "\n".join(long)
+
+
+def test_every_install_command_is_the_readmes() -> None:
+    """No release is on PyPI yet: the README's Install section installs from a checkout
+    (``pip install '.[fastapi]'``), and every guide, docstring and error message says the same."""
+    readme = (ROOT / "README.md").read_text()
+    assert "No release is on PyPI yet" in readme and "pip install '.[fastapi,embedded]'" in readme
+    package = sorted((ROOT / "mongolock_async").rglob("*.py"))
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *package]
+    stale = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if "mongolock-async[" in line
+    ]
+    assert not stale, "a PyPI install of an unpublished package:\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize(
+    ("code", "extra"),
+    [
+        ("sys.modules['fastapi'] = None; import mongolock_async.fastapi", "fastapi"),
+        ("sys.modules['aiohttp'] = None; import mongolock_async.aiohttp", "aiohttp"),
+        ("sys.modules['opentelemetry'] = None; import mongolock_async.opentelemetry", "opentelemetry"),
+        (
+            "sys.modules['secantus'] = None; from mongolock_async.testing import EmbeddedMongo; EmbeddedMongo()",
+            "embedded",
+        ),
+    ],
+    ids=["fastapi", "aiohttp", "opentelemetry", "embedded"],
+)
+def test_a_missing_extra_is_named_as_the_readme_installs_it(code: str, extra: str) -> None:
+    result = subprocess.run([sys.executable, "-c", f"import sys; {code}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    last = result.stderr.splitlines()[-1]
+    assert f"the {extra} extra (from a checkout: pip install '.[{extra}]')" in last, result.stderr
+
+
+def build_site(directory: Path) -> Path:
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(directory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return directory
+
+
+def page_text(html: str) -> str:
+    """What a reader sees of a page: its text, tags removed, entities decoded."""
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def test_the_api_reference_shows_annotations_and_code_not_markup(tmp_path: Path) -> None:
+    api = (build_site(tmp_path / "site") / "api" / "index.html").read_text()
+    text = page_text(api)
+    # reStructuredText's literal-block marker is not Markdown: it showed as a paragraph of its own.
+    assert "<p>::</p>" not in api, re.findall(r".{60} :: .{20}", text)
+    heading = api.index('id="mongolock_async.AsyncMongoLock.acquire"')
+    signature = re.search(r'class="doc-signature.*?<code>(.*?)</code>', api[heading:], re.DOTALL)
+    assert signature is not None
+    shown = " ".join(unescape(re.sub(r"<[^>]+>", "", signature.group(1))).split())
+    assert shown == "acquire(blocking: bool | None = None, timeout: float | None = None) -> bool", shown
+    code = unescape(re.sub(r"<[^>]+>", "", api))  # highlighted code is split into spans
+    for example in ("await fenced_update_one(stock", "@hold_lock(locks, lambda request", "privileges=lock_privileges("):
+        assert example in code, f"{example!r} is not shown as code"
+
+
+def test_the_design_diagrams_need_no_script_from_a_cdn(tmp_path: Path) -> None:
+    design = (build_site(tmp_path / "site") / "design" / "index.html").read_text()
+    # Material fetches mermaid.js from a CDN for an element of class "mermaid": none here.
+    assert not re.search(r'class="[^"]*\bmermaid\b', design)
+    text = page_text(design)
+    assert "stateDiagram-v2" in text, "the diagrams' source is shown"
+    assert text.count("Mermaid source") == len(re.findall("```mermaid", (ROOT / "docs" / "design.md").read_text()))

@@ -7,6 +7,7 @@ module's globals, and some endpoints below are defined inside tests, with local 
 import ast
 import asyncio
 import contextlib
+import json
 import os
 import random
 import socket
@@ -152,6 +153,7 @@ async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
     async with shop(mongodb_uri, {"sku-1": 5, "sku-2": 3}) as database:
         monkeypatch.setenv("MONGODB_URI", mongodb_uri)
         monkeypatch.setenv("SHOP_DATABASE", database)
+        monkeypatch.setenv("MONGOLOCK_DB", database)  # its locks beside its data, counted below
         from mongolock_async.examples import fastapi_app
 
         async with fastapi_app.app.router.lifespan_context(fastapi_app.app):
@@ -259,6 +261,7 @@ async def test_aiohttp_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
     async with shop(mongodb_uri, {"sku-1": 4}) as database:
         monkeypatch.setenv("MONGODB_URI", mongodb_uri)
         monkeypatch.setenv("SHOP_DATABASE", database)
+        monkeypatch.setenv("MONGOLOCK_DB", database)  # its locks beside its data, counted below
         from mongolock_async.examples import aiohttp_app
 
         async with test_utils.TestClient(test_utils.TestServer(aiohttp_app.make_app())) as http:
@@ -334,10 +337,11 @@ def uvicorn(uri: str, database: str) -> Iterator[str]:
     # uvicorn's supervisor kills, silently at this log level, a worker that does not answer its
     # health check within 5 s: on a loaded shared machine a worker serving 200 requests at once
     # missed it, and its clients saw "Server disconnected". This test is about the lock, not that.
+    # --timeout-keep-alive: see KEEPALIVE below.
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "mongolock_async.examples.fastapi_app:app", "--workers", "2", "--port",
-         str(port), "--log-level", "warning", "--timeout-worker-healthcheck", "120"],
-        env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database},
+         str(port), "--log-level", "warning", "--timeout-worker-healthcheck", "120", "--timeout-keep-alive", "30"],
+        env={**os.environ, "MONGODB_URI": uri, "SHOP_DATABASE": database, "MONGOLOCK_DB": database},
     )  # fmt: skip
     try:
         for _ in range(200):
@@ -350,10 +354,17 @@ def uvicorn(uri: str, database: str) -> Iterator[str]:
         server.wait(timeout=30)
 
 
+# httpx keeps an idle connection for 5 s by default, exactly as long as uvicorn's default
+# --timeout-keep-alive: a connection reused as uvicorn closes it got "Server disconnected without
+# sending a response" (httpx does not retry a POST). The client now lets its idle connections go
+# long before the server would close them.
+KEEPALIVE = 2.0
+
+
 async def test_fastapi_under_uvicorn_with_two_workers_never_oversells(mongodb_uri: str) -> None:
     async with shop(mongodb_uri, {"sku-1": 10, "sku-2": 10}) as database:
         with uvicorn(mongodb_uri, database) as base_url:
-            limits = httpx.Limits(max_connections=200)
+            limits = httpx.Limits(max_connections=200, keepalive_expiry=KEEPALIVE)
             async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as http:
                 for _ in range(100):  # both workers up
                     with contextlib.suppress(httpx.TransportError):
@@ -387,10 +398,10 @@ def run_example(module: str, uri: str, **env: str) -> subprocess.CompletedProces
 
 def test_the_worker_and_job_examples_print_what_the_guide_shows(mongodb_uri: str) -> None:
     suffix = uuid.uuid4().hex[:8]
-    worker = run_example("worker", mongodb_uri, WORKER_DATABASE=f"worker_{suffix}")
+    worker = run_example("worker", mongodb_uri, WORKER_DATABASE=f"worker_{suffix}", MONGOLOCK_DB=f"worker_{suffix}")
     assert worker.returncode == 0, worker.stderr
     assert worker.stdout == "processed 20 items; 0 left\n"
-    job = run_example("scheduled_job", mongodb_uri, JOBS_DATABASE=f"jobs_{suffix}")
+    job = run_example("scheduled_job", mongodb_uri, JOBS_DATABASE=f"jobs_{suffix}", MONGOLOCK_DB=f"jobs_{suffix}")
     assert job.returncode == 0, job.stderr
     results = ast.literal_eval(job.stdout)
     assert results.count("skipped") == 2 and any("ran the report" in result for result in results), job.stdout
@@ -405,7 +416,7 @@ def test_the_web_examples_serve_from_the_package_on_localhost(mongodb_uri: str, 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "MONGODB_URI": mongodb_uri, "SHOP_DATABASE": database},
+        env={**os.environ, "MONGODB_URI": mongodb_uri, "SHOP_DATABASE": database, "MONGOLOCK_DB": database},
     )
     try:
         for _ in range(300):
@@ -420,3 +431,22 @@ def test_the_web_examples_serve_from_the_package_on_localhost(mongodb_uri: str, 
         out, _ = server.communicate(timeout=30)
     assert f"seeded {database}.items: {{'sku-1': 3, 'sku-2': 5, 'sku-3': 10}}" in out, out
     assert f"127.0.0.1:{port}" in out, "not listening on 127.0.0.1"
+
+
+def test_the_examples_keep_their_locks_where_mongolock_list_looks(private_server: EmbeddedMongo) -> None:
+    """Without MONGOLOCK_DB / MONGOLOCK_COLLECTION, an example's locks are in mongolock.locks: the
+    command's default, so ``mongolock list`` after trying an example shows them."""
+    suffix = uuid.uuid4().hex[:8]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MONGOLOCK_")}
+    job = subprocess.run(
+        [sys.executable, "-m", "mongolock_async.examples.scheduled_job"],
+        capture_output=True, text=True, timeout=120,
+        env={**env, "MONGODB_URI": private_server.uri, "JOBS_DATABASE": f"jobs_{suffix}"},
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "mongolock_async", "list", "--json"],
+        capture_output=True, text=True, timeout=120, env={**env, "MONGODB_URI": private_server.uri},
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert [entry["name"] for entry in json.loads(listed.stdout)] == ["nightly-report"]

@@ -4,7 +4,8 @@
     python -m mongolock_async.examples.aiohttp_app    # http://127.0.0.1:8080
     curl -X POST http://127.0.0.1:8080/items/sku-1/buy
 
-The app seeds three items into an empty ``shop`` database when it starts.
+The app seeds three items into an empty ``shop`` database when it starts; its locks are in
+``mongolock.locks``, where ``mongolock list`` shows them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from mongolock_async import LockManager
 from mongolock_async.aiohttp import LOCK, hold_lock
-from mongolock_async.examples import mongodb_uri
+from mongolock_async.examples import lock_collection, mongodb_uri
 
 DATABASE = web.AppKey("database", AsyncDatabase[dict[str, Any]])
 LOCKS = web.AppKey("locks", LockManager)
@@ -36,7 +37,7 @@ async def mongodb(app: web.Application) -> AsyncIterator[None]:
         await database["items"].insert_many([{"_id": sku, "stock": stock, "sold": 0} for sku, stock in STOCK.items()])
         print(f"seeded {database.name}.items: {STOCK}", flush=True)
     app[DATABASE] = database
-    app[LOCKS] = LockManager(database["locks"], ttl=10, timeout=2, label="checkout")
+    app[LOCKS] = LockManager(lock_collection(client), ttl=10, timeout=2, label="checkout")
     yield
     await client.close()
 

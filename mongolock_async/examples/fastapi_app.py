@@ -7,7 +7,8 @@
 Each purchase reads the stock, waits a moment (a payment call, say), then writes it back: without
 the lock two buyers could both read the last unit. With it, one buyer per item at a time, in every
 worker process. A buyer that cannot get the lock within 2 s gets 423 Locked; if MongoDB cannot be
-reached, 503. The app seeds three items into an empty ``shop`` database when it starts.
+reached, 503. The app seeds three items into an empty ``shop`` database when it starts; its locks
+are in ``mongolock.locks``, where ``mongolock list`` shows them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi import FastAPI, Request
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoLock, LockManager
-from mongolock_async.examples import mongodb_uri
+from mongolock_async.examples import lock_collection, mongodb_uri
 from mongolock_async.fastapi import hold_lock
 
 STOCK = {"sku-1": 3, "sku-2": 5, "sku-3": 10}
@@ -42,7 +43,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         except Exception:
             pass
     app.state.database = database
-    app.state.locks = LockManager(database["locks"], ttl=10, timeout=2, label="checkout")
+    app.state.locks = LockManager(lock_collection(client), ttl=10, timeout=2, label="checkout")
     yield
     await client.close()
 

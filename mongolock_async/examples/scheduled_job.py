@@ -3,6 +3,7 @@ the others skip at once. The heartbeat keeps the lock however long the job takes
 
     mongolock server                                    # in another terminal (or set MONGODB_URI)
     python -m mongolock_async.examples.scheduled_job
+    mongolock list                                      # its lock, "nightly-report", in mongolock.locks
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any
 from pymongo import AsyncMongoClient
 
 from mongolock_async import LockManager
-from mongolock_async.examples import mongodb_uri
+from mongolock_async.examples import lock_collection, mongodb_uri
 
 
 async def main() -> None:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri())
     database = client[os.environ.get("JOBS_DATABASE", "jobs")]
-    locks = LockManager(database["locks"], ttl=30, heartbeat=True)
+    locks = LockManager(lock_collection(client), ttl=30, heartbeat=True)
 
     @locks.run_once("nightly-report")
     async def nightly_report(replica: int) -> str:

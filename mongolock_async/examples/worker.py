@@ -3,6 +3,7 @@ each item is processed under a lock of its own, kept alive by the heartbeat howe
 
     mongolock server                                    # in another terminal (or set MONGODB_URI)
     python -m mongolock_async.examples.worker
+    mongolock list                                      # its locks, "item:0" to "item:19", in mongolock.locks
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 
 from mongolock_async import LockManager
-from mongolock_async.examples import mongodb_uri
+from mongolock_async.examples import lock_collection, mongodb_uri
 
 Queue = AsyncCollection[dict[str, Any]]
 
@@ -51,7 +52,7 @@ async def main() -> None:
     queue = database["queue"]
     if await queue.count_documents({}) == 0:
         await queue.insert_many([{"_id": n, "done": False} for n in range(20)])
-    locks = LockManager(database["locks"], ttl=30, heartbeat=True, blocking=False)
+    locks = LockManager(lock_collection(client), ttl=30, heartbeat=True, blocking=False)
     counts = await asyncio.gather(*(work(locks, queue, f"worker-{os.getpid()}-{n}") for n in range(4)))
     print(f"processed {sum(counts)} items; {await queue.count_documents({'done': False})} left")
     await client.close()

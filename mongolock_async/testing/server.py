@@ -109,7 +109,8 @@ class EmbeddedMongo:
     ) -> None:
         if importlib.util.find_spec("secantus") is None:
             raise EmbeddedServerError(
-                "the embedded MongoDB server needs SecantusDB: pip install 'mongolock-async[embedded]'"
+                "the embedded MongoDB server needs SecantusDB: install the embedded extra (from a checkout: "
+                "pip install '.[embedded]')"
             )
         self.replica_set = replica_set
         self.test_commands = test_commands
