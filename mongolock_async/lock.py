@@ -190,7 +190,10 @@ class AsyncMongoLock:
         process that wait for the same name (first come, first served) and waits up to ``timeout``
         seconds (the handle's default when None), returning False past it while someone else holds
         the lock; one request already on its way is allowed to finish, so the wait can overrun by
-        one round trip.
+        one round trip. Giving up (past the timeout, cancelled, or failed) withdraws this process's
+        place in the lock's queue before it returns or raises, when no other task of this process
+        waits: one more round trip, or at most 2 s when MongoDB does not answer it (it goes on in
+        the background then), so that no release hands the lock to a waiter that is gone.
 
         An unreachable MongoDB is never reported as a busy lock: if the timeout passes while MongoDB
         cannot be reached, [`LockTimeoutError`][mongolock_async.LockTimeoutError] says so (its
@@ -203,8 +206,8 @@ class AsyncMongoLock:
         Raises [`LockAlreadyHeldError`][mongolock_async.LockAlreadyHeldError] if this handle already
         holds or is acquiring the lock, and [`LockDataError`][mongolock_async.LockDataError] if the
         lock's document was corrupted by hand or another tool. If the caller is cancelled, the
-        request in flight completes, any lease it took is handed on, and the cancellation
-        propagates.
+        request in flight completes, any lease or queue place it took is handed on or withdrawn, and
+        the cancellation propagates.
         """
         blocking = self._blocking if blocking is None else _validate.flag(blocking, "blocking")
         if timeout is None:
@@ -391,12 +394,14 @@ class AsyncMongoLock:
         the commit (a takeover waits for the commit; one that came first makes this fail).
 
         Call it inside the transaction, best as its first statement, on a session of the lock
-        collection's client::
+        collection's client:
 
-            async with client.start_session() as session:
-                async with await session.start_transaction():
-                    await lock.guard_transaction(session)
-                    await orders.insert_one(order, session=session)
+        ```python
+        async with client.start_session() as session:
+            async with await session.start_transaction():
+                await lock.guard_transaction(session)
+                await orders.insert_one(order, session=session)
+        ```
 
         One request, a write to the lock document inside the transaction. It holds that document
         until the transaction ends, so renewals of this lease (and others' acquires) wait for the

@@ -1,10 +1,12 @@
 """Every MongoDB query the library sends, and nothing else.
 
-One document per lock name::
+One document per lock name:
 
-    {_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
-     holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt, handedOffTo,
-     queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
+```text
+{_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
+ holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt, handedOffTo,
+ queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
+```
 
 Time is always the server's: expiry is written and compared with ``$$NOW`` inside the query, never
 with a client clock. ``$$NOW`` goes through ``{$toDate: {$toLong: "$$NOW"}}``, which is the identity
