@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/client_cost.py
 	$(PYTHON) benchmarks/semaphore.py
 	$(PYTHON) benchmarks/election.py
+	$(PYTHON) benchmarks/dead_places.py
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
 ## then 5 minutes of fenced writes by processes paused at random past their TTL.
