@@ -128,6 +128,19 @@ async def counted_collection(driver: str, mongodb_uri: str, command_counter: Com
 
 
 @pytest.fixture
+async def pymongo_collection(mongodb_uri: str) -> AsyncIterator[Any]:
+    """A fresh lock collection on a PyMongo client, for tests whose lock users are other processes
+    (they run PyMongo, whichever driver this process would use): once, not once per driver."""
+    client = make_client("pymongo", mongodb_uri)
+    collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
+    try:
+        yield collection
+    finally:
+        await collection.drop()
+        await close_client(client)
+
+
+@pytest.fixture
 def private_server() -> Iterator[EmbeddedMongo]:
     """An embedded server of the test's own, with test commands, for restarts, pauses and fail points."""
     with EmbeddedMongo(test_commands=True) as server:

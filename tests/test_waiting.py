@@ -460,8 +460,11 @@ async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_cou
     waiter = AsyncMongoLock(counted_collection, "busy", ttl=6.0, **PATIENT)
     assert await holder.acquire()
     waiting = asyncio.create_task(waiter.acquire(timeout=20))
-    await asyncio.sleep(0.3)
-    attempts_before = command_counter.count("findAndModify")
+    # Placed, with the change stream open and the attempt it wakes done (the count stays put).
+    attempts_before = -1
+    while attempts_before != command_counter.count("findAndModify") or not command_counter.count("aggregate"):
+        attempts_before = command_counter.count("findAndModify")
+        await asyncio.sleep(0.3)
     renewals_before = command_counter.count("update")
     await asyncio.sleep(1.0)
     assert command_counter.count("update") - renewals_before >= 3, "the holder kept renewing"
