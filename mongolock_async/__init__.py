@@ -21,6 +21,7 @@ from .errors import (
 )
 from .hooks import LockHooks
 from .indexes import ensure_idle_cleanup_index
+from .jobs import AsyncMongoJob, JobResult, JobState
 from .lock import AsyncMongoLock, OnLost
 from .manager import LockManager
 from .rwlock import AsyncMongoRWLock, RWLockHandle
@@ -29,9 +30,12 @@ from .semaphore import AsyncMongoSemaphore
 __all__ = [
     "AsyncCollectionLike",
     "AsyncMongoElection",
+    "AsyncMongoJob",
     "AsyncMongoLock",
     "AsyncMongoRWLock",
     "AsyncMongoSemaphore",
+    "JobResult",
+    "JobState",
     "LockHooks",
     "LockManager",
     "LockAlreadyHeldError",

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .documents import LockReport, LockState, Place
+from .documents import JOB_KIND, JobRun, LockReport, LockState, Place
+from .jobs import JobState
 
 # Fencing tokens, owner tokens and full times are in `inspect` and --json: the table fits a terminal.
 COLUMNS = ("NAME", "STATE", "HOLDER", "TIME", "WAITING")
@@ -65,6 +66,8 @@ def as_dict(report: LockReport) -> dict[str, Any]:
             }
         else:
             semaphore = {"limit": state.limit, "holders": holders}
+    if state.kind == JOB_KIND and report.server_time is not None:
+        semaphore = {"job": _job_dict(JobState.from_report(report))}
     return {
         "name": state.name,
         "kind": state.kind,
@@ -82,6 +85,55 @@ def as_dict(report: LockReport) -> dict[str, Any]:
         "waiting": [dict(place.holder) for place in state.queue],
         **semaphore,
     }
+
+
+def _job_dict(job: JobState) -> dict[str, Any]:
+    def run(entry: JobRun | None) -> dict[str, Any] | None:
+        if entry is None:
+            return None
+        error = None if entry.error_type is None else {"type": entry.error_type, "message": entry.error_message}
+        return {
+            "attempt": entry.attempt,
+            "slot": entry.slot,
+            "holder": dict(entry.holder) if entry.holder else None,
+            "started_at": _iso(entry.started_at),
+            "ended_at": _iso(entry.ended_at),
+            "outcome": entry.outcome,
+            "error": error,
+        }
+
+    def ms(value: Any) -> int | None:
+        return None if value is None else round(value.total_seconds() * 1000)
+
+    return {
+        "state": job_word(job),
+        "every_ms": ms(job.every),
+        "offset_ms": ms(job.offset),
+        "min_interval_ms": ms(job.min_interval),
+        "max_attempts": job.max_attempts,
+        "slot": job.slot,
+        "slot_started_at": _iso(job.slot_started_at),
+        "done": job.done,
+        "attempts": job.attempts,
+        "exhausted": job.exhausted,
+        "running": run(job.running),
+        "last": run(job.last),
+        "not_before": _iso(job.not_before),
+    }
+
+
+def job_word(job: JobState) -> str:
+    """A job's state in a word: running, held, done, failed (its period's attempts used up), due
+    (its period not done yet); without ``every``: how the last run ended, or never run."""
+    if job.running is not None:
+        return "running"
+    if job.held:
+        return "held"
+    if job.slot is not None:
+        return "done" if job.done else ("failed" if job.exhausted else "due")
+    if job.last is None:
+        return "never run"
+    return job.last.outcome or "ended"
 
 
 def print_json(payload: Any) -> None:
@@ -143,6 +195,9 @@ def print_detail(report: LockReport) -> None:
     if state.limit is not None:
         _print_semaphore(report, state)
         return
+    if state.kind == JOB_KIND and report.server_time is not None:
+        _print_job(report, state, JobState.from_report(report))
+        return
     print(f"lock      {state.name}")
     print(f"state     {_state_line(report, state)}")
     held = report.remaining_ms is not None
@@ -156,6 +211,52 @@ def print_detail(report: LockReport) -> None:
         print(f"{label:9} {_when(moment)}")
     waiting = [holder_text(place.holder) or place.token[:8] for place in state.queue]
     print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+
+
+def _print_job(report: LockReport, state: LockState, job: JobState) -> None:
+    print(f"job       {state.name}")
+    word = job_word(job)
+    if job.running is not None or job.held:
+        word += f", {(report.remaining_ms or 0) / 1000:.1f} s left"
+    elif word == "failed":
+        word += f" in this period after {job.attempts} attempts"
+    elif word in ("done", "due"):
+        word += " in this period"
+    print(f"state     {word}")
+    schedule = []
+    if job.every is not None:
+        schedule.append(f"every {_span(job.every)}" + (f" (offset {_span(job.offset)})" if job.offset else ""))
+        schedule.append(f"at most {job.max_attempts} attempts per period")
+    if job.min_interval is not None:
+        schedule.append(f"at least {_span(job.min_interval)} between runs")
+    print(f"schedule  {', '.join(schedule) or 'one run at a time'}")
+    if job.slot is not None:
+        attempts = f"{job.attempts} attempt{'' if job.attempts == 1 else 's'} so far"
+        print(f"period    {job.slot}, from {_when(job.slot_started_at)}, {attempts}")
+    if job.not_before is not None and job.not_before > job.server_time:
+        print(f"next      not before {_when(job.not_before)}")
+    if job.running is not None:
+        running = job.running
+        who = holder_text(running.holder) or "-"
+        print(f"running   {who}, attempt {running.attempt}, since {_when(running.started_at)}")
+    last = job.last
+    if last is None:
+        print("last run  never")
+    else:
+        took = "" if last.duration is None else f" ({last.duration:.3f} s)"
+        print(f"last run  {last.outcome or 'ended'}, attempt {last.attempt}, by {holder_text(last.holder) or '-'}")
+        print(f"          {_when(last.started_at)} to {_when(last.ended_at)}{took}")
+        if last.error_type is not None:
+            print(f"error     {last.error_type}: {last.error_message}")
+    print(f"token     {state.fencing_token}")
+
+
+def _span(duration: Any) -> str:
+    seconds = duration.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:g} {unit}"
+    return f"{seconds:g} s"
 
 
 def _writing(report: LockReport, state: LockState) -> bool:
@@ -221,6 +322,13 @@ def _row(report: LockReport) -> tuple[str, ...]:
         permits = report.live_permits
         shown = f"{len(permits)}/{state.limit} held" if permits else shown
         holder = holder_text(permits[0].holder) if len(permits) == 1 else (f"{len(permits)} holders" if permits else "")
+    elif state.kind == JOB_KIND and report.server_time is not None:
+        job = JobState.from_report(report)
+        shown = job_word(job)
+        run = job.running or job.last
+        holder = holder_text(run.holder) if run is not None else ""
+        if not job.held:
+            time = "" if job.last is None else f"ended {_short(job.last.ended_at)}"
     return (state.name, shown, holder, time, str(len(state.queue)) if state.queue else "")
 
 

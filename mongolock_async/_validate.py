@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from typing import Any, Literal
 
 from pymongo.collection import Collection as SyncCollection
@@ -51,6 +52,15 @@ def seconds(value: object, argument: str, *, minimum: float = 0.0, allow_zero: b
         bound = f"at least {minimum:g}" if minimum else ("non-negative" if allow_zero else "positive")
         raise ValueError(f"{argument} must be {bound}, got {value!r}")
     return number
+
+
+def duration(value: object, argument: str, *, allow_zero: bool = False) -> float:
+    """A ``timedelta`` or a number of seconds, as seconds (positive, or with ``allow_zero`` also 0)."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a datetime.timedelta or a number of seconds, not {type(value).__name__}")
+    return seconds(value, argument, allow_zero=allow_zero)
 
 
 def ttl(value: object, argument: str = "ttl") -> float:

@@ -24,6 +24,11 @@ EXPIRY_HORIZON = timedelta(days=368)
 PERMIT_KINDS = ("semaphore", "rwlock", "election")
 """The ``kind`` of a semaphore's, a read-write lock's and an election's document (holders of
 permits, each with its own token); a lock's document has none."""
+JOB_KIND = "job"
+"""The ``kind`` of a job's document: a lock's fields, and the job's record in ``job``."""
+JOB_OUTCOMES = ("succeeded", "failed", "cancelled", "lost")
+"""How a run of a job ended: it returned; it raised (recorded with the error's type and message);
+it was cancelled; or its lease ended first (its process died, or it lost the lease)."""
 MAX_PERMITS = 10_000
 """The largest semaphore ``limit``: its holders, each some hundreds of bytes with the holder's
 label, and its queue share one document, which MongoDB caps at 16 MB."""
@@ -59,6 +64,62 @@ class Permit(NamedTuple):
     renewed_at: datetime | None
 
 
+class JobRun(NamedTuple):
+    """One run of a job, as its document records it (read leniently: these fields are for people)."""
+
+    attempt: int
+    """Its number among the runs in its slot (1 for the first)."""
+    slot: int | None
+    """The period it ran in (see ``JobRecord.every_ms``); None for a job without ``every``."""
+    started_at: datetime | None
+    """Server time at which it took the job's lease."""
+    holder: Mapping[str, Any]
+    """``host``, ``pid`` and ``label`` of the process that ran it."""
+    ended_at: datetime | None = None
+    """Server time at which it ended (for a lost run: when its lease expired); None while it runs."""
+    outcome: str | None = None
+    """One of ``JOB_OUTCOMES``; None while it runs."""
+    error_type: str | None = None
+    """The exception's class name, for a failed run."""
+    error_message: str | None = None
+    """The exception's message (its first 1,000 characters), for a failed run."""
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from its start to its end, on the server's clock; None while it runs."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+class JobRecord(NamedTuple):
+    """What a job's document records: its schedule as last asked for, and its runs."""
+
+    every_ms: int | None = None
+    """The length of its periods (slots of the server's clock); None: not scheduled per period."""
+    offset_ms: int = 0
+    """Where its periods start, after each multiple of ``every_ms`` since the Unix epoch."""
+    min_interval_ms: int | None = None
+    """The least time between the end of a run and the start of the next."""
+    max_attempts: int | None = None
+    """Runs allowed per slot (a run that failed or was lost counts)."""
+    slot: int | None = None
+    """The slot of the latest run (the one ``attempts`` counts in)."""
+    attempts: int = 0
+    """Runs started in ``slot``."""
+    done_slot: int | None = None
+    """The latest slot in which a run succeeded."""
+    running: JobRun | None = None
+    """The run holding the job's lease now, or that held it until it expired without finishing."""
+    last: JobRun | None = None
+    """The latest run that ended."""
+    last_ended_at: datetime | None = None
+    """Server time at which the latest run ended (what ``min_interval_ms`` counts from)."""
+    skipped: tuple[int | None, str] | None = None
+    """The slot and reason of the latest call that did not run (``running``, ``held``, ``done``,
+    ``failed``, ``too_soon``), as the server decided it."""
+
+
 class LockState(NamedTuple):
     """A lock (or semaphore) document as a waiter or an operator sees it.
 
@@ -85,7 +146,9 @@ class LockState(NamedTuple):
     None for a lock."""
     permits: tuple[Permit, ...] = ()
     kind: str = "lock"
-    """``lock``, ``semaphore``, ``rwlock`` or ``election``."""
+    """``lock``, ``semaphore``, ``rwlock``, ``election`` or ``job``."""
+    job: JobRecord | None = None
+    """A job's record (None for other kinds)."""
 
     def holds(self, token: str) -> bool:
         """Whether ``token`` owns the lease, or one of the semaphore's permits (live or not)."""
@@ -110,8 +173,8 @@ class LockState(NamedTuple):
         if not isinstance(name, str):
             raise LockDataError(name, "_id", f"holds {_type_name(name)}, expected a string lock name")
         kind = doc.get("kind")
-        if kind is not None and kind not in PERMIT_KINDS:
-            detail = f"holds {kind!r}, expected nothing (a lock), 'semaphore', 'rwlock' or 'election'"
+        if kind is not None and kind not in PERMIT_KINDS and kind != JOB_KIND:
+            detail = f"holds {kind!r}, expected nothing (a lock), 'semaphore', 'rwlock', 'election' or 'job'"
             raise LockDataError(name, "kind", detail)
         owner = doc.get("owner")
         if owner is not None and not isinstance(owner, str):
@@ -157,6 +220,7 @@ class LockState(NamedTuple):
             limit=limit,
             permits=permits,
             kind=kind or "lock",
+            job=_job(doc.get("job"), name) if kind == JOB_KIND else None,
         )
 
     def place_of(self, token: str) -> Place | None:
@@ -180,6 +244,8 @@ class LockReport:
     error: LockDataError | None = field(default=None)
     permits_left_ms: Mapping[str, int] = field(default_factory=dict)
     """A semaphore's live permits: owner token -> milliseconds left on the server's clock."""
+    server_time: datetime | None = None
+    """The server's clock when this was read."""
 
     @property
     def live_permits(self) -> tuple[Permit, ...]:
@@ -206,6 +272,61 @@ def _place(entry: object) -> Place | None:
         holder=_mapping(entry.get("holder")),
         weight=weight if isinstance(weight := entry.get("w"), int) and not isinstance(weight, bool) else 1,
     )
+
+
+def _job(value: object, name: str) -> JobRecord:
+    """A job's record, with the fields its pipelines decide on checked as strictly as they check
+    them (the rest, for people, read leniently)."""
+    if value is None:
+        return JobRecord()
+    if not isinstance(value, Mapping):
+        raise LockDataError(name, "job", f"holds {_type_name(value)}, expected a job record")
+    counts = {}
+    for field_name in ("slot", "attempts", "doneSlot"):
+        count = value.get(field_name)
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise LockDataError(name, f"job.{field_name}", f"holds {_type_name(count)}, expected an integer")
+        counts[field_name] = count
+    running = value.get("run")
+    if running is not None and not isinstance(running, Mapping):
+        raise LockDataError(name, "job.run", f"holds {_type_name(running)}, expected a run record")
+    skipped = value.get("seen")
+    return JobRecord(
+        every_ms=_int_or_none(value.get("every")),
+        offset_ms=_int_or_none(value.get("offset")) or 0,
+        min_interval_ms=_int_or_none(value.get("minInterval")),
+        max_attempts=_int_or_none(value.get("maxAttempts")),
+        slot=counts["slot"],
+        attempts=counts["attempts"] or 0,
+        done_slot=counts["doneSlot"],
+        running=None if running is None else _job_run(running, name),
+        last=_job_run(last, name) if isinstance(last := value.get("last"), Mapping) else None,
+        last_ended_at=_date_or_none(value.get("lastEndedAt"), name, "job.lastEndedAt", strict=True),
+        skipped=(
+            (_int_or_none(skipped.get("slot")), str(skipped.get("why")))
+            if isinstance(skipped, Mapping) and isinstance(skipped.get("why"), str)
+            else None
+        ),
+    )
+
+
+def _job_run(value: Mapping[str, Any], name: str) -> JobRun:
+    error = _mapping(value.get("error"))
+    outcome = value.get("outcome")
+    return JobRun(
+        attempt=_int_or_none(value.get("attempt")) or 0,
+        slot=_int_or_none(value.get("slot")),
+        started_at=_date_or_none(value.get("startedAt"), name, "job.run.startedAt"),
+        holder=_mapping(value.get("holder")),
+        ended_at=_date_or_none(value.get("endedAt"), name, "job.run.endedAt"),
+        outcome=outcome if outcome in JOB_OUTCOMES else None,
+        error_type=error.get("type") if isinstance(error.get("type"), str) else None,
+        error_message=error.get("message") if isinstance(error.get("message"), str) else None,
+    )
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _limit(value: object, name: str) -> int:

@@ -38,6 +38,16 @@ class LockHooks:
     def lost(self, name: str, *, fencing_token: int, held: float, reason: str) -> None:
         """The lease was lost while held (not renewed in time, or taken over); ``reason`` says how."""
 
+    def job_ran(self, name: str, *, outcome: str, duration: float, slot: int | None, attempt: int) -> None:
+        """A run of the job ``name`` ended after ``duration`` seconds: ``outcome`` is ``succeeded``,
+        ``failed``, ``cancelled`` or ``lost``; ``slot`` is its period (None without ``every``) and
+        ``attempt`` its number in the slot."""
+
+    def job_skipped(self, name: str, *, reason: str, slot: int | None) -> None:
+        """A call of the job ``name`` did not run it: ``reason`` is ``running`` (a run holds it),
+        ``held`` (kept after a run, ``hold_at_least``), ``done`` (a run succeeded in ``slot``),
+        ``failed`` (the slot's attempts are used up) or ``too_soon`` (``min_interval``)."""
+
 
 def notify(hooks: LockHooks | None, event: str, name: str, **details: Any) -> None:
     """Call ``hooks.<event>(name, **details)``, logging (not raising) what it raises."""

@@ -10,7 +10,7 @@ import secrets
 import socket
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -268,6 +268,11 @@ class AsyncMongoLock:
     async def _hand_over(self, owner: str, *, until: float) -> bool:
         return await hand_over(self._store, self._name, owner, fair=self._fair, until=until, permits=self._permits)
 
+    def _try_request(self, owner: str, ttl_ms: int) -> Coroutine[Any, Any, LockState]:
+        """The request of a non-blocking acquire for ``owner``."""
+        holder = self._holder()
+        return self._store.try_acquire(self._name, owner, ttl_ms, holder, fair=self._fair, permits=self._permits)
+
     async def _try_once(self) -> Grant | None:
         """One acquire request, without queueing."""
         owner = secrets.token_hex(16)
@@ -280,11 +285,7 @@ class AsyncMongoLock:
         sent_at = time.monotonic()
         try:
             state = await self._store.send(
-                self._store.try_acquire(
-                    self._name, owner, ttl_ms, self._holder(), fair=self._fair, permits=self._permits
-                ),
-                bound=self._ttl,
-                on_cancelled=hand_on_if_taken,
+                self._try_request(owner, ttl_ms), bound=self._ttl, on_cancelled=hand_on_if_taken
             )
         except ServerSelectionTimeoutError as error:
             # Never sent (see waiting._attempt): nothing to undo, and not a busy lock.
@@ -451,11 +452,15 @@ class AsyncMongoLock:
     async def __aenter__(self) -> Self:
         if not await self.acquire():
             raise LockTimeoutError(self._name, self._timeout if self._blocking else None)
+        self._guard_body()
+        return self
+
+    def _guard_body(self) -> None:
+        """Make the running task the body that a loss of the lease cancels (until ``__aexit__``)."""
         lease = self._lease
         assert lease is not None
         # Entered here and checked in __aexit__, in the same task: loss cancels the block.
         lease.body = BodyGuard()
-        return self
 
     async def __aexit__(
         self,

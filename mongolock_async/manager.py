@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from ._collection import AsyncCollectionLike
 from .election import AsyncMongoElection
-from .errors import LockTimeoutError
+from .jobs import AsyncMongoJob, JobState, run_once
 from .lock import AsyncMongoLock
 from .rwlock import AsyncMongoRWLock
 from .semaphore import AsyncMongoSemaphore
@@ -78,38 +78,74 @@ class LockManager:
         return options
 
     def run_once(
-        self, name: str | None = None, *, wait: bool = False, **overrides: Any
+        self,
+        name: str | None = None,
+        *,
+        wait: bool = False,
+        every: timedelta | float | None = None,
+        offset: timedelta | float | None = None,
+        min_interval: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        hold_at_least: timedelta | float | None = None,
+        **overrides: Any,
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
-        """Decorate an async function (a scheduled job, say) so that one call at a time runs it,
-        across every process that shares the collection.
+        """Decorate an async function (a scheduled job, say) so that its calls run as a job: at most
+        one at a time across every process that shares the collection, and with ``every``,
+        ``min_interval`` or ``hold_at_least``, at most once per period of the server's clock, or at
+        least that far apart (see [`AsyncMongoJob`][mongolock_async.jobs.AsyncMongoJob]; each run is
+        recorded, and [`job`][mongolock_async.LockManager.job] reads the record).
 
-        A call made while another holds the lock returns None at once (``wait=False``, the
-        default: for jobs that several replicas start on the same schedule), or waits for its turn
-        (``wait=True``, up to the manager's or the call's ``timeout``, then
-        [`LockTimeoutError`][mongolock_async.LockTimeoutError]). The function runs as the body of
-        ``async with`` the lock: if the lease is lost, it is cancelled and
-        [`LockLostError`][mongolock_async.LockLostError] is raised. ``name`` defaults to the function's
-        module and qualified name; ``overrides`` set handle options (``heartbeat=True`` for long jobs).
+        A call that does not run the function returns None at once and logs why at INFO. The
+        function runs as the body of ``async with`` the job's lease: if the lease is lost, it is
+        cancelled and [`LockLostError`][mongolock_async.LockLostError] is raised. ``name`` defaults
+        to the function's module and qualified name; ``overrides`` set lease options
+        (``heartbeat=True`` for long jobs); the manager's ``blocking``, ``timeout``, ``fair``,
+        ``retry_base`` and ``retry_cap`` do not apply: a job never waits in line.
+
+        ``wait=True`` is for work that must run on every call, one call at a time: the call waits
+        for its turn (up to the manager's or the call's ``timeout``, then
+        [`LockTimeoutError`][mongolock_async.LockTimeoutError]) on a plain lock, and nothing is
+        recorded; it takes none of the job options.
         """
-
-        options: dict[str, Any] = {"blocking": wait, **overrides}
+        schedule = {
+            "every": every,
+            "offset": offset,
+            "min_interval": min_interval,
+            "max_attempts": max_attempts,
+            "hold_at_least": hold_at_least,
+        }
+        chosen = {option: value for option, value in schedule.items() if value is not None}
+        if not wait:
+            return run_once(self._collection, name, **self._job_options(overrides), **chosen)
+        if chosen:
+            raise TypeError(
+                f"run_once(wait=True) waits its turn for a plain lock and takes no {', '.join(chosen)}: "
+                "a job (every, min_interval, ...) never waits in line"
+            )
+        options: dict[str, Any] = {"blocking": True, **overrides}
 
         def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
             lock_name = name or f"{function.__module__}.{function.__qualname__}"
             self(lock_name, **options)  # the options are checked now
 
             @functools.wraps(function)
-            async def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
-                async with contextlib.AsyncExitStack() as stack:
-                    try:
-                        await stack.enter_async_context(self(lock_name, **options))
-                    except LockTimeoutError:
-                        if wait:
-                            raise
-                        logger.info("skipped %s: lock %r is held elsewhere", function.__qualname__, lock_name)
-                        return None
+            async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+                async with self(lock_name, **options):
                     return await function(*args, **kwargs)
 
             return run
 
         return decorate
+
+    async def job(self, name: str) -> JobState | None:
+        """What the job ``name`` last did and whether it is done in the current period, judged on
+        the server's clock; None if it never ran (see
+        [`AsyncMongoJob.state`][mongolock_async.jobs.AsyncMongoJob.state])."""
+        return await AsyncMongoJob(self._collection, name, **self._job_options({})).state()
+
+    def _job_options(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        options = {**self._defaults, **overrides}
+        for lock_only in ("blocking", "timeout", "fair", "retry_base", "retry_cap"):
+            if lock_only not in overrides:
+                options.pop(lock_only, None)
+        return options

@@ -59,6 +59,12 @@ class OpenTelemetryHooks(LockHooks):
         self._held = meter.create_up_down_counter("mongolock.held", unit="{lease}", description="Leases held now")
         self._lost = meter.create_counter("mongolock.lost", unit="{lease}", description="Leases lost while held")
         self._renewals = meter.create_counter("mongolock.renewals", unit="{renewal}", description="Lease renewals")
+        self._job_runs = meter.create_histogram(
+            "mongolock.job.duration", unit="s", description="Time a job's run took, by how it ended"
+        )
+        self._job_skips = meter.create_counter(
+            "mongolock.job.skips", unit="{call}", description="Calls of a job that did not run it, by reason"
+        )
 
     def acquired(self, name: str, *, fencing_token: int, waited: float) -> None:
         self._acquire.record(waited, {_NAME: name, _OUTCOME: "acquired"})
@@ -84,6 +90,16 @@ class OpenTelemetryHooks(LockHooks):
         self._span(
             "mongolock.hold", held, {_NAME: name, _OUTCOME: "lost", _TOKEN: fencing_token}, error=reason
         )
+
+    def job_ran(self, name: str, *, outcome: str, duration: float, slot: int | None, attempt: int) -> None:
+        self._job_runs.record(duration, {_NAME: name, _OUTCOME: outcome})
+        attributes: dict[str, str | int] = {_NAME: name, _OUTCOME: outcome, "mongolock.job.attempt": attempt}
+        if slot is not None:
+            attributes["mongolock.job.slot"] = slot
+        self._span("mongolock.job.run", duration, attributes, error=None if outcome == "succeeded" else outcome)
+
+    def job_skipped(self, name: str, *, reason: str, slot: int | None) -> None:
+        self._job_skips.add(1, {_NAME: name, "mongolock.job.reason": reason})
 
     def _span(self, span_name: str, seconds: float, attributes: dict[str, str | int], error: str | None = None) -> None:
         """A span that ended now and began ``seconds`` ago."""

@@ -62,7 +62,7 @@ from pymongo.write_concern import WriteConcern
 from ._diagnosis import cause_of, retrying_cannot_fix
 from ._shield import RequestTimeout, run_shielded
 from ._weak import WeakIdentityMap
-from .documents import EXPIRY_HORIZON, MAX_FENCE, MAX_PERMITS, PERMIT_KINDS, LockReport, LockState
+from .documents import EXPIRY_HORIZON, JOB_KIND, MAX_FENCE, MAX_PERMITS, PERMIT_KINDS, LockReport, LockState
 from .errors import LockDataError, ServerTooOldError
 
 logger = logging.getLogger("mongolock_async")
@@ -84,7 +84,7 @@ _UPSERT_RACE_RETRIES = 10
 
 # What acquires and releases read back: the fields their callers decide on (less to send back,
 # decode and check than the whole document).
-_DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 1, "limit": 1, "holders": 1}
+_DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 1, "limit": 1, "holders": 1, "job": 1}
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
@@ -129,6 +129,19 @@ class Permits(NamedTuple):
     kind: str
     limit: int
     weight: int = 1
+
+
+class JobSchedule(NamedTuple):
+    """When a job may run (see ``LockStore.start_job``), in milliseconds."""
+
+    every_ms: int | None = None
+    """Run at most once per slot of this length of the server's clock; None: no slots."""
+    offset_ms: int = 0
+    """Slots start this long after each multiple of ``every_ms`` since the Unix epoch."""
+    min_interval_ms: int | None = None
+    """Start no run sooner than this after the last run ended."""
+    max_attempts: int = 1
+    """Runs allowed per slot (with ``every_ms``)."""
 
 
 _stores: WeakIdentityMap[Any, list[LockStore]] = WeakIdentityMap()
@@ -266,6 +279,11 @@ class LockStore:
             pipeline = _acquire_pipeline(place, enqueue=enqueue, fair=fair)
         else:
             pipeline = semaphore_acquire_pipeline(place, permits, enqueue=enqueue, fair=fair)
+        return of_kind(await self._upsert(name, pipeline, session=session), permits)
+
+    async def _upsert(self, name: str, pipeline: list[dict[str, Any]], *, session: Any = None) -> LockState:
+        """``_find_and_modify`` of ``name``'s document with ``upsert``, sent again when racing upserts
+        of a new name collide (a duplicate key on ``_id``)."""
         for _ in range(_UPSERT_RACE_RETRIES):
             try:
                 doc = await self._find_and_modify({"_id": name}, pipeline, upsert=True, session=session)
@@ -274,8 +292,51 @@ class LockStore:
                     raise  # another unique index of the user's: not the upsert race
                 continue
             if doc is not None:  # the embedded server may return None on the same race
-                return of_kind(LockState.from_document(doc), permits)
+                return LockState.from_document(doc)
         raise RuntimeError(f"acquire of {name!r} kept racing with concurrent upserts")
+
+    async def start_job(
+        self, name: str, owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule: JobSchedule
+    ) -> LockState:
+        """Take the lease of the job ``name`` for ``owner`` if the job is due; return its document
+        either way (taken: ``owner`` holds it; else ``job.skipped`` says why, as decided now).
+
+        One round trip, an upserting ``findAndModify``: on the server's clock it computes the
+        current slot, and takes the lease only if nobody holds it, no run succeeded in the slot, the
+        slot's attempts are not used up, and the last run ended at least ``min_interval_ms`` ago;
+        the run is recorded in the same write. A run whose lease expired unfinished (its process
+        died, or lost the lease) is recorded as lost. A free lock's document of the same name (a
+        ``run_once`` of an earlier version) becomes the job's; ``LockDataError`` if the name is a
+        semaphore's, a read-write lock's or an election's.
+        """
+        await self.check_server()
+        state = await self._upsert(name, _job_start_pipeline(owner, ttl_ms, holder, schedule))
+        return state if state.kind == "lock" else of_kind(state, None, kind=JOB_KIND)
+
+    async def finish_job(
+        self,
+        name: str,
+        owner: str,
+        *,
+        outcome: str,
+        error: Mapping[str, str] | None = None,
+        hold_at_least_ms: int | None = None,
+    ) -> bool:
+        """End ``owner``'s run of the job ``name`` and record how it ended (``outcome``, one of
+        ``documents.JOB_OUTCOMES``, and for a failure the error's type and message); a success
+        marks its slot done. The lease ends too, unless ``hold_at_least_ms`` after the run's start is
+        still ahead: then it is kept until then (ShedLock's ``lockAtLeastFor``), unrenewed.
+
+        Returns whether this ended ``owner``'s live run (False: its lease had expired, or was
+        broken). A finish sent again after a lost reply recognises its own earlier success.
+        """
+        query = {"_id": name, "$or": [{"owner": owner}, {"job.finished": owner}]}
+        doc = await self._find_and_modify(query, _job_finish_pipeline(owner, outcome, error, hold_at_least_ms))
+        if doc is None:
+            return False
+        job = doc.get("job")
+        finished = job.get("finished") if isinstance(job, Mapping) else None
+        return isinstance(finished, list) and owner in finished
 
     async def release(
         self,
@@ -505,6 +566,7 @@ class LockStore:
             {"$sort": {"_id": 1}},
             {
                 "$addFields": {
+                    "_serverNow": SERVER_NOW,
                     "_remainingMs": {
                         "$cond": [
                             _LEASE_LIVE,
@@ -539,6 +601,7 @@ class LockStore:
         for doc in await cursor.to_list(None):
             remaining = doc.pop("_remainingMs", None)
             permits_left = doc.pop("_permitsLeft", None)
+            server_time = doc.pop("_serverNow", None)
             try:
                 state = LockState.from_document(doc)
             except LockDataError as error:
@@ -547,9 +610,10 @@ class LockStore:
             if state.limit is not None:
                 left = {token: int(ms) for token, ms in permits_left or ()}
                 longest = max(left.values(), default=None)
-                reports.append(LockReport(state.name, state, longest, permits_left_ms=left))
+                reports.append(LockReport(state.name, state, longest, permits_left_ms=left, server_time=server_time))
                 continue
-            reports.append(LockReport(name=state.name, state=state, remaining_ms=_int_or_none(remaining)))
+            remaining_ms = _int_or_none(remaining)
+            reports.append(LockReport(state.name, state, remaining_ms, server_time=server_time))
         return reports
 
     # -- operators --------------------------------------------------------------------------------
@@ -627,12 +691,14 @@ class LockStore:
                 return await self._force_release_permits(name, None)
         stamp = _stamp()
         broken = "$_break"
+        # A job's lease is a lock's (its record stays: a run whose lease was broken shows as lost).
+        sane = {"$and": [_LEASE_FIELDS_SANE, {"$or": [_type_in("$kind", "missing", "null"), _JOB_KIND_IS]}]}
         # With a holder: only that owner's lease, and never a corrupt document's "repair".
-        selected = {} if owner is None else {"owner": owner, "$expr": _SANE}
+        selected = {} if owner is None else {"owner": owner, "$expr": sane}
         doc = await self._collection.find_one_and_update(
             {"_id": name, **selected},
             [
-                {"$set": {"_break": {"$or": [{"$not": [_SANE]}, _LEASE_LIVE]}}},
+                {"$set": {"_break": {"$or": [{"$not": [sane]}, _LEASE_LIVE]}}},
                 {
                     "$set": {
                         "forcedRelease": {
@@ -850,7 +916,7 @@ _FENCE_OK: dict[str, Any] = {
 # The fields a decision depends on have the types this library writes. Expressions on a corrupt
 # document would otherwise fail on the server, or worse, succeed with a wrong answer (a date of
 # year 9999 would be a lease that never expires).
-_SANE: dict[str, Any] = {
+_LEASE_FIELDS_SANE: dict[str, Any] = {
     "$and": [
         _type_in("$owner", "missing", "null", "string"),
         {
@@ -866,9 +932,10 @@ _SANE: dict[str, Any] = {
         },
         _FENCE_OK,
         _type_in("$queue", "missing", "null", "array"),
-        _type_in("$kind", "missing", "null"),
     ]
 }
+_SANE: dict[str, Any] = {"$and": [_LEASE_FIELDS_SANE, _type_in("$kind", "missing", "null")]}
+"""A lock's document (a job's has the same lease fields: see ``_JOB_SANE``)."""
 _LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]}
 _NEXT_FENCE: dict[str, Any] = {
     "$max": [
@@ -1212,12 +1279,19 @@ def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]
     ]
 
 
-_KIND_NAMES = {"lock": "a lock", "semaphore": "a semaphore", "rwlock": "a read-write lock", "election": "an election"}
+_KIND_NAMES = {
+    "lock": "a lock",
+    "semaphore": "a semaphore",
+    "rwlock": "a read-write lock",
+    "election": "an election",
+    JOB_KIND: "a job",
+}
 
 
-def of_kind(state: LockState, permits: Permits | None) -> LockState:
-    """``state``, if it is of the kind the caller asked for (a lock without ``permits``)."""
-    wanted_kind = "lock" if permits is None else permits.kind
+def of_kind(state: LockState, permits: Permits | None, *, kind: str | None = None) -> LockState:
+    """``state``, if it is of the kind the caller asked for: ``kind``, else a lock without
+    ``permits``, else the permits' kind."""
+    wanted_kind = kind or ("lock" if permits is None else permits.kind)
     if state.kind != wanted_kind:
         kind, wanted = _KIND_NAMES.get(state.kind, state.kind), _KIND_NAMES[wanted_kind]
         detail = f"says this name is {kind}, not {wanted}"
@@ -1252,6 +1326,209 @@ def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
             }
         }
     ]
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+#
+# A job's document is a lock's (owner, expiresAt, fence, ttlMs, holder, ...) with kind "job" and
+# the job's record: job: {every, offset, minInterval, maxAttempts (the schedule as last asked for),
+# slot and attempts (runs started in that slot), doneSlot (the latest slot a run succeeded in),
+# run: {o, slot, attempt, startedAt, holder} (the run holding the lease, or null), last: (the latest
+# run that ended, with endedAt, outcome, error: {type, message}), lastEndedAt, seen: {slot, why}
+# (the latest decision not to run), finished: [the last owner tokens that finished a run]}.
+# A slot is floor((server time in ms - offset) / every): periods of the server's clock, so
+# clients' clocks never decide whether a slot is done.
+
+_JOB_KIND_IS: dict[str, Any] = {"$eq": ["$kind", JOB_KIND]}
+_JOB_SANE: dict[str, Any] = {
+    "$and": [
+        _LEASE_FIELDS_SANE,
+        {"$or": [_type_in("$kind", "missing", "null"), _JOB_KIND_IS]},
+        _type_in("$job", "missing", "null", "object"),
+        _type_in("$job.slot", "missing", "null", "int", "long"),
+        _type_in("$job.attempts", "missing", "null", "int", "long"),
+        _type_in("$job.doneSlot", "missing", "null", "int", "long"),
+        _type_in("$job.run", "missing", "null", "object"),
+        _type_in("$job.lastEndedAt", "missing", "null", "date"),
+    ]
+}
+"""A job's document, or a lock's (a ``run_once`` of an earlier version kept its job in one)."""
+_FINISHED_REMEMBERED = 16
+_JOB_TEMPORARY = ["_v", "_now", "_sane", "_j", "_live", "_slot", "_lost", "_attempts", "_lastEnd", "_why", "_take",
+                  "_own", "_until", "_keep"]  # fmt: skip
+
+
+def _job_start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule: JobSchedule) -> list[Any]:
+    values = {
+        "me": owner,
+        "ttl": ttl_ms,
+        "holder": dict(holder),
+        "every": schedule.every_ms,
+        "offset": schedule.offset_ms,
+        "minInterval": schedule.min_interval_ms,
+        "maxAttempts": schedule.max_attempts,
+    }
+    return [_values(**values), *_JOB_START_STAGES]
+
+
+def _if(condition: Any, then: Any, otherwise: Any) -> dict[str, Any]:
+    return {"$cond": [condition, then, otherwise]}
+
+
+def _job_start_stages() -> tuple[dict[str, Any], ...]:
+    slot = {
+        "$toLong": {"$floor": {"$divide": [{"$subtract": [{"$toLong": _NOW}, "$_v.offset"]}, "$_v.every"]}}
+    }
+    has_run = {"$eq": [{"$type": "$_j.run"}, "object"]}
+    slotted = {"$ne": ["$_slot", None]}
+    too_soon = {
+        "$and": [
+            {"$ne": ["$_v.minInterval", None]},
+            {"$eq": [{"$type": "$_lastEnd"}, "date"]},
+            {"$lt": [_NOW, {"$add": ["$_lastEnd", "$_v.minInterval"]}]},
+        ]
+    }
+    why = _if(
+        {"$not": ["$_sane"]},
+        "corrupt",
+        _if(
+            "$_live",
+            _if(has_run, "running", "held"),
+            _if(
+                {"$and": [slotted, {"$eq": ["$_j.doneSlot", "$_slot"]}]},
+                "done",
+                _if(
+                    {"$and": [slotted, {"$gte": ["$_attempts", "$_v.maxAttempts"]}]},
+                    "failed",
+                    _if(too_soon, "too_soon", None),
+                ),
+            ),
+        ),
+    )
+    attempt = {"$add": ["$_attempts", 1]}
+    run = {"o": "$_v.me", "slot": "$_slot", "attempt": attempt, "startedAt": _NOW, "holder": "$_v.holder"}
+    record = {
+        "$mergeObjects": [
+            "$_j",
+            {
+                "every": "$_v.every",
+                "offset": "$_v.offset",
+                "minInterval": "$_v.minInterval",
+                "maxAttempts": "$_v.maxAttempts",
+                "slot": _if("$_take", "$_slot", "$_j.slot"),
+                "attempts": _if("$_take", attempt, "$_j.attempts"),
+                "run": _if("$_take", run, _if("$_lost", None, "$_j.run")),
+                "last": _if(
+                    "$_lost", {"$mergeObjects": ["$_j.run", {"endedAt": "$expiresAt", "outcome": "lost"}]}, "$_j.last"
+                ),
+                "lastEndedAt": "$_lastEnd",
+                "seen": _if("$_take", "$_j.seen", {"slot": "$_slot", "why": "$_why"}),
+            },
+        ]
+    }
+    return (
+        {"$set": {"_now": SERVER_NOW}},
+        {"$set": {"_sane": _JOB_SANE, "_j": {"$cond": [{"$eq": [{"$type": "$job"}, "object"]}, "$job", {}]}}},
+        {
+            "$set": {
+                "_live": {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]},
+                "_slot": _if({"$eq": ["$_v.every", None]}, None, slot),
+            }
+        },
+        {
+            "$set": {
+                "_lost": {"$and": ["$_sane", {"$not": ["$_live"]}, has_run]},
+                "_attempts": _if({"$eq": ["$_j.slot", "$_slot"]}, {"$ifNull": ["$_j.attempts", 0]}, 0),
+            }
+        },
+        # A run lost with its lease ended when the lease expired: that counts for min_interval.
+        {"$set": {"_lastEnd": _if("$_lost", {"$max": ["$_j.lastEndedAt", "$expiresAt"]}, "$_j.lastEndedAt")}},
+        {"$set": {"_why": why}},
+        {"$set": {"_take": {"$and": ["$_sane", {"$eq": ["$_why", None]}]}}},
+        {
+            "$set": {
+                "kind": _if("$_take", JOB_KIND, "$kind"),
+                "owner": _if("$_take", "$_v.me", "$owner"),
+                "expiresAt": _if("$_take", _server_plus(_NOW, "$_v.ttl"), "$expiresAt"),
+                "fence": _if("$_take", _NEXT_FENCE, "$fence"),
+                "ttlMs": _if("$_take", "$_v.ttl", "$ttlMs"),
+                "holder": _if("$_take", "$_v.holder", "$holder"),
+                "acquiredAt": _if("$_take", _NOW, "$acquiredAt"),
+                "renewedAt": _if("$_take", _NOW, "$renewedAt"),
+                # A lock's document (a run_once of an earlier version) gets a record only when taken.
+                "job": _if({"$and": ["$_sane", {"$or": ["$_take", _JOB_KIND_IS]}]}, record, "$job"),
+            }
+        },
+        {"$unset": _JOB_TEMPORARY},
+    )
+
+
+_JOB_START_STAGES = _job_start_stages()
+
+
+def _job_finish_pipeline(
+    owner: str, outcome: str, error: Mapping[str, str] | None, hold_at_least_ms: int | None
+) -> list[Any]:
+    error_record = None if error is None else dict(error)
+    values = {"me": owner, "outcome": outcome, "error": error_record, "hold": hold_at_least_ms}
+    return [_values(**values), *_JOB_FINISH_STAGES]
+
+
+def _job_finish_stages() -> tuple[dict[str, Any], ...]:
+    released = {"$and": ["$_own", {"$not": ["$_keep"]}]}
+    succeeded_in_a_slot = {
+        "$and": [{"$eq": ["$_v.outcome", "succeeded"]}, {"$ne": [{"$ifNull": ["$_j.run.slot", None]}, None]}]
+    }
+    record = {
+        "$mergeObjects": [
+            "$_j",
+            {
+                "run": None,
+                "last": {
+                    "$mergeObjects": ["$_j.run", {"endedAt": _NOW, "outcome": "$_v.outcome", "error": "$_v.error"}]
+                },
+                "lastEndedAt": _NOW,
+                "doneSlot": _if(succeeded_in_a_slot, "$_j.run.slot", "$_j.doneSlot"),
+                "finished": {
+                    "$slice": [
+                        {"$concatArrays": [_array_or_empty("$_j.finished"), ["$_v.me"]]},
+                        -_FINISHED_REMEMBERED,
+                    ]
+                },
+            },
+        ]
+    }
+    return (
+        {"$set": {"_now": SERVER_NOW}},
+        {"$set": {"_sane": {"$and": [_JOB_SANE, _JOB_KIND_IS]}, "_j": "$job"}},
+        {
+            "$set": {
+                "_own": {
+                    "$and": [
+                        "$_sane",
+                        {"$eq": ["$owner", "$_v.me"]},
+                        {"$gt": ["$expiresAt", _NOW]},
+                        {"$eq": ["$_j.run.o", "$_v.me"]},
+                    ]
+                }
+            }
+        },
+        {"$set": {"_until": _if({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]})}},
+        {"$set": {"_keep": {"$and": ["$_own", {"$eq": [{"$type": "$_until"}, "date"]}, {"$gt": ["$_until", _NOW]}]}}},
+        {
+            "$set": {
+                "owner": _if(released, None, "$owner"),
+                "expiresAt": _if("$_own", _if("$_keep", "$_until", _NOW), "$expiresAt"),
+                "releasedAt": _if(released, _NOW, "$releasedAt"),
+                "releasedOwner": _if(released, "$_v.me", "$releasedOwner"),
+                "job": _if("$_own", record, "$job"),
+            }
+        },
+        {"$unset": _JOB_TEMPORARY},
+    )
+
+
+_JOB_FINISH_STAGES = _job_finish_stages()
 
 
 def oldest_wire_version(servers: Iterable[Any]) -> int | None:

@@ -1,0 +1,102 @@
+"""A digest built once per period by a service that runs on several replicas: each replica runs
+the same schedule, and in each period exactly one of them builds the digest. Three ways to
+schedule it, one per ``--scheduler``:
+
+- ``loop``: a plain asyncio loop that fires a few times per period;
+- ``apscheduler``: APScheduler's ``AsyncIOScheduler`` with an interval trigger (``pip install
+  apscheduler``);
+- ``fastapi``: the loop started and stopped by a FastAPI app's lifespan (the ``fastapi`` extra),
+  entered here as uvicorn enters it, so that no port is needed.
+
+Run it in two or three terminals at once and compare what they print:
+
+    mongolock server                                             # in another terminal (or set MONGODB_URI)
+    python -m mongolock_async.examples.periodic_job --scheduler loop --every 2 --seconds 10
+    mongolock inspect digest                                     # the job: its period, last run, holder
+
+Each replica prints the periods it built the digest in; the digests are in the ``jobs`` database
+(``JOBS_DATABASE``), one per period.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from pymongo import AsyncMongoClient
+
+from mongolock_async import LockManager
+from mongolock_async.examples import lock_collection, mongodb_uri
+from mongolock_async.jobs import current_run
+
+
+async def on_a_loop(fire: Callable[[], Awaitable[object]], every: float, seconds: float) -> None:
+    """Fire four times per period: a replica may be busy, or start late; one call per period runs."""
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + seconds
+    while loop.time() < stop_at:
+        await fire()
+        await asyncio.sleep(every / 4)
+
+
+async def with_apscheduler(fire: Callable[[], Awaitable[object]], every: float, seconds: float) -> None:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    scheduler = AsyncIOScheduler()
+    scheduler.add_job(fire, "interval", seconds=every / 4, max_instances=1, coalesce=True)
+    scheduler.start()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        scheduler.shutdown(wait=False)
+
+
+async def in_a_fastapi_lifespan(fire: Callable[[], Awaitable[object]], every: float, seconds: float) -> None:
+    from fastapi import FastAPI
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        schedule = asyncio.create_task(on_a_loop(fire, every, float("inf")))
+        yield
+        schedule.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await schedule
+
+    app = FastAPI(lifespan=lifespan)
+    async with app.router.lifespan_context(app):  # what uvicorn does when the app starts and stops
+        await asyncio.sleep(seconds)
+
+
+SCHEDULERS = {"loop": on_a_loop, "apscheduler": with_apscheduler, "fastapi": in_a_fastapi_lifespan}
+
+
+async def main(scheduler: str, every: float, seconds: float) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri())
+    digests = client[os.environ.get("JOBS_DATABASE", "jobs")]["digests"]
+    locks = LockManager(lock_collection(client), ttl=30, label=f"replica {os.getpid()}")
+    built: list[int] = []
+
+    @locks.run_once("digest", every=timedelta(seconds=every))
+    async def build_digest() -> None:
+        run = current_run()  # its period (slot) on the server's clock, attempt and fencing token
+        await digests.insert_one({"slot": run.slot, "by": os.getpid(), "attempt": run.attempt})
+        assert run.slot is not None
+        built.append(run.slot)
+
+    await SCHEDULERS[scheduler](build_digest, every, seconds)
+    await client.close()
+    print(f"replica {os.getpid()} built the digest in periods {built}", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="A digest once per period, whichever replica gets there first.")
+    parser.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="loop")
+    parser.add_argument("--every", type=float, default=2.0, help="the period, in seconds (at least 1)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long this replica runs")
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.scheduler, arguments.every, arguments.seconds))

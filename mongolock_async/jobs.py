@@ -1,0 +1,478 @@
+"""Jobs that run at most one at a time, once per period, or at least some time apart, across
+every process that shares the lock collection.
+
+A job is a name with a lease, as a lock is, and a record of its runs kept in the same document.
+Whether a call runs the job is decided on the server, in the one request that takes the lease:
+nobody else holds it; in a job with ``every``, no run has succeeded in the current *slot* (a
+period of the server's clock, ``floor((now - offset) / every)``) and the slot's ``max_attempts``
+are not used up; with ``min_interval``, the last run ended at least that long ago. The request
+that ends the run records how it ended and, on success, marks its slot done. So "run only if this
+period is not done" and "mark it done" are each one atomic write, and clients' clocks decide
+nothing. A run whose process dies, or that loses its lease, leaves its slot not done: the next
+call in the slot runs the job again once the lease has expired, and the run is recorded as lost.
+
+Use [`run_once`][mongolock_async.jobs.run_once] (or
+[`LockManager.run_once`][mongolock_async.LockManager.run_once]) as a decorator, or
+[`AsyncMongoJob`][mongolock_async.jobs.AsyncMongoJob] for the outcome of each call; read what ran
+with [`AsyncMongoJob.state`][mongolock_async.jobs.AsyncMongoJob.state] (or
+[`LockManager.job`][mongolock_async.LockManager.job]).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, Literal, NamedTuple, ParamSpec, TypeVar
+
+from pymongo.errors import PyMongoError
+from pymongo.write_concern import WriteConcern
+
+from . import _validate
+from ._backoff import Backoff
+from ._collection import AsyncCollectionLike
+from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState
+from .hooks import LockHooks, notify
+from .lock import AsyncMongoLock, OnLost
+from .store import JobSchedule, is_transient, of_kind
+
+__all__ = ["AsyncMongoJob", "JobResult", "JobRun", "JobRunInfo", "JobState", "current_run", "run_once"]
+
+logger = logging.getLogger("mongolock_async")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_MAX_ATTEMPTS = 3
+"""Runs allowed per slot of a job with ``every``, unless ``max_attempts`` says otherwise."""
+MAX_EVERY = timedelta(days=366)
+_ERROR_MESSAGE_LIMIT = 1000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class JobRunInfo(NamedTuple):
+    """The run of a job that the calling code is part of (see :func:`current_run`)."""
+
+    name: str
+    slot: int | None
+    """The period it runs in (None for a job without ``every``)."""
+    attempt: int
+    """Its number among the runs started in its slot."""
+    fencing_token: int
+    """The run's fencing token: above every earlier run's (pass it with the job's writes)."""
+    started_at: datetime | None
+    """Server time at which it started."""
+
+
+_current: ContextVar[JobRunInfo] = ContextVar("mongolock_async_job_run")
+
+
+def current_run() -> JobRunInfo:
+    """The run of a job that the calling code runs in (call it from inside the job's function):
+    its slot, attempt and fencing token. ``LookupError`` outside a job's run."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise LookupError("current_run() is for code that a job's run calls: no job runs here") from None
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult(Generic[R]):
+    """What one call of [`AsyncMongoJob.run`][mongolock_async.jobs.AsyncMongoJob.run] did."""
+
+    name: str
+    ran: bool
+    """Whether this call ran the job's function (to its end: its value is ``value``)."""
+    value: R | None
+    """What the function returned, if it ran."""
+    skipped: str | None
+    """Why it did not run: ``running``, ``held``, ``done``, ``failed`` or ``too_soon`` (see
+    [`LockHooks.job_skipped`][mongolock_async.LockHooks.job_skipped])."""
+    record: JobRecord
+    """The job's record as the server's decision showed it (for a skip: who ran it, and when)."""
+
+    def __str__(self) -> str:
+        if self.ran:
+            return f"job {self.name!r} ran"
+        return f"job {self.name!r} skipped: {describe_skip(self.skipped, self.record)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job's schedule and runs, judged on the server's clock when read."""
+
+    name: str
+    every: timedelta | None
+    """Its period, as its last run asked for it (None: not scheduled per period)."""
+    offset: timedelta
+    min_interval: timedelta | None
+    max_attempts: int | None
+    server_time: datetime
+    """The server's clock when this was read."""
+    slot: int | None
+    """The current period (None without ``every``)."""
+    slot_started_at: datetime | None
+    """Server time at which the current period began."""
+    done: bool
+    """Whether a run succeeded in the current period."""
+    attempts: int
+    """Runs started in the current period."""
+    exhausted: bool
+    """Whether the current period's attempts are used up without a success: no call runs the job
+    again before the next period (the failure is in ``last``)."""
+    held: bool
+    """Whether the job's lease is live (a run holds it, or it is kept by ``hold_at_least``)."""
+    running: JobRun | None
+    """The run that holds the lease now."""
+    last: JobRun | None
+    """The latest run that ended (a run whose lease expired unfinished shows as ``lost``)."""
+    not_before: datetime | None
+    """With ``min_interval``: no run starts before this (server time)."""
+
+    @classmethod
+    def from_report(cls, report: LockReport) -> JobState:
+        """A job's state from a report of its document (see ``LockStore.report``)."""
+        state = report.state
+        assert state is not None and report.server_time is not None
+        record = state.job or JobRecord()
+        now = report.server_time
+        every = None if record.every_ms is None else timedelta(milliseconds=record.every_ms)
+        offset = timedelta(milliseconds=record.offset_ms)
+        slot = slot_started_at = None
+        if record.every_ms:
+            slot = int((now - _EPOCH - offset) // timedelta(milliseconds=record.every_ms))
+            slot_started_at = _EPOCH + offset + slot * timedelta(milliseconds=record.every_ms)
+        held = report.remaining_ms is not None
+        last, last_ended_at = record.last, record.last_ended_at
+        if record.running is not None and not held:  # its lease expired unfinished
+            last = record.running._replace(ended_at=state.expires_at, outcome="lost")
+            last_ended_at = max(filter(None, (last_ended_at, state.expires_at)), default=None)
+        attempts = record.attempts if slot is not None and record.slot == slot else 0
+        done = slot is not None and record.done_slot == slot
+        max_attempts = record.max_attempts
+        min_interval = None if record.min_interval_ms is None else timedelta(milliseconds=record.min_interval_ms)
+        return cls(
+            name=state.name,
+            every=every,
+            offset=offset,
+            min_interval=min_interval,
+            max_attempts=max_attempts,
+            server_time=now,
+            slot=slot,
+            slot_started_at=slot_started_at,
+            done=done,
+            attempts=attempts,
+            exhausted=bool(slot is not None and not done and max_attempts and attempts >= max_attempts and not held),
+            held=held,
+            running=record.running if held else None,
+            last=last,
+            not_before=None if min_interval is None or last_ended_at is None else last_ended_at + min_interval,
+        )
+
+
+def describe_skip(reason: str | None, record: JobRecord) -> str:
+    """Why a call did not run the job, in words, with who ran it and when."""
+    last, running = record.last, record.running
+    if reason == "running" and running is not None:
+        return f"running since {_when(running.started_at)} ({_who(running.holder)}, attempt {running.attempt})"
+    if reason == "done" and last is not None:
+        return f"done in slot {last.slot} by {_who(last.holder)} at {_when(last.ended_at)}"
+    if reason == "failed" and last is not None:
+        error = f": {last.error_type}: {last.error_message}" if last.error_type else f" ({last.outcome})"
+        return f"slot {record.slot} failed after {record.attempts} attempts{error}"
+    if reason == "too_soon" and record.last_ended_at is not None and record.min_interval_ms is not None:
+        not_before = record.last_ended_at + timedelta(milliseconds=record.min_interval_ms)
+        return f"the last run ended at {_when(record.last_ended_at)}; no run before {_when(not_before)}"
+    if reason == "held":
+        return "its lease is held (kept after a run by hold_at_least, or by a lock of the same name)"
+    return reason or "not due"
+
+
+def _who(holder: Any) -> str:
+    label = holder.get("label")
+    where = f"{holder.get('host', '?')} pid {holder.get('pid', '?')}"
+    return f"{label} ({where})" if label else where
+
+
+def _when(moment: datetime | None) -> str:
+    return "an unknown time" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+class _Schedule(NamedTuple):
+    server: JobSchedule
+    hold_at_least_ms: int | None
+
+
+def _schedule(
+    every: object, offset: object, min_interval: object, max_attempts: object, hold_at_least: object
+) -> _Schedule:
+    """The job options, checked (before any I/O), in milliseconds."""
+    every_s = None if every is None else _validate.duration(every, "every")
+    if every_s is not None and every_s < 1:
+        raise ValueError(f"every must be at least 1 second (a period of the server's clock), got {every_s:g} s")
+    if every_s is not None and every_s > MAX_EVERY.total_seconds():
+        raise ValueError(f"every must be at most {MAX_EVERY.days} days, got {every_s:g} s")
+    offset_s = 0.0
+    if offset is not None:
+        if every_s is None:
+            raise ValueError("offset places the periods of every: give every too")
+        offset_s = _validate.duration(offset, "offset", allow_zero=True)
+        if offset_s >= every_s:
+            raise ValueError(f"offset ({offset_s:g} s) must be shorter than every ({every_s:g} s)")
+    min_interval_s = None if min_interval is None else _validate.duration(min_interval, "min_interval")
+    if every_s is not None and min_interval_s is not None and min_interval_s >= every_s:
+        raise ValueError(
+            f"min_interval ({min_interval_s:g} s) must be shorter than every ({every_s:g} s): with runs at least "
+            "that far apart, some periods could never have their run"
+        )
+    if max_attempts is None:
+        attempts = DEFAULT_MAX_ATTEMPTS
+    else:
+        if every_s is None:
+            raise ValueError("max_attempts counts the runs in one period of every: give every too")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise TypeError(f"max_attempts must be an int, not {type(max_attempts).__name__}")
+        if not 1 <= max_attempts <= 1000:
+            raise ValueError(f"max_attempts must be 1 to 1000, got {max_attempts}")
+        attempts = max_attempts
+    hold_s = None if hold_at_least is None else _validate.duration(hold_at_least, "hold_at_least")
+    if hold_s is not None and every_s is not None and hold_s >= every_s:
+        raise ValueError(
+            f"hold_at_least ({hold_s:g} s) must be shorter than every ({every_s:g} s): the lease kept after a run "
+            "would block the next period's"
+        )
+    return _Schedule(
+        JobSchedule(
+            every_ms=None if every_s is None else round(every_s * 1000),
+            offset_ms=round(offset_s * 1000),
+            min_interval_ms=None if min_interval_s is None else round(min_interval_s * 1000),
+            max_attempts=attempts,
+        ),
+        None if hold_s is None else round(hold_s * 1000),
+    )
+
+
+class AsyncMongoJob:
+    """A job that runs at most one at a time across every process sharing ``collection``, and, with
+    the options below, at most once per period of the server's clock, or at least some time apart.
+
+    - ``every`` (a ``timedelta`` or seconds, at least 1 s): run at most once per period. Periods
+      are slots of the **server's** clock, aligned to the Unix epoch plus ``offset`` (say
+      ``every=timedelta(days=1), offset=timedelta(hours=2)``: daily from 02:00 UTC). A call in a
+      period whose run succeeded returns at once without running.
+    - ``max_attempts`` (with ``every``; default 3): runs allowed per period. A run that raises, is
+      cancelled, or whose process dies counts; the next call in the period runs the job again
+      (once the dead run's lease has expired) until a run succeeds or the attempts are used up.
+    - ``min_interval``: no run starts sooner than this after the last run ended, whichever process
+      ran it (fixed delay). With ``every`` it must be shorter than ``every``.
+    - ``hold_at_least``: the lease is kept until this long after the run started even if the run
+      ends sooner (ShedLock's ``lockAtLeastFor``): a call meanwhile does not run the job. It adds
+      nothing to ``every``, which already runs each period once; it is for jobs without one.
+
+    The other arguments are a lock's (see [`AsyncMongoLock`][mongolock_async.AsyncMongoLock]):
+    ``ttl`` is the run's lease, ``heartbeat`` keeps it for runs that may outlast it, and if the lease
+    is lost anyway the run is cancelled and ``LockLostError`` raised. A job never waits for its turn:
+    a call either runs it or returns at once. Every argument is checked before any I/O.
+    """
+
+    def __init__(
+        self,
+        collection: AsyncCollectionLike,
+        name: str,
+        *,
+        every: timedelta | float | None = None,
+        offset: timedelta | float | None = None,
+        min_interval: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        hold_at_least: timedelta | float | None = None,
+        ttl: float = 30.0,
+        label: str | None = None,
+        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
+        heartbeat: bool | float = False,
+        safety_margin: float | None = None,
+        on_lost: OnLost | None = None,
+        hooks: LockHooks | None = None,
+        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+    ) -> None:
+        self._schedule = _schedule(every, offset, min_interval, max_attempts, hold_at_least)
+        self._options: dict[str, Any] = {
+            "ttl": ttl,
+            "label": label,
+            "write_concern": write_concern,
+            "heartbeat": heartbeat,
+            "safety_margin": safety_margin,
+            "on_lost": on_lost,
+            "hooks": hooks,
+            "unreachable_timeout": unreachable_timeout,
+        }
+        self._hooks = hooks
+        self._probe = _RunLock(collection, name, self._schedule, **self._options)  # checks the rest, no I/O
+        self._collection = collection
+        self._name = self._probe.name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        every = self._schedule.server.every_ms
+        when = "" if every is None else f" every={every / 1000:g}s"
+        return f"<AsyncMongoJob {self._name!r}{when}>"
+
+    async def run(self, function: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> JobResult[R]:
+        """Run ``function(*args, **kwargs)`` as this job's run if the job is due; return what happened.
+
+        When it runs, the function runs as the body of ``async with`` the job's lease (a loss of
+        the lease cancels it and raises [`LockLostError`][mongolock_async.LockLostError]), and
+        [`current_run`][mongolock_async.jobs.current_run] tells it its slot, attempt and fencing
+        token. Its end is recorded: a return marks the period done; an exception is recorded (its
+        type and message, never its arguments) and propagates; so does a cancellation. When it does
+        not run, the result says why (``skipped``) and shows the record the server decided on.
+        Other errors are a lock's (``ServerUnreachableError``, ``LockDataError`` if the name is a
+        semaphore's, a read-write lock's or an election's).
+        """
+        lock = _RunLock(self._collection, self._name, self._schedule, **self._options)
+        if not await lock.acquire():
+            record = _record_of(lock.decision)
+            slot, reason = record.skipped or (None, "held")  # held: by a lock of the same name
+            if lock.taken:
+                slot, reason = None, "lost"  # taken, but the reply came after the lease's deadline
+            notify(self._hooks, "job_skipped", self._name, reason=reason, slot=slot)
+            return JobResult(self._name, False, None, reason, record)
+        started = time.monotonic()
+        running = _record_of(lock.decision).running
+        assert running is not None and lock.fencing_token is not None
+        info = JobRunInfo(self._name, running.slot, running.attempt, lock.fencing_token, running.started_at)
+        token = _current.set(info)
+        lock._guard_body()
+        try:
+            value = await function(*args, **kwargs)
+        except BaseException as error:
+            await lock.__aexit__(type(error), error, error.__traceback__)
+            raise
+        else:
+            await lock.__aexit__(None, None, None)
+        finally:
+            _current.reset(token)
+            outcome = lock.outcome if lock.recorded else "lost"
+            duration = time.monotonic() - started
+            details = {"outcome": outcome, "duration": duration, "slot": info.slot, "attempt": info.attempt}
+            notify(self._hooks, "job_ran", self._name, **details)
+        return JobResult(self._name, True, value, None, _record_of(lock.decision))
+
+    async def state(self) -> JobState | None:
+        """What this job last did and whether it is done in the current period, judged on the
+        server's clock (read with read concern ``majority``); None if it never ran. Raises
+        [`LockDataError`][mongolock_async.LockDataError] if the name is not a job's."""
+        return await self._probe.read_state()
+
+
+def _record_of(decision: LockState | None) -> JobRecord:
+    return (decision.job if decision is not None else None) or JobRecord()
+
+
+class _RunLock(AsyncMongoLock):
+    """The lease of one run of a job: taken by the job's start request, ended by its finish request
+    (which records how the run ended)."""
+
+    def __init__(self, collection: AsyncCollectionLike, name: str, schedule: _Schedule, **options: Any) -> None:
+        super().__init__(collection, name, blocking=False, **options)
+        self._job_schedule = schedule
+        self.decision: LockState | None = None
+        """The job's document as the start request left it."""
+        self.taken = False
+        """Whether the start request took the lease (``acquire`` is False all the same when its
+        reply came too late to leave any of it: the run is then finished as lost)."""
+        self.outcome = "lost"
+        self.recorded = False
+        """Whether the finish request recorded ``outcome``."""
+        self._error: dict[str, str] | None = None
+
+    def _try_request(self, owner: str, ttl_ms: int) -> Coroutine[Any, Any, LockState]:
+        async def start() -> LockState:
+            state = await self._store.start_job(self._name, owner, ttl_ms, self._holder(), self._job_schedule.server)
+            self.decision, self.taken = state, state.owner == owner
+            return state
+
+        return start()
+
+    async def _hand_over(self, owner: str, *, until: float) -> bool:
+        """Finish the run: record ``outcome`` and end the lease (see ``LockStore.finish_job``);
+        transient failures are retried until ``until``."""
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                self.recorded = await self._store.send(
+                    self._store.finish_job(
+                        self._name,
+                        owner,
+                        outcome=self.outcome,
+                        error=self._error,
+                        hold_at_least_ms=self._job_schedule.hold_at_least_ms,
+                    ),
+                    bound=until - time.monotonic(),
+                )
+                return self.recorded
+            except PyMongoError as error:
+                delay = backoff.next_delay()
+                if not is_transient(error) or time.monotonic() + delay >= until:
+                    raise
+                logger.debug("finishing the run of job %r failed (%s); retrying", self._name, str(error))
+                await asyncio.sleep(delay)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.outcome = "succeeded"
+        elif isinstance(exc, asyncio.CancelledError):
+            self.outcome = "cancelled"  # the caller's: a loss of the lease raises LockLostError below
+        else:
+            self.outcome = "failed"
+            self._error = {"type": type(exc).__qualname__, "message": str(exc)[:_ERROR_MESSAGE_LIMIT]}
+        await super().__aexit__(exc_type, exc, tb)
+
+    async def read_state(self) -> JobState | None:
+        """The job's state as its document shows it now (see ``AsyncMongoJob.state``)."""
+        reports = await self._store.send(self._store.report([self._name]), bound=self._ttl)
+        if not reports:
+            return None
+        report = reports[0]
+        if report.state is None:
+            assert report.error is not None  # a document that could not be read
+            raise report.error
+        if report.state.kind != "lock":  # a lock's document: a run_once of an earlier version
+            of_kind(report.state, None, kind=JOB_KIND)
+        return JobState.from_report(report)
+
+
+def run_once(
+    collection: AsyncCollectionLike, name: str | None = None, **options: Any
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+    """Decorate an async function so that calls of it run as the job ``name`` (default: the
+    function's module and qualified name) on ``collection``: at most one at a time across every
+    process, and with ``every``, ``min_interval`` or ``hold_at_least`` (see
+    [`AsyncMongoJob`][mongolock_async.jobs.AsyncMongoJob], whose keywords ``options`` are), at most
+    once per period or at least that far apart. A call that does not run the function returns
+    None at once (and logs why at INFO); the arguments are checked now, before any I/O."""
+
+    checked = AsyncMongoJob(collection, name or "run_once", **options)  # every argument now, before any I/O
+
+    def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
+        default_name = f"{function.__module__}.{function.__qualname__}"
+        job = checked if name else AsyncMongoJob(collection, default_name, **options)
+
+        @functools.wraps(function)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            result = await job.run(function, *args, **kwargs)
+            if not result.ran:
+                logger.info("skipped %s: %s", function.__qualname__, result)
+            return result.value
+
+        return run
+
+    return decorate
+

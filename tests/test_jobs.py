@@ -1,0 +1,455 @@
+"""Jobs: at most one run at a time, once per period of the server's clock, at least some time
+apart; runs recorded, lost runs retried, failures bounded. The concurrency claims are tested with
+several OS processes (and a control that shows the detector counts what it should)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mongolock_async import (
+    AsyncMongoJob,
+    AsyncMongoLock,
+    AsyncMongoSemaphore,
+    LockDataError,
+    LockHooks,
+    LockLostError,
+    LockManager,
+)
+from mongolock_async.jobs import current_run, run_once
+from mongolock_async.testing.clients import TEST_DATABASE
+from tests.conftest import CommandCounter
+
+WORKER = Path(__file__).with_name("job_worker.py")
+Run = tuple[int, float, float, int]  # slot, start, end, pid
+
+
+def run_job_workers(
+    uri: str, collection: Any, commands: list[tuple[list[str], list[str]]], skipped: list[tuple[int, str]] | None = None
+) -> list[Run]:
+    """Run the job workers ``(prefix, arguments)`` at once (``prefix``: a command to run the worker
+    under, such as faketime); every run they completed (and in ``skipped``, the calls that did not run)."""
+    processes = [
+        subprocess.Popen(
+            [*prefix, sys.executable, str(WORKER), uri, TEST_DATABASE, collection.name, *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+        )
+        for prefix, arguments in commands
+    ]
+    runs: list[Run] = []
+    for process in processes:
+        out, err = process.communicate(timeout=180)
+        assert process.returncode == 0, err
+        for line in out.splitlines():
+            record = json.loads(line)
+            if "run" in record:
+                runs.append(tuple(record["run"]))  # type: ignore[arg-type]
+            elif skipped is not None:
+                skipped.append(tuple(record["skipped"]))  # type: ignore[arg-type]
+    return runs
+
+
+def runs_per_slot(runs: list[Run]) -> Counter[int]:
+    return Counter(slot for slot, *_ in runs)
+
+
+def one_run_per_called_slot(runs: list[Run], skipped: list[tuple[int, str]]) -> dict[int, str]:
+    """Each period's count of runs against its calls that did not run: a period with a call must
+    have exactly one run, unless each of its calls found a run of an earlier period still going
+    (``running``: a loaded machine can delay a run past its period). What is not so, by period."""
+    counts = runs_per_slot(runs)
+    reasons: dict[int, set[str]] = {}
+    for slot, reason in skipped:
+        reasons.setdefault(slot, set()).add(reason)
+    wrong = {slot: f"{n} runs" for slot, n in counts.items() if n > 1}
+    for slot, seen in reasons.items():
+        if counts[slot] == 0 and seen != {"running"}:
+            wrong[slot] = f"no run; calls skipped as {sorted(seen)}"
+    return wrong
+
+
+def test_the_detector_counts_runs_per_slot() -> None:
+    runs = [(7, 0.0, 0.1, 1), (7, 0.5, 0.6, 2), (8, 1.2, 1.3, 1)]
+    assert runs_per_slot(runs) == {7: 2, 8: 1}
+    assert one_run_per_called_slot(runs, [(8, "done")]) == {7: "2 runs"}
+    assert one_run_per_called_slot(runs[2:], [(9, "done")]) == {9: "no run; calls skipped as ['done']"}
+    assert one_run_per_called_slot(runs[2:], [(9, "running")]) == {}
+
+
+async def test_four_processes_run_a_periodic_job_once_per_slot(mongodb_uri: str, pymongo_collection: Any) -> None:
+    # 4 processes fire the same job (every 1 s) at jittered moments of each period for 22 s.
+    lock_collection = pymongo_collection
+    commands = [([], ["fire", "periodic", "1", "22"]) for _ in range(4)]
+    skipped: list[tuple[int, str]] = []
+    runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands, skipped)
+    assert not one_run_per_called_slot(runs, skipped), one_run_per_called_slot(runs, skipped)
+    assert sum(1 for n in runs_per_slot(runs).values() if n == 1) >= 20, runs_per_slot(runs)
+    assert {reason for _, reason in skipped} <= {"running", "done"}, skipped
+    assert len({pid for *_, pid in runs}) > 1, "the runs were spread over the processes"
+
+
+async def test_the_control_without_periods_runs_several_times_per_period(
+    mongodb_uri: str, pymongo_collection: Any
+) -> None:
+    lock_collection = pymongo_collection
+    # The same firing with a plain run_once (one run at a time, but nothing per period).
+    commands = [([], ["control", "control", "1", "6"]) for _ in range(4)]
+    runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands)
+    assert max(runs_per_slot(runs).values()) > 1, "the detector would miss a second run in a period"
+
+
+FAKETIME_MISSING = "this test runs processes under faketime (Debian's faketime package; `make test` installs it)"
+
+
+async def test_client_clocks_that_disagree_do_not_matter(mongodb_uri: str, pymongo_collection: Any) -> None:
+    # Three processes whose wall clocks read 40.3 s ahead, 35.6 s behind, and right.
+    lock_collection = pymongo_collection
+    assert shutil.which("faketime"), FAKETIME_MISSING
+    commands = [
+        (["faketime", "-f", "+40.3s"], ["fire", "skewed", "1", "12"]),
+        (["faketime", "-f", "-35.6s"], ["fire", "skewed", "1", "12"]),
+        ([], ["fire", "skewed", "1", "12"]),
+    ]
+    skipped: list[tuple[int, str]] = []
+    runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands, skipped)
+    assert not one_run_per_called_slot(runs, skipped), one_run_per_called_slot(runs, skipped)
+    assert len(runs_per_slot(runs)) >= 8, f"only {len(runs_per_slot(runs))} periods had a run"
+    assert len({pid for *_, pid in runs}) > 1, "the skewed processes ran the job too"
+
+
+def test_faketime_shifts_a_processs_wall_clock() -> None:
+    # What the test above relies on: the worker's time.time() is off by the given amount.
+    assert shutil.which("faketime"), FAKETIME_MISSING
+    script = "import time; print(time.time())"
+    shifted = subprocess.run(
+        ["faketime", "-f", "+40s", sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert 39 < float(shifted.stdout) - time.time() < 45
+
+
+def slot_midway(every: float) -> float:
+    """An offset that puts now (by this machine's clock, the embedded server's too) in the middle
+    of a period of ``every`` seconds."""
+    return (time.time() - every / 2) % every
+
+
+async def test_a_run_killed_mid_job_is_retried_in_the_same_slot_after_its_ttl(
+    mongodb_uri: str, pymongo_collection: Any
+) -> None:
+    lock_collection = pymongo_collection
+    every, offset = 3600.0, slot_midway(3600.0)
+    locks = LockManager(lock_collection, ttl=10.0)
+    arguments = [mongodb_uri, TEST_DATABASE, lock_collection.name, "hang", "hang", str(every), "0", str(offset)]
+    process = subprocess.Popen([sys.executable, str(WORKER), *arguments], stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220 - read in a thread
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 60)
+        assert line.startswith("running"), line
+        killed_slot = int(line.split()[1])
+    finally:
+        process.kill()
+        process.wait()
+    killed_at = time.monotonic()
+    attempts: list[tuple[int | None, int]] = []
+
+    @locks.run_once("hang", every=every, offset=offset)
+    async def job() -> str:
+        run = current_run()
+        attempts.append((run.slot, run.attempt))
+        return "retried"
+
+    assert await job() is None, "the killed run's lease was still live"
+    state = await locks.job("hang")
+    assert state is not None and state.held and state.running is not None
+    while (result := await job()) is None:
+        assert time.monotonic() - killed_at < 10, "not retried after the killed run's TTL (1.5 s)"
+        await asyncio.sleep(0.1)
+    assert result == "retried" and attempts == [(killed_slot, 2)], attempts
+    state = await locks.job("hang")
+    assert state is not None and state.done and state.attempts == 2 and state.last is not None
+    assert state.last.outcome == "succeeded" and state.last.attempt == 2
+
+
+async def test_a_job_that_raises_is_retried_up_to_max_attempts_then_the_slot_is_failed(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "flaky", every=3600, offset=slot_midway(3600.0), max_attempts=3)
+    calls = 0
+
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError(f"attempt {current_run().attempt}: the upstream said no")
+
+    for _ in range(3):
+        with pytest.raises(ValueError, match="the upstream said no"):
+            await job.run(flaky)
+    skipped = await job.run(flaky)
+    assert calls == 3 and not skipped.ran and skipped.skipped == "failed"
+    assert "failed after 3 attempts: ValueError: attempt 3: the upstream said no" in str(skipped)
+    state = await job.state()
+    assert state is not None and state.exhausted and not state.done and state.attempts == 3
+    assert state.last is not None and state.last.outcome == "failed" and state.last.error_type == "ValueError"
+    assert state.last.error_message == "attempt 3: the upstream said no"
+
+
+async def test_a_run_that_loses_its_lease_is_recorded_lost_and_retried(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "overrun", every=3600, offset=slot_midway(3600.0), ttl=0.6)
+
+    async def too_long() -> None:
+        await asyncio.sleep(5)
+
+    with pytest.raises(LockLostError):
+        await job.run(too_long)
+    await asyncio.sleep(0.2)  # past the lease's expiry on the server too
+
+    async def quick() -> int:
+        return current_run().attempt
+
+    result = await job.run(quick)
+    assert result.ran and result.value == 2
+    state = await job.state()
+    assert state is not None and state.done and state.attempts == 2
+
+
+async def test_min_interval_keeps_fixed_delay_runs_of_three_processes_apart(
+    mongodb_uri: str, pymongo_collection: Any
+) -> None:
+    lock_collection = pymongo_collection
+    commands = [([], ["delay", "spaced", "1.0", "6"]) for _ in range(3)]
+    runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands)
+    runs.sort(key=lambda run: run[1])
+    gaps = [later[1] - earlier[2] for earlier, later in itertools.pairwise(runs)]
+    assert len(runs) >= 4, runs
+    # The server counts from its own record of the end (a few ms after the body's); its clock
+    # has millisecond steps.
+    assert min(gaps) >= 1.0 - 0.002, gaps
+
+
+async def test_the_control_without_min_interval_runs_closer(mongodb_uri: str, pymongo_collection: Any) -> None:
+    lock_collection = pymongo_collection
+    commands = [([], ["delay", "unspaced", "0", "3"]) for _ in range(3)]
+    runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands)
+    runs.sort(key=lambda run: run[1])
+    gaps = [later[1] - earlier[2] for earlier, later in itertools.pairwise(runs)]
+    assert min(gaps) < 1.0, "the gap check would not catch runs closer than asked"
+
+
+async def test_hold_at_least_keeps_the_lease_after_a_short_run(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "shedlock", hold_at_least=timedelta(seconds=1.5))
+
+    async def quick() -> str:
+        return "done"
+
+    started = time.monotonic()
+    assert (await job.run(quick)).ran
+    skipped = await job.run(quick)
+    assert not skipped.ran and skipped.skipped == "held"
+    while not (result := await job.run(quick)).ran:  # noqa: ASYNC110 - asks the server each time
+        await asyncio.sleep(0.1)
+    assert time.monotonic() - started >= 1.4, "ran again before hold_at_least passed"
+    assert result.value == "done"
+
+
+async def test_periods_are_the_servers_and_a_new_period_runs_again(lock_collection: Any) -> None:
+    ran: list[int | None] = []
+
+    @run_once(lock_collection, "every-2-s", every=2)
+    async def job() -> None:
+        ran.append(current_run().slot)
+
+    await job()
+    state = await AsyncMongoJob(lock_collection, "every-2-s").state()
+    assert state is not None and state.slot == ran[0] and state.slot_started_at is not None
+    # Until just after the next period begins on the server's clock, then two calls well inside it.
+    await asyncio.sleep((state.slot_started_at - state.server_time).total_seconds() + 2 + 0.05)
+    await job()
+    await job()
+    assert ran == [state.slot, state.slot + 1]
+
+
+class Recorder(LockHooks):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def job_ran(self, name: str, *, outcome: str, duration: float, slot: int | None, attempt: int) -> None:
+        self.events.append(("ran", {"outcome": outcome, "slot": slot, "attempt": attempt}))
+
+    def job_skipped(self, name: str, *, reason: str, slot: int | None) -> None:
+        self.events.append(("skipped", {"reason": reason, "slot": slot}))
+
+
+async def test_hooks_hear_of_runs_and_skips(lock_collection: Any) -> None:
+    hooks = Recorder()
+    job = AsyncMongoJob(lock_collection, "observed", every=3600, offset=slot_midway(3600.0), hooks=hooks)
+
+    async def work() -> None:
+        await asyncio.sleep(0.2)
+
+    await asyncio.gather(job.run(work), job.run(work))
+    await job.run(work)
+    slot = hooks.events[-1][1]["slot"]
+    assert sorted(kind for kind, _ in hooks.events) == ["ran", "skipped", "skipped"]
+    assert {"reason": "running", "slot": slot} in [details for kind, details in hooks.events if kind == "skipped"]
+    assert ("skipped", {"reason": "done", "slot": slot}) == hooks.events[-1]
+    assert ("ran", {"outcome": "succeeded", "slot": slot, "attempt": 1}) in hooks.events
+
+
+async def test_a_free_lock_document_of_the_name_becomes_the_jobs(lock_collection: Any) -> None:
+    # A run_once of an earlier version kept its job in a lock's document.
+    lock = AsyncMongoLock(lock_collection, "legacy")
+    assert await lock.acquire()
+    token = lock.fencing_token
+    assert token is not None
+    job = AsyncMongoJob(lock_collection, "legacy")
+
+    async def work() -> str:
+        return "ran"
+
+    held = await job.run(work)
+    assert not held.ran and held.skipped == "held", "a lock's holder holds it: the job waits for nothing"
+    assert await lock.release()
+    result = await job.run(work)
+    assert result.ran
+    doc = await lock_collection.find_one({"_id": "legacy"})
+    assert doc["kind"] == "job" and doc["fence"] > token
+    with pytest.raises(LockDataError, match="a job, not a lock"):
+        await AsyncMongoLock(lock_collection, "legacy").acquire(blocking=False)
+
+
+async def test_a_job_name_of_another_kind_or_a_corrupt_record_is_refused(lock_collection: Any) -> None:
+    semaphore = AsyncMongoSemaphore(lock_collection, "a-semaphore", 2)
+    assert await semaphore.acquire()
+
+    async def work() -> None:
+        pass
+
+    with pytest.raises(LockDataError, match="a semaphore, not a job"):
+        await AsyncMongoJob(lock_collection, "a-semaphore").run(work)
+    await lock_collection.insert_one({"_id": "corrupt", "kind": "job", "job": {"attempts": "three"}})
+    with pytest.raises(LockDataError, match=r"job\.attempts"):
+        await AsyncMongoJob(lock_collection, "corrupt", every=60).run(work)
+    assert (await lock_collection.find_one({"_id": "corrupt"}))["job"] == {"attempts": "three"}, "left as it was"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"every": 0.5}, ValueError, "at least 1 second"),
+        ({"every": "daily"}, TypeError, "every"),
+        ({"every": 60, "offset": -1}, ValueError, "offset"),
+        ({"every": 60, "offset": 60}, ValueError, "offset"),
+        ({"offset": 10}, ValueError, "give every"),
+        ({"every": 60, "min_interval": 60}, ValueError, "min_interval"),
+        ({"min_interval": 0}, ValueError, "min_interval"),
+        ({"max_attempts": 2}, ValueError, "give every"),
+        ({"every": 60, "max_attempts": 0}, ValueError, "max_attempts"),
+        ({"every": 60, "max_attempts": True}, TypeError, "max_attempts"),
+        ({"every": 60, "hold_at_least": 60}, ValueError, "hold_at_least"),
+        ({"every": timedelta(days=400)}, ValueError, "every"),
+        ({"ttl": 0}, ValueError, "ttl"),
+    ],
+)
+async def test_bad_arguments_are_refused_before_any_io(
+    counted_collection: Any,
+    command_counter: CommandCounter,
+    options: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(error, match=match):
+        AsyncMongoJob(counted_collection, "job", **options)
+    with pytest.raises(error, match=match):
+        LockManager(counted_collection).run_once("job", **options)
+    assert command_counter.names == []
+
+
+async def test_run_once_with_wait_takes_no_job_options(lock_collection: Any) -> None:
+    with pytest.raises(TypeError, match="every"):
+        LockManager(lock_collection).run_once("job", wait=True, every=60)
+
+
+async def test_the_command_line_shows_a_jobs_state(mongodb_uri: str, lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "shown", every=timedelta(minutes=15), label="reporter")
+
+    async def fail() -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        await job.run(fail)
+    where = ["--uri", mongodb_uri, "--db", TEST_DATABASE, "--collection", lock_collection.name]
+
+    def mongolock(*arguments: str) -> str:
+        command = [sys.executable, "-m", "mongolock_async", *arguments, *where]
+        environment = {**os.environ, "COLUMNS": "120"}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    listing = await asyncio.to_thread(mongolock, "list")
+    assert "shown" in listing and "due" in listing and "reporter" in listing, listing
+    detail = await asyncio.to_thread(mongolock, "inspect", "shown")
+    assert "every 15 min, at most 3 attempts per period" in detail, detail
+    assert "error     RuntimeError: disk full" in detail and "1 attempt so far" in detail, detail
+    as_json = json.loads(await asyncio.to_thread(mongolock, "inspect", "shown", "--json"))
+    assert as_json["kind"] == "job"
+    assert as_json["job"]["last"]["error"] == {"type": "RuntimeError", "message": "disk full"}
+    assert as_json["job"]["every_ms"] == 900_000 and as_json["job"]["attempts"] == 1
+
+
+async def test_current_run_outside_a_job_says_so() -> None:
+    with pytest.raises(LookupError, match="no job runs here"):
+        current_run()
+
+
+@pytest.mark.parametrize("scheduler", ["loop", "apscheduler", "fastapi"])
+async def test_the_periodic_example_builds_one_digest_per_period_on_three_replicas(
+    mongodb_uri: str, pymongo_collection: Any, scheduler: str
+) -> None:
+    lock_collection = pymongo_collection
+    database = f"jobs_{lock_collection.name}"
+    environment = {
+        **os.environ,
+        "MONGODB_URI": mongodb_uri,
+        "JOBS_DATABASE": database,
+        "MONGOLOCK_DB": TEST_DATABASE,
+        "MONGOLOCK_COLLECTION": lock_collection.name,
+    }
+    command = [sys.executable, "-m", "mongolock_async.examples.periodic_job", "--scheduler", scheduler]
+
+    def replicas() -> list[str]:
+        arguments = [*command, "--every", "1", "--seconds", "6"]
+        started = [
+            subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+            for _ in range(3)
+        ]
+        outputs = []
+        for process in started:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0, err
+            outputs.append(out)
+        return outputs
+
+    outputs = await asyncio.to_thread(replicas)
+    client = lock_collection.database.client
+    try:
+        digests = await client[database]["digests"].find().to_list(None)
+    finally:
+        await client.drop_database(database)
+    counts = Counter(digest["slot"] for digest in digests)
+    slots = range(min(counts), max(counts) + 1)
+    assert len(slots) >= 4 and all(counts[slot] == 1 for slot in slots), counts
+    assert all("built the digest in periods" in out for out in outputs), outputs
