@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
     AsyncMongoJob,
@@ -29,6 +30,7 @@ from mongolock_async import (
     LockManager,
 )
 from mongolock_async.jobs import current_run, run_once
+from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter
 
@@ -453,3 +455,23 @@ async def test_the_periodic_example_builds_one_digest_per_period_on_three_replic
     slots = range(min(counts), max(counts) + 1)
     assert len(slots) >= 4 and all(counts[slot] == 1 for slot in slots), counts
     assert all("built the digest in periods" in out for out in outputs), outputs
+
+
+async def test_a_run_whose_lease_is_broken_by_force_is_cancelled_and_recorded_lost(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "broken", every=3600, offset=slot_midway(3600.0), ttl=3.0, heartbeat=0.5)
+    started = asyncio.Event()
+
+    async def long_run() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    running = asyncio.create_task(job.run(long_run))
+    await started.wait()
+    operator = LockStore(lock_collection, WriteConcern(w="majority"))
+    broken = await operator.force_release("broken")
+    assert broken is not None and broken.owner is not None, "the run's lease was broken"
+    with pytest.raises(LockLostError):
+        await asyncio.wait_for(running, 10)  # the next renewal finds the lease gone
+    state = await job.state()
+    assert state is not None and not state.held and not state.done
+    assert state.last is not None and state.last.outcome == "lost" and state.attempts == 1
