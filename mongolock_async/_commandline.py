@@ -4,7 +4,6 @@ never shows a credential."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from typing import Any
 from urllib.parse import quote_plus
@@ -14,6 +13,7 @@ from pymongo.errors import ConfigurationError, ConnectionFailure, InvalidURI, Op
 from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
 
 from ._diagnosis import cause_of
+from ._shield import wait_for_event
 from ._weak import WeakIdentityMap
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_MISSING, EXIT_REFUSED, EXIT_UNAUTHORIZED = 1, 2, 3, 4, 5, 6
@@ -139,8 +139,7 @@ async def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
     if isinstance(error, ConnectionFailure | ConfigurationError):
         seen = _failures.get(client)
         if isinstance(error, ConnectionFailure) and seen is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(seen.any.wait(), VERDICT_WAIT)
+            await wait_for_event(seen.any, VERDICT_WAIT)
         servers = client.topology_description.server_descriptions()
         # A mongodb+srv seed that never resolved is the SRV name itself, with no port (None).
         hosts = ", ".join(host if port is None else f"{host}:{port}" for host, port in servers)

@@ -108,6 +108,19 @@ async def wait_within(task: asyncio.Future[Any], within: float) -> None:
         raise cancelled
 
 
+async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait until ``event`` is set, for at most ``timeout`` seconds (None: for ever).
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: on Python 3.11 that returns normally when the
+    event is set in the same loop iteration as the caller is cancelled, and the cancellation is
+    lost (CPython gh-86296; 3.12 rebuilt ``wait_for`` on ``asyncio.timeout``). A waiter handed the
+    lock as it was cancelled then went on holding it.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
 def _cancellations() -> int:
     """How many cancellations of the running task are pending (``Task.cancelling``)."""
     current = asyncio.current_task()

@@ -16,7 +16,6 @@ The task exists only while there is something to renew.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import random
 import time
@@ -26,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from pymongo.errors import PyMongoError
 
+from ._shield import wait_for_event
 from ._weak import PerLoop
 from .lease import Lease, logger
 from .queues import LocalQueue, PlaceState
@@ -108,8 +108,7 @@ class LeaseKeeper:
                 due_at = min([*self._leases.values(), *self._places.values()], default=now)
                 if due_at > now:
                     self._changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), due_at - now)
+                    await wait_for_event(self._changed, due_at - now)
                     continue
                 leases = [lease for lease, at in self._leases.items() if at <= now + _batching(lease)]
                 places = [queue for queue, at in self._places.items() if at <= now + _place_interval(queue) / 2]

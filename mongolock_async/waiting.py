@@ -29,7 +29,6 @@ passes; either raises, with the driver's error as the cause. Errors retrying can
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import time
@@ -40,7 +39,7 @@ from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from ._backoff import Backoff
 from ._diagnosis import cause_of
-from ._shield import RequestTimeout, start_shielded, wait_within
+from ._shield import RequestTimeout, start_shielded, wait_for_event, wait_within
 from .documents import LockState
 from .errors import LockTimeoutError, ServerUnreachableError
 from .keeper import keeper_for_running_loop
@@ -344,8 +343,7 @@ async def _sleep_until(waiter: Waiter, *moments: float | None) -> None:
     delay = None if until is None else until - time.monotonic()
     if (delay is not None and delay <= 0) or waiter.wake.is_set():
         return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(waiter.wake.wait(), delay)
+    await wait_for_event(waiter.wake, delay)
 
 
 async def hand_over(

@@ -129,3 +129,23 @@ async def test_cancel_in_the_body_releases_shielded(private_collection: Any, han
         await task
     assert nothing_held(await private_collection.find_one({"_id": "job"}))
     await assert_not_held_by(private_collection, lock, "job", handle)
+
+
+async def test_a_waiter_cancelled_as_a_release_hands_it_the_lock_is_cancelled(
+    lock_collection: Any, handle: Handle
+) -> None:
+    # The release of a task of the same process hands the lease to the waiting task (and wakes
+    # it); the waiter is cancelled before it runs again. On Python 3.11, asyncio.wait_for returned
+    # normally then, the cancellation was lost, and the cancelled task went on holding the lock.
+    for round_ in range(10):
+        name = f"handed-{round_}"
+        holder, waiter = handle(lock_collection, name), handle(lock_collection, name)
+        assert await holder.acquire()
+        task = asyncio.create_task(waiter.acquire())
+        await asyncio.sleep(0.2)  # queued behind the holder
+        assert await holder.release()  # hands it to the waiting task, and wakes it
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert waiter.fencing_token is None
+        await assert_not_held_by(lock_collection, waiter, name, handle)
