@@ -146,7 +146,8 @@ async def hand_off_latencies(
     probe: DeploymentProbe, other_client: Any, name: str, ttl: float, count: int
 ) -> list[float]:
     """Seconds from a holder's release to the grant of a waiter on another client (its own
-    connections, its own change stream), ``count`` times, the two taking turns. TimeoutError if a
+    connections, its own change stream), ``count`` times, the two taking turns, after one hand-off
+    each way that is not counted (a client's first wait opens its change stream). TimeoutError if a
     waiter is not woken within ``HAND_OFF_BOUND``."""
     ends = [
         AsyncMongoLock(probe.lock_collection, name, ttl=ttl),
@@ -156,7 +157,7 @@ async def hand_off_latencies(
     await holder.acquire()
     latencies = []
     try:
-        for _ in range(count):
+        for _ in range(count + 2):
             waiting = asyncio.create_task(waiter.acquire(timeout=HAND_OFF_BOUND))
             try:
                 await _until_queued(probe, name, waiting)
@@ -174,7 +175,7 @@ async def hand_off_latencies(
     finally:
         with contextlib.suppress(Exception):
             await holder.release()
-    return latencies
+    return latencies[2:]
 
 
 async def _until_queued(probe: DeploymentProbe, name: str, waiting: asyncio.Task[bool]) -> None:
