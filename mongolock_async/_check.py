@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -289,7 +290,7 @@ def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) ->
             "round_trip_ms": (reading.round_trip or 0) * 1000,
         }
         shown = (
-            f"{reading.role}: {_signed_ms(reading.offset)} ± {ms(reading.uncertainty)} against this client's "
+            f"{reading.role}: {_signed_ms(reading.offset)} +/- {ms(reading.uncertainty)} against this client's "
             f"clock (round trip {ms(reading.round_trip or 0)})"
         )
         if abs(reading.offset) - reading.uncertainty > margin:
@@ -344,7 +345,7 @@ def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) ->
         "safety_margin_ms": margin * 1000,
     }
     shown = (
-        f"{len(deciding)} clocks decide expiry; the largest difference is {ms(difference)} ± {ms(uncertainty)} "
+        f"{len(deciding)} clocks decide expiry; the largest difference is {ms(difference)} +/- {ms(uncertainty)} "
         f"({worst[0].host} and {worst[1].host}); the safety margin of the {ttl:g} s TTL is {ms(margin)}"
     )
     ntp = "run NTP or chrony on every server that can decide expiry (docs: Deploying, Which clock decides expiry)"
@@ -784,11 +785,22 @@ _LABEL = 15
 _TEXT = 8 + _LABEL + 2  # where the measured text starts: after the verdict and the label
 
 
+# A number and its unit, and MongoDB's `w: 1`, stay on one line.
+_KEEP_TOGETHER = re.compile(r"(?<=\d) (?=(ms|s|MB|bytes)\b)|(?<=w:) (?=1\b)")
+_GLUE = "\x00"
+
+
 def _wrapped(text: str, width: int, first: str, indent: int) -> list[str]:
     indented = " " * indent
-    return textwrap.wrap(
-        text, width, initial_indent=first, subsequent_indent=indented, break_on_hyphens=False, break_long_words=False
+    lines = textwrap.wrap(
+        _KEEP_TOGETHER.sub(_GLUE, text),
+        width,
+        initial_indent=first,
+        subsequent_indent=indented,
+        break_on_hyphens=False,
+        break_long_words=False,
     )
+    return [line.replace(_GLUE, " ") for line in lines]
 
 
 def summary(checks: Sequence[Check]) -> str:
@@ -798,6 +810,12 @@ def summary(checks: Sequence[Check]) -> str:
         f"{counted[PASS]} passed, {_count(counted[WARN], 'warning')}, {_count(counted[FAIL], 'failure')}"
         f"{skipped_text}"
     )
+
+
+def paragraph(text: str, width: int | None = None) -> list[str]:
+    """``text`` wrapped to ``width`` (the terminal's, or 110 columns when not on one), later lines
+    indented by two."""
+    return _wrapped(text, width or _width(), "", 2)
 
 
 def _width() -> int:

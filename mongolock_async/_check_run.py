@@ -54,14 +54,15 @@ from ._check import (
     judge_privileges,
     judge_version,
     ms,
+    paragraph,
     percentile,
     skipped,
     summary,
 )
 from ._check_perf import HAND_OFF_BOUND, PerfOptions, hand_off_latencies, holder_of_check, measure
-from ._commandline import EXIT_USAGE, UserError, client_options, connect, explain, redact_uri
+from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, client_options, connect, explain, redact_uri
 from ._diagnosis import cause_of
-from ._report_view import print_json
+from ._report_view import _utf8_stdout, print_json
 from ._shield import RequestTimeout
 from .lease import default_safety_margin
 from .probe import DeploymentProbe, is_refusal, new_scratch_prefix
@@ -75,6 +76,8 @@ _REQUIRES_API_VERSION = 498870  # "The apiVersion parameter is required" (requir
 _API_STRICT_ERROR = 323
 _NOT_FOR_ONE_HOST = ("replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts")
 _CLEAN_UP_BOUND = 20.0
+EXIT_CHECK_FAILED = 2
+"""``mongolock check``'s exit code when a check failed (or the check could not go on)."""
 WRITE_BOUND = 30.0
 """Seconds a write of the durability check may take before it is reported as not committed."""
 
@@ -250,9 +253,12 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
                 else:
                     checks.append(skipped("perf", "measurements", facts.why_not_write))
         except PyMongoError as error:
-            if isinstance(error, ConnectionFailure | ConfigurationError) or getattr(error, "code", None) == 18:
-                raise await explain(error, options.uri, client) from None
-            raise
+            # Unreachable (3) and rejected credentials (6) keep the command's exit codes; anything
+            # else that stopped the whole check is a failure of it (2).
+            explained = await explain(error, options.uri, client)
+            if explained.exit_code == EXIT_FAILED:
+                explained.exit_code = EXIT_CHECK_FAILED
+            raise explained from None
     finally:
         progress.step("removing the scratch documents")
         try:
@@ -286,7 +292,7 @@ async def _guarded(checks: list[Check], section: str, name: str, work: Awaitable
         result = await work
     except (ConnectionFailure, ConfigurationError):
         raise
-    except (OperationFailure, RequestTimeout, TimeoutError, RuntimeError) as error:
+    except (PyMongoError, RequestTimeout, TimeoutError, RuntimeError) as error:
         message = str((getattr(error, "details", None) or {}).get("errmsg") or error) or type(error).__name__
         checks.append(
             Check(section, name, FAIL, f"could not be measured: {message}", "see the error; rerun with the fix")
@@ -780,12 +786,13 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def _print_text(result: CheckRun, options: CheckOptions) -> None:
+    _utf8_stdout()  # lock names can be any UTF-8
     scratch = result.header["scratch"]
-    print(
+    head = (
         f"mongolock check: {result.header['uri']} ({options.database}.{options.collection}), TTL {options.ttl:g} s, "
         f"safety margin {ms(options.margin)}" + (", read-only" if options.read_only else "")
     )
-    for line in as_text(result.checks):
+    for line in [*paragraph(head), *as_text(result.checks)]:
         print(line)
     if scratch["written"]:
         cleaned = (
@@ -795,5 +802,7 @@ def _print_text(result: CheckRun, options: CheckOptions) -> None:
         )
     else:
         cleaned = "nothing was written"
-    print(f"\n{summary(result.checks)} in {result.header['duration_s']:.1f} s; {cleaned}")
+    print()
+    for line in paragraph(f"{summary(result.checks)} in {result.header['duration_s']:.1f} s; {cleaned}"):
+        print(line)
 
