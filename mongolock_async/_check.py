@@ -703,7 +703,8 @@ def judge_hot_lock(rates: Mapping[int, float], raw_rate: float) -> Check:
             "hot lock",
             WARN,
             shown,
-            f"waiting tasks slow the lock down (at {', '.join(map(str, slow))} tasks): is this machine's CPU starved?",
+            f"the lock serves fewer acquisitions than its raw requests allow (at {', '.join(map(str, slow))} "
+            "tasks): is this machine's CPU starved?",
             figures,
         )
     return Check("perf", "hot lock", PASS, shown, None, figures)

@@ -248,7 +248,8 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
                     clients.append(other)
                     await _guarded(
                         checks, "perf", "measurements",
-                        measure(probe, other, scratch.prefix, options.ttl, options.perf, progress.step),
+                        measure(probe, other, scratch.prefix, options.ttl, options.perf, progress.step,
+                                change_streams=facts.change_streams),
                     )  # fmt: skip
                 else:
                     checks.append(skipped("perf", "measurements", facts.why_not_write))
