@@ -25,6 +25,7 @@ from ._check import (
     judge_uncontended,
     skipped,
 )
+from .errors import LockTimeoutError
 from .keeper import RENEWAL_CHUNK
 from .lock import AsyncMongoLock
 from .probe import DeploymentProbe
@@ -200,20 +201,29 @@ async def _until_queued(probe: DeploymentProbe, name: str, waiting: asyncio.Task
 
 async def hot_lock_rate(probe: DeploymentProbe, name: str, ttl: float, tasks: int, seconds: float) -> float:
     """Acquisitions per second of one name by ``tasks`` tasks of one client that take it in turn
-    (empty critical sections), counted over ``seconds`` after a warm-up; the waiters left when the
-    window closes are cancelled (they withdraw their places)."""
-    counting = False
+    (empty critical sections), counted over ``seconds`` after a warm-up.
+
+    When the window closes the tasks stop by themselves, each after its current turn (an acquire
+    is bounded by ``HAND_OFF_BOUND``); one still running ``STOP_BOUND`` seconds later is cancelled,
+    and one that outlives its cancellation by as long is reported (RuntimeError), not waited for."""
+    counting = stopping = False
     count = 0
 
     async def take_turns(lock: AsyncMongoLock) -> None:
         nonlocal count
-        while True:
-            async with lock:
-                if counting:
-                    count += 1
+        while not stopping:
+            try:
+                async with lock:
+                    if counting:
+                        count += 1
+            except LockTimeoutError:
+                continue  # a long queue under a slow server: take the next turn, or stop
 
     workers = [
-        asyncio.create_task(take_turns(AsyncMongoLock(probe.lock_collection, name, ttl=ttl))) for _ in range(tasks)
+        asyncio.create_task(
+            take_turns(AsyncMongoLock(probe.lock_collection, name, ttl=ttl, timeout=HAND_OFF_BOUND))
+        )
+        for _ in range(tasks)
     ]
     try:
         await asyncio.sleep(min(0.5, seconds / 4))
@@ -225,10 +235,27 @@ async def hot_lock_rate(probe: DeploymentProbe, name: str, ttl: float, tasks: in
         elapsed = time.perf_counter() - started
         _raise_if_failed(workers)
     finally:
-        for worker in workers:
-            worker.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        stopping = True
+        await _stop(workers)
     return count / elapsed
+
+
+STOP_BOUND = 2 * HAND_OFF_BOUND
+"""Seconds the hot-lock tasks get to stop after their window, and again after a cancellation."""
+
+
+async def _stop(workers: list[asyncio.Task[None]]) -> None:
+    _, running = await asyncio.wait(workers, timeout=STOP_BOUND)
+    if not running:
+        return
+    for worker in running:
+        worker.cancel()
+    _, running = await asyncio.wait(running, timeout=STOP_BOUND)
+    if running:
+        raise RuntimeError(
+            f"{len(running)} of {len(workers)} hot-lock tasks were still running {STOP_BOUND:g} s after they were "
+            "cancelled"
+        )
 
 
 def _raise_if_failed(workers: list[asyncio.Task[None]]) -> None:
