@@ -202,7 +202,7 @@ def judge_majority_writes(
     shown = (
         f"committed: p50 {ms(p50)}, p99 {ms(p99)} over {len(majority)} writes"
         + (f" (w: 1 p50 {ms(percentile(w1, 50))})" if w1 else "")
-        + f"; p99 is {p99 / ttl:.1%} of the {ttl:g} s TTL"
+        + f"; p99 is {percent(p99 / ttl)} of the {ttl:g} s TTL"
     )
     if p99 >= WRITE_FAIL_SHARE * ttl:
         return Check(
@@ -379,6 +379,11 @@ def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) ->
     return [*checks, Check("clocks", "agreement", PASS, shown, None, figures)]
 
 
+def percent(share: float) -> str:
+    """A share as a percentage: two significant digits below 10 % (0.023%, 4.5%), whole above (65%)."""
+    return f"{share * 100:.2g}%" if share * 100 < 10 else f"{share:.0%}"
+
+
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
@@ -550,7 +555,7 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
         "largest_share_of_16mb": share,
     }
     shown = _count(total, "lock document") + (
-        f"; the largest{scope} is {largest.get('_id')!r}, {size:,} bytes, {share:.2%} of the 16 MB limit"
+        f"; the largest{scope} is {largest.get('_id')!r}, {size:,} bytes, {percent(share)} of the 16 MB limit"
         if largest is not None
         else ""
     )
@@ -726,7 +731,7 @@ def judge_renewal(leases: int, library: float, raw: float, ttl: float) -> Check:
     shown = (
         f"{leases} leases renewed in {ms(library)} ({ms(library / leases)} per lease); a raw update batch "
         f"{ms(raw / leases)} per lease: {ratio:.2f}x (warn above {RENEWAL_WARN_RATIO:g}x); "
-        f"{library / interval:.0%} of a {interval:.3g} s heartbeat interval"
+        f"{percent(library / interval)} of a {interval:.3g} s heartbeat interval"
     )
     if ratio > RENEWAL_WARN_RATIO:
         return Check("perf", "heartbeat", WARN, shown, "renewals cost more than plain updates: report it", figures)
