@@ -327,13 +327,10 @@ class DeploymentProbe:
             }
         )
 
-    async def raw_touch(self, name: str, client: Any = None) -> None:
-        """A plain majority write of the scratch document ``name`` (through ``client``, default this
-        probe's): the least a write that wakes a change stream can be."""
-        database = self.database if client is None else client[self.database.name]
-        await database[self.collection.name].with_options(write_concern=_MAJORITY).update_one(
-            {"_id": name}, [{"$set": {"touchedAt": SERVER_NOW}}], upsert=True
-        )
+    async def raw_touch(self, name: str) -> None:
+        """A plain majority write of the scratch document ``name``: the least a write that wakes a
+        change stream can be."""
+        await self.collection.update_one({"_id": name}, [{"$set": {"touchedAt": SERVER_NOW}}], upsert=True)
 
     async def raw_renew(self, leases: Sequence[tuple[str, str, int]]) -> int:
         """One unordered batch of plain single-document updates that push back the expiry of each
@@ -346,10 +343,10 @@ class DeploymentProbe:
         return int(result.matched_count)
 
     @contextlib.asynccontextmanager
-    async def watching(self, name: str, client: Any = None, *, max_await_ms: int = 200) -> AsyncIterator[Any]:
-        """A change stream of every write to ``name`` (through ``client``, default this probe's),
-        closed on the way out."""
-        store = self.store if client is None else LockStore(client[self.database.name][self.collection.name], _MAJORITY)
+    async def watching(self, name: str, client: Any, *, max_await_ms: int = 200) -> AsyncIterator[Any]:
+        """A change stream of every write to ``name`` through ``client`` (another client than this
+        probe's: its own connections), closed on the way out."""
+        store = LockStore(client[self.database.name][self.collection.name], _MAJORITY)
         stream = await store.watch_name(name, max_await_ms=max_await_ms)
         try:
             yield stream
