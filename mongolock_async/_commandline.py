@@ -109,8 +109,9 @@ def _uri_options(uri: str) -> dict[str, Any]:
         return {}
 
 
-def connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
-    """A client for ``uri``, or a ``UserError`` that never quotes a credential."""
+def connect(uri: str | None, **options: Any) -> AsyncMongoClient[dict[str, Any]]:
+    """A client for ``uri`` (with the client ``options`` given, such as ``server_api``), or a
+    ``UserError`` that never quotes a credential."""
     if not uri:
         raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
     if not uri.startswith(_SCHEMES):
@@ -118,7 +119,7 @@ def connect(uri: str | None) -> AsyncMongoClient[dict[str, Any]]:
     failures = _HeartbeatFailures()
     try:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            uri, event_listeners=[failures], **client_options(uri)
+            uri, event_listeners=[failures], **{**client_options(uri), **options}
         )
     except (ConfigurationError, ValueError) as error:
         # The driver's message may quote the URI, credentials included: say only what is safe.

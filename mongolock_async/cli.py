@@ -1,10 +1,13 @@
-"""The ``mongolock`` command: the demo, and operator commands to list, inspect and break locks.
+"""The ``mongolock`` command: the demo, operator commands to list, inspect and break locks, and
+``check``, which judges a deployment against the library's contract.
 
 Exit codes: 0 success; 1 a demo check failed, the operator declined, or MongoDB refused a command;
 2 usage error (``release --holder`` that selects several holders); 3 MongoDB unreachable or the URI
 is invalid; 4 the collection, lock or ``--holder`` does not exist; 5 refused (plain ``release`` of a
 lease this command does not own); 6 authentication failed. A command whose output pipe closes
-early (``mongolock list | head -1``) stops without a traceback and exits 1.
+early (``mongolock list | head -1``) stops without a traceback and exits 1. ``check`` exits 0 when
+every check passed, 1 with a warning, 2 with a failure (3 and 6 as above; 130 after Ctrl-C and 143
+after SIGTERM, once its scratch documents are removed).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the demo scenarios (on an embedded server unless --uri is given)",
         description="Six scenarios with several OS processes, checked at the end: a flash sale, a run-once job, "
         "crash and takeover, a paused holder and fenced writes, a rate limit shared by processes (a semaphore), "
-        "and leader failover (an election). "
+        "and leader failover (an election); then `mongolock check` on the same deployment. "
         "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
     )
     _add_uri_option(demo)
@@ -120,7 +123,48 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect) is TOKEN, or the only one that starts with it; refused if it selects none or several. "
         "Default: every holder",
     )
+    _add_check_parser(commands, connection, output)
     return parser
+
+
+def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output: argparse.ArgumentParser) -> None:
+    check = commands.add_parser(
+        "check",
+        parents=[connection, output],
+        help="is this deployment fit for the locks, and what does a lock cost on it (--perf)",
+        description="Checks the server (version, topology, change streams, transactions, wake-ups, the Stable "
+        "API), majority-write latency, the clocks that decide expiry, this user's privileges and the lock "
+        "collection; with --perf, what a lock costs against the raw driver. Each line: pass, warn or fail, what "
+        "was measured, and the fix. Exit code 0 all passed, 1 a warning, 2 a failure. Writes only lock names "
+        "under a scratch prefix (mongolock-check-<random>:) and removes them before it exits, also on Ctrl-C.",
+    )
+    check.add_argument(
+        "--ttl",
+        type=float,
+        default=30.0,
+        help="the smallest TTL your locks use, seconds (default 30): majority writes and clocks are judged "
+        "against it and its safety margin",
+    )
+    check.add_argument(
+        "--safety-margin",
+        type=float,
+        default=None,
+        help="your locks' safety_margin, seconds (default: the library's, 10%% of the TTL, at most 1 s)",
+    )
+    check.add_argument("--read-only", action="store_true", help="skip every check that writes: nothing is written")
+    check.add_argument("--writes", type=int, default=20, help="majority writes timed (default 20)")
+    check.add_argument(
+        "--scan-limit", type=int, default=10_000, help="lock documents read for the collection checks (default 10000)"
+    )
+    check.add_argument(
+        "--perf", action="store_true", help="also measure what a lock costs here, on scratch locks (under a minute)"
+    )
+    check.add_argument("--perf-cycles", type=int, default=100, help="uncontended cycles (default 100)")
+    check.add_argument("--perf-hand-offs", type=int, default=30, help="hand-offs across connections (default 30)")
+    check.add_argument(
+        "--perf-seconds", type=float, default=2.0, help="length of each hot-lock window, seconds (default 2)"
+    )
+    check.add_argument("--perf-leases", type=int, default=1000, help="leases renewed by the heartbeat (default 1000)")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -149,6 +193,10 @@ def _run(argv: Sequence[str] | None) -> int:
             code = run_demo(arguments)
         elif arguments.command == "server":
             code = _serve(arguments)
+        elif arguments.command == "check":
+            from ._check_run import run
+
+            code = run(arguments)
         else:
             code = asyncio.run(_operate(arguments))
     except UserError as error:

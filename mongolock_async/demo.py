@@ -15,6 +15,8 @@
 6. Leader election: three replicas campaign; the leader shuts down cleanly and hands leadership on
    at once, then the next is SIGKILLed and the last leads only once its term has expired, each in a
    higher term.
+7. ``mongolock check`` on the same server and lock collection: every check of the deployment
+   passes (for locks of the library's default TTL), and its scratch locks are removed.
 
 Everything happens in a database of its own (``mongolock_demo_<random>``), dropped at the end.
 """
@@ -81,6 +83,11 @@ class View:
     def check(self, label: str, ok: bool) -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {label}", flush=True)
 
+    def lines(self, lines: list[str]) -> None:
+        """Text shown as it is (another command's output)."""
+        for line in lines:
+            print(line, flush=True)
+
     def close(self) -> None:
         pass
 
@@ -111,6 +118,10 @@ class RichView(View):
 
     def check(self, label: str, ok: bool) -> None:
         self.console.print(f"{'[green]PASS' if ok else '[red]FAIL'}[/]  {label}", highlight=False)
+
+    def lines(self, lines: list[str]) -> None:
+        for line in lines:
+            self.console.print(line, highlight=False, markup=False)
 
     def close(self) -> None:
         self.bars.stop()
@@ -157,6 +168,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
             await paused_holder(uri, database, arguments, view, checks)
             await rate_limit(uri, database, arguments, view, checks)
             await leader_failover(uri, database, arguments, view, checks)
+            await deployment_check(uri, database, view, checks)
         finally:
             await client.drop_database(database_name)
     finally:
@@ -503,3 +515,23 @@ async def leader_failover(uri: str, database: Any, arguments: argparse.Namespace
     )
     third.process.send_signal(signal.SIGTERM)
     await asyncio.gather(*following)
+
+
+async def deployment_check(uri: str, database: Any, view: View, checks: Checks) -> None:
+    """``mongolock check`` (without ``--perf``) on the demo's server and lock collection."""
+    from ._check import as_text, exit_code, summary
+    from ._check_run import CheckOptions, Scratch, run_checks
+
+    options = CheckOptions(uri=uri, database=database.name, collection=LOCKS)
+    view.section(
+        f"7. mongolock check: is this deployment fit for the locks? (on {database.name}.{LOCKS}, for locks of "
+        f"the default TTL of {options.ttl:g} s)"
+    )
+    scratch = Scratch()
+    run = await run_checks(options, scratch)
+    view.lines(as_text(run.checks))
+    checks.record(
+        view,
+        f"mongolock check: {summary(run.checks)}; its {scratch.removed} scratch documents removed",
+        exit_code(run.checks) == 0 and not scratch.left,
+    )

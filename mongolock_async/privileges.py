@@ -9,7 +9,8 @@ await client.admin.command(
 Each action is what MongoDB's privilege reference ("Privilege Actions") requires of the commands
 the library sends: ``findAndModify`` with ``upsert`` needs ``find``, ``update`` and ``insert``;
 ``update`` needs ``update``; ``find`` and ``aggregate`` need ``find``; a change stream needs
-``changeStream`` and ``find``; ``getMore`` and ``killCursors`` of one's own cursors need nothing.
+``changeStream`` and ``find``; ``delete`` needs ``remove``; ``getMore`` and ``killCursors`` of one's
+own cursors need nothing.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ def lock_privileges(database: str, collection: str) -> list[dict[str, Any]]:
 
 
 def operator_privileges(database: str, collection: str) -> list[dict[str, Any]]:
-    """What ``mongolock list``/``inspect``/``release --force`` and
+    """What ``mongolock list``/``inspect``/``release --force``/``check`` and
     [`ensure_idle_cleanup_index`][mongolock_async.ensure_idle_cleanup_index] need on top of
-    [`lock_privileges`][mongolock_async.privileges.lock_privileges]."""
+    [`lock_privileges`][mongolock_async.privileges.lock_privileges]. ``remove`` is for
+    ``mongolock check`` alone, which removes the scratch locks it writes (the library never deletes a
+    lock document)."""
     return [
         {"resource": {"db": database, "collection": ""}, "actions": ["listCollections"]},
-        {"resource": {"db": database, "collection": collection}, "actions": ["collMod", "createIndex", "listIndexes"]},
+        {
+            "resource": {"db": database, "collection": collection},
+            "actions": ["collMod", "createIndex", "listIndexes", "remove"],
+        },
     ]

@@ -75,7 +75,7 @@ def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "embedded server listening" in out
-    assert "16/16 checks passed" in out and "FAIL" not in out
+    assert "17/17 checks passed" in out and "FAIL" not in out and "WARN" not in out
     assert "the API never saw more than 3 calls at once" in out
     assert "sales equal the stock (16 of 16)" in out
     assert "SIGKILLed doomed" in out and "takeover" in out
@@ -84,6 +84,7 @@ def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     assert "PASS  the account shows only the new holder's posting" in out
     assert "PASS  the clean shutdown handed leadership on at once" in out
     assert "PASS  after the SIGKILL the last replica led only once the dead leader's term expired" in out
+    assert "7. mongolock check" in out and "PASS  mongolock check: " in out and "0 warnings, 0 failures" in out
 
 
 def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
@@ -184,9 +185,11 @@ def test_a_password_in_the_uri_never_shows() -> None:
             ["list", "--json"],
             ["inspect", "secret-job"],
             ["release", "secret-job", "--force", "--yes"],
+            ["check", "--read-only"],
+            ["check", "--read-only", "--json"],
         ):
             result = mongolock(*arguments, uri=server.uri)
-            assert result.returncode == 0, result.stderr
+            assert result.returncode == 0, result.stdout + result.stderr
             assert PASSWORD not in result.stdout + result.stderr
         # The demo's worker processes get the URI on stdin: never where `ps` shows it to every user.
         demo = subprocess.Popen(
@@ -208,9 +211,10 @@ def test_a_password_in_the_uri_never_shows() -> None:
         assert seen_processes > 0, "no worker was ever seen: the check proves nothing"
         assert PASSWORD not in out + err
         wrong = server.uri.replace(PASSWORD, "not-the-password")
-        refused = mongolock("list", uri=wrong)
-        assert refused.returncode == 6 and "rejected the credentials" in refused.stderr
-        assert "not-the-password" not in refused.stdout + refused.stderr
+        for command in ("list", "check"):
+            refused = mongolock(command, uri=wrong)
+            assert refused.returncode == 6 and "rejected the credentials" in refused.stderr
+            assert "not-the-password" not in refused.stdout + refused.stderr
         port = server.port
     unreachable = f"mongodb://operator:{PASSWORD}@127.0.0.1:{port}/?serverSelectionTimeoutMS=300"
     failed = mongolock("list", uri=unreachable)
@@ -232,6 +236,11 @@ def test_a_password_in_the_uri_never_shows() -> None:
         (["inspect", "ghost", "--collection", "present"], "SESSION", 4, "no lock named 'ghost'"),
         (["release", "ghost"], "SESSION", 5, "refusing to release"),
         (["demo", "--workers", "0"], None, 2, "--workers must be at least 1"),
+        (["check", "--perf", "--read-only"], "SESSION", 2, "--perf writes scratch locks"),
+        (["check", "--ttl", "0"], "SESSION", 2, "--ttl must be a positive number"),
+        (["check", "--ttl", "10", "--safety-margin", "10"], "SESSION", 2, "--safety-margin must be"),
+        (["check"], None, 2, "no MongoDB URI"),
+        (["check"], "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200", 3, "cannot reach MongoDB at 127.0.0.1:1"),
     ],
 )
 def test_user_errors_give_a_message_and_an_exit_code(

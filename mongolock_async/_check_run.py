@@ -1,0 +1,842 @@
+"""``mongolock check``: measure a deployment against the library's contract, then remove what it wrote.
+
+The sections run in this order: the server's facts; privileges tried without writing; the
+collection, read before anything is written; the checks that write (durability, the Stable API,
+wake-ups), only if the scratch documents can be removed again; the clocks; ``--perf``. Every write
+is to a lock name under one scratch prefix, and the scratch documents are removed in a ``finally``
+that also runs when the check is interrupted (Ctrl-C, SIGTERM: the main task is cancelled, the
+clean-up runs, and the exit code is 130 or 143; a second signal stops the clean-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.uri_parser import parse_uri
+from pymongo.errors import ConfigurationError, ConnectionFailure, OperationFailure, PyMongoError
+from pymongo.server_api import ServerApi
+from pymongo.topology_description import TOPOLOGY_TYPE
+from pymongo.write_concern import WriteConcern
+
+from . import __version__
+from ._check import (
+    ACCEPTED,
+    FAIL,
+    NOT_TRIED,
+    PASS,
+    REFUSED,
+    WAKE_UP_WARN_S,
+    WARN,
+    Check,
+    ClockReading,
+    as_payload,
+    as_text,
+    clock_reading,
+    exit_code,
+    judge_clocks,
+    judge_documents,
+    judge_earlier_scratch,
+    judge_indexes,
+    judge_majority_writes,
+    judge_privileges,
+    judge_version,
+    ms,
+    paragraph,
+    percentile,
+    skipped,
+    summary,
+)
+from ._check_perf import HAND_OFF_BOUND, PerfOptions, hand_off_latencies, holder_of_check, measure
+from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, client_options, connect, explain, redact_uri
+from ._diagnosis import cause_of
+from ._report_view import _utf8_stdout, print_json
+from ._shield import RequestTimeout
+from .lease import default_safety_margin
+from .probe import DeploymentProbe, is_refusal, new_scratch_prefix
+from .store import LockStore
+
+CLOCK_SAMPLES = 5
+"""Reads of each server's clock; the one with the shortest round trip counts."""
+MONGOS_ACTIVE_S = 60
+"""A mongos that pinged ``config.mongos`` in the last minute is up (as ``sh.status()`` counts them)."""
+_REQUIRES_API_VERSION = 498870  # "The apiVersion parameter is required" (requireApiVersion)
+_API_STRICT_ERROR = 323
+_NOT_FOR_ONE_HOST = ("replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts")
+_CLEAN_UP_BOUND = 20.0
+EXIT_CHECK_FAILED = 2
+"""``mongolock check``'s exit code when a check failed (or the check could not go on)."""
+WRITE_BOUND = 30.0
+"""Seconds a write of the durability check may take before it is reported as not committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    """What ``mongolock check`` checks, and where."""
+
+    uri: str
+    database: str
+    collection: str
+    ttl: float = 30.0
+    """The smallest TTL the user's locks use, seconds."""
+    safety_margin: float | None = None
+    """The locks' safety margin (default: the library's, 10 % of the TTL, at most 1 s)."""
+    read_only: bool = False
+    writes: int = 20
+    scan_limit: int = 10_000
+    perf: PerfOptions | None = None
+
+    @property
+    def margin(self) -> float:
+        return default_safety_margin(self.ttl) if self.safety_margin is None else self.safety_margin
+
+
+def options_from(arguments: argparse.Namespace) -> CheckOptions:
+    """The options of ``mongolock check``, checked before any I/O (a ``UserError`` names the bad one)."""
+
+    def positive(name: str, value: float, *, integer: bool = False, at_most: float | None = None) -> None:
+        if not math.isfinite(value) or value <= 0 or (integer and value != int(value)):
+            kind = "whole number" if integer else "number"
+            raise UserError(f"--{name} must be a positive {kind}, got {value:g}", EXIT_USAGE)
+        if at_most is not None and value > at_most:
+            raise UserError(f"--{name} must be at most {at_most:g}, got {value:g}", EXIT_USAGE)
+
+    positive("ttl", arguments.ttl, at_most=366 * 86_400)
+    if arguments.safety_margin is not None and not 0 <= arguments.safety_margin < arguments.ttl:
+        raise UserError("--safety-margin must be at least 0 and smaller than --ttl", EXIT_USAGE)
+    positive("writes", arguments.writes, integer=True, at_most=10_000)
+    positive("scan-limit", arguments.scan_limit, integer=True)
+    perf = None
+    if arguments.perf:
+        if arguments.read_only:
+            raise UserError("--perf writes scratch locks: it cannot run with --read-only", EXIT_USAGE)
+        positive("perf-cycles", arguments.perf_cycles, integer=True, at_most=100_000)
+        positive("perf-hand-offs", arguments.perf_hand_offs, integer=True, at_most=10_000)
+        positive("perf-seconds", arguments.perf_seconds, at_most=3600)
+        positive("perf-leases", arguments.perf_leases, integer=True, at_most=100_000)
+        perf = PerfOptions(
+            cycles=arguments.perf_cycles,
+            hand_offs=arguments.perf_hand_offs,
+            seconds=arguments.perf_seconds,
+            leases=arguments.perf_leases,
+        )
+    if not arguments.uri:
+        raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
+    return CheckOptions(
+        uri=arguments.uri,
+        database=arguments.db,
+        collection=arguments.collection,
+        ttl=arguments.ttl,
+        safety_margin=arguments.safety_margin,
+        read_only=arguments.read_only,
+        writes=arguments.writes,
+        scan_limit=arguments.scan_limit,
+        perf=perf,
+    )
+
+
+class Progress:
+    """What the check is doing, on one line of stderr that each step overwrites: only on a
+    terminal, so that output redirected to a file or read by CI stays clean."""
+
+    def __init__(self, enabled: bool | None = None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._shown = False
+
+    def step(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"\r\x1b[K{text[:100]} ...")
+            sys.stderr.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._shown = False
+
+
+@dataclass
+class Scratch:
+    """The check's scratch documents: their prefix, whether any may have been written, and what the
+    clean-up removed and left."""
+
+    prefix: str = field(default_factory=new_scratch_prefix)
+    written: bool = False
+    removed: int = 0
+    left: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "written": self.written, "removed": self.removed, "left": self.left or 0}
+
+
+@dataclass
+class _Facts:
+    """What earlier sections learnt that later ones need."""
+
+    hello: dict[str, Any] = field(default_factory=dict)
+    kind: str = "standalone"
+    api_required: bool = False
+    change_streams: bool = False
+    transactions: bool = False
+    collection_exists: bool | None = None
+    auth: dict[str, Any] = field(default_factory=dict)
+    attempts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    can_write: bool = False
+    why_not_write: str = ""
+
+
+@dataclass
+class CheckRun:
+    """A finished check: every check made, and what the JSON output says about the run."""
+
+    checks: list[Check]
+    header: dict[str, Any]
+
+
+async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress | None = None) -> CheckRun:
+    """Every check on ``options``' deployment. ``scratch`` records what was written and removed,
+    also when the run is interrupted. Unreachable servers and rejected credentials raise a
+    ``UserError`` with the command's exit code for them."""
+    progress = progress or Progress(enabled=False)
+    started_at, started = datetime.now(UTC), time.monotonic()
+    checks: list[Check] = []
+    facts = _Facts()
+    client = connect(options.uri)
+    clients = [client]
+    probe: DeploymentProbe | None = None
+    try:
+        try:
+            progress.step("connecting")
+            client, facts.api_required = await _reachable(client, options.uri, clients)
+            probe = DeploymentProbe(client, options.database, options.collection)
+            await _server(probe, client, facts, checks, progress)
+            await _read_privileges(probe, facts, progress)
+            progress.step("reading the collection")
+            await _guarded(checks, "collection", "documents", _collection(probe, options, facts, scratch))
+            if options.read_only:
+                for action in ("remove", "insert", "update", "createIndex", "collMod"):
+                    facts.attempts[action] = (NOT_TRIED, "--read-only sends no write")
+                facts.why_not_write = "--read-only"
+            else:
+                facts.can_write, facts.why_not_write = await _may_write(probe, facts, scratch)
+            if facts.can_write:
+                scratch.written = True
+                await _writes(probe, options, facts, checks, scratch, clients, progress)
+            else:
+                for section, name in (("durability", "majority write"), ("server", "wake-ups")):
+                    checks.append(skipped(section, name, facts.why_not_write))
+            await _guarded(checks, "server", "stable API", _stable_api(options, facts, scratch, clients))
+            checks.extend(judge_privileges(facts.attempts, facts.auth, options.database, options.collection))
+            progress.step("reading the clocks")
+            await _guarded(checks, "clocks", "agreement", _clocks(probe, client, options, facts, clients))
+            if options.perf is not None:
+                if facts.can_write:
+                    other = connect(options.uri, **_api(facts))
+                    clients.append(other)
+                    await _guarded(
+                        checks, "perf", "measurements",
+                        measure(probe, other, scratch.prefix, options.ttl, options.perf, progress.step,
+                                change_streams=facts.change_streams),
+                    )  # fmt: skip
+                else:
+                    checks.append(skipped("perf", "measurements", facts.why_not_write))
+        except PyMongoError as error:
+            # Unreachable (3) and rejected credentials (6) keep the command's exit codes; anything
+            # else that stopped the whole check is a failure of it (2).
+            explained = await explain(error, options.uri, client)
+            if explained.exit_code == EXIT_FAILED:
+                explained.exit_code = EXIT_CHECK_FAILED
+            raise explained from None
+    finally:
+        progress.step("removing the scratch documents")
+        try:
+            if probe is not None and scratch.written:
+                await _remove_scratch(probe, scratch)
+        finally:
+            for each in clients:
+                with contextlib.suppress(Exception):
+                    await each.close()
+            progress.clear()
+    header = {
+        "uri": redact_uri(options.uri),
+        "database": options.database,
+        "collection": options.collection,
+        "ttl_s": options.ttl,
+        "safety_margin_s": options.margin,
+        "read_only": options.read_only,
+        "perf": options.perf is not None,
+        "started_at": started_at.isoformat().replace("+00:00", "Z"),
+        "duration_s": round(time.monotonic() - started, 3),
+        "scratch": scratch.as_dict(),
+        "versions": {"mongolock_async": __version__, "pymongo": version("pymongo")},
+    }
+    return CheckRun(checks, header)
+
+
+async def _guarded(checks: list[Check], section: str, name: str, work: Awaitable[list[Check] | Check | None]) -> None:
+    """Add what ``work`` checked; a command MongoDB refused becomes a failed check of its own
+    (the rest of the check goes on); losing the server ends the check."""
+    try:
+        result = await work
+    except (ConnectionFailure, ConfigurationError):
+        raise
+    except (PyMongoError, RequestTimeout, TimeoutError, RuntimeError) as error:
+        message = str((getattr(error, "details", None) or {}).get("errmsg") or error) or type(error).__name__
+        checks.append(
+            Check(section, name, FAIL, f"could not be measured: {message}", "see the error; rerun with the fix")
+        )
+        return
+    if isinstance(result, Check):
+        checks.append(result)
+    elif result:
+        checks.extend(result)
+
+
+def _api(facts: _Facts) -> dict[str, Any]:
+    """Client options for this deployment: the Stable API where the server requires it."""
+    return {"server_api": ServerApi("1")} if facts.api_required else {}
+
+
+async def _reachable(client: Any, uri: str, clients: list[Any]) -> tuple[Any, bool]:
+    """The client once a ``ping`` went through, and whether the server requires the Stable API
+    (``requireApiVersion``: it refuses commands without ``apiVersion`` with code 498870,
+    mongodb/mongo src/mongo/db/initialize_api_parameters.cpp); then a client that declares V1."""
+    try:
+        await client.admin.command("ping")
+        return client, False
+    except OperationFailure as error:
+        if error.code != _REQUIRES_API_VERSION:
+            raise
+    declared = connect(uri, server_api=ServerApi("1"))
+    clients.append(declared)
+    await declared.admin.command("ping")
+    return declared, True
+
+
+# -- the server ------------------------------------------------------------------------------------
+
+
+async def _server(
+    probe: DeploymentProbe, client: Any, facts: _Facts, checks: list[Check], progress: Progress
+) -> None:
+    progress.step("asking the server what it is")
+    facts.hello = hello = await probe.hello()
+    build = await probe.build_info()
+    fcv = await probe.feature_compatibility()
+    checks.append(judge_version(build, fcv, hello.get("maxWireVersion")))
+    facts.kind, shown = _topology(hello, client)
+    if facts.kind == "standalone":
+        checks.append(
+            Check(
+                "server",
+                "topology",
+                WARN,
+                shown,
+                "run a replica set (one member is enough): without one there are no change streams (waiters poll "
+                "with backoff) and no transactions (guard_transaction)",
+                {"kind": facts.kind},
+            )
+        )
+    else:
+        checks.append(Check("server", "topology", PASS, shown, None, {"kind": facts.kind}))
+    facts.auth = await probe.authentication()
+
+    try:
+        await probe.try_change_stream()
+        facts.change_streams = True
+        facts.attempts["changeStream"] = (ACCEPTED, "")
+        checks.append(Check("server", "change streams", PASS, "a change stream on the lock collection opens",
+                            None, {"works": True}))  # fmt: skip
+    except OperationFailure as error:
+        reason = _reason(error)
+        if is_refusal(error):
+            facts.attempts["changeStream"] = (REFUSED, reason)
+            fix = "grant changeStream on the lock collection (see Privileges)"
+        else:
+            facts.attempts["changeStream"] = (NOT_TRIED, f"change streams do not work here: {reason}")
+            fix = "change streams need a replica set or a sharded cluster: waiters poll with backoff meanwhile"
+        checks.append(Check("server", "change streams", WARN, f"not available: {reason}", fix, {"works": False}))
+
+    try:
+        await probe.read_in_transaction()
+        facts.transactions = True
+        checks.append(Check("server", "transactions", PASS, "a transaction on the lock collection commits",
+                            None, {"works": True}))  # fmt: skip
+    except OperationFailure as error:
+        checks.append(
+            Check(
+                "server",
+                "transactions",
+                WARN,
+                f"not available: {_reason(error)}",
+                "guard_transaction (tying writes to a lease) needs a replica set or a sharded cluster; the locks "
+                "themselves work without",
+                {"works": False},
+            )
+        )
+
+
+def _topology(hello: dict[str, Any], client: Any) -> tuple[str, str]:
+    if client.topology_description.topology_type == TOPOLOGY_TYPE.LoadBalanced:
+        return "load balanced", "mongos behind a load balancer"
+    if hello.get("msg") == "isdbgrid":
+        known = sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+        return "sharded", f"sharded cluster, through mongos {', '.join(known)}"
+    if hello.get("setName"):
+        hosts = list(hello.get("hosts") or [])
+        others = len(hello.get("passives") or []) + len(hello.get("arbiters") or [])
+        extra = f" and {others} that cannot become primary" if others else ""
+        return "replica set", (
+            f"replica set {hello['setName']!r}: {len(hosts)} member{'s' if len(hosts) != 1 else ''} that can "
+            f"become primary{extra}; primary {hello.get('primary')}"
+        )
+    return "standalone", "a standalone server"
+
+
+def _reason(error: BaseException) -> str:
+    details = getattr(error, "details", None) or {}
+    return str(details.get("errmsg") or cause_of(error))
+
+
+# -- privileges ------------------------------------------------------------------------------------
+
+
+async def _read_privileges(probe: DeploymentProbe, facts: _Facts, progress: Progress) -> None:
+    """The actions a read can show: find, listCollections, listIndexes (changeStream was tried
+    with the change streams)."""
+    progress.step("trying what this user may read")
+
+    async def attempt(action: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            result = await work()
+        except OperationFailure as error:
+            facts.attempts[action] = (REFUSED if is_refusal(error) else NOT_TRIED, _reason(error))
+            return None
+        facts.attempts[action] = (ACCEPTED, "")
+        return result
+
+    await attempt("find", probe.try_find)
+    facts.collection_exists = await attempt("listCollections", probe.try_list_collections)
+
+
+async def _may_write(probe: DeploymentProbe, facts: _Facts, scratch: Scratch) -> tuple[bool, str]:
+    """Try the writes a lock needs without leaving anything written, and whether the check may
+    write scratch documents: only if it can remove them again."""
+    for action in ("remove", "insert", "update"):
+        try:
+            if facts.transactions:
+                if action == "insert" and facts.collection_exists is not True:
+                    # An insert in a transaction could create the collection; the check's own writes
+                    # (the library's acquire, an upsert) show this action instead.
+                    facts.attempts[action] = (NOT_TRIED, "the collection may not exist yet")
+                    continue
+                await probe.try_in_aborted_transaction(action, scratch.prefix + "tried")
+            elif action == "remove":
+                await probe.try_remove_nothing(scratch.prefix)
+            elif action == "update":
+                await probe.try_update_nothing(scratch.prefix + "tried")
+            else:
+                facts.attempts[action] = (NOT_TRIED, "no transactions here to try it in")
+                continue
+        except OperationFailure as error:
+            facts.attempts[action] = (REFUSED if is_refusal(error) else NOT_TRIED, _reason(error))
+            continue
+        facts.attempts[action] = (ACCEPTED, "")
+    if facts.collection_exists:
+        try:
+            await probe.try_create_index()
+            facts.attempts["createIndex"] = (ACCEPTED, "")
+        except OperationFailure as error:
+            facts.attempts["createIndex"] = (REFUSED if is_refusal(error) else NOT_TRIED, _reason(error))
+    else:
+        facts.attempts["createIndex"] = (NOT_TRIED, "the collection may not exist yet")
+    facts.attempts.setdefault(
+        "collMod",
+        (NOT_TRIED, "not tried: even an empty collMod takes the collection's exclusive lock"),
+    )
+    removal = facts.attempts["remove"]
+    if removal[0] != ACCEPTED:
+        return False, f"this user cannot remove the check's scratch documents afterwards ({removal[1]})"
+    refused = [action for action in ("insert", "update") if facts.attempts[action][0] == REFUSED]
+    if refused:
+        return False, f"this user may not take locks ({' and '.join(refused)} refused; see Privileges)"
+    return True, ""
+
+
+# -- the collection --------------------------------------------------------------------------------
+
+
+async def _collection(probe: DeploymentProbe, options: CheckOptions, facts: _Facts, scratch: Scratch) -> list[Check]:
+    checks: list[Check] = []
+    try:
+        indexes = await probe.try_list_indexes()
+        facts.attempts["listIndexes"] = (ACCEPTED, "")
+        checks.append(judge_indexes(indexes))
+    except OperationFailure as error:
+        facts.attempts["listIndexes"] = (REFUSED if is_refusal(error) else NOT_TRIED, _reason(error))
+        checks.append(judge_indexes(None, _reason(error)))
+    scanned = await probe.scan(limit=options.scan_limit, own_prefix=scratch.prefix)
+    if facts.collection_exists is None and scanned.total:
+        facts.collection_exists = True  # listCollections was refused, but it has documents
+    documents = judge_documents(scanned.total, scanned.documents, len(scanned.documents) >= scanned.total)
+    if facts.collection_exists is False:
+        first = documents[0]
+        first.measured = f"{options.database}.{options.collection} does not exist yet (the first lock creates it)"
+        if not options.read_only:
+            first.measured += "; this check's writes create it, and it stays, empty"
+    checks.extend(documents)
+    earlier = judge_earlier_scratch(scanned.earlier_scratch, options.database, options.collection)
+    if earlier is not None:
+        checks.append(earlier)
+    return checks
+
+
+# -- the checks that write -------------------------------------------------------------------------
+
+
+async def _writes(
+    probe: DeploymentProbe,
+    options: CheckOptions,
+    facts: _Facts,
+    checks: list[Check],
+    scratch: Scratch,
+    clients: list[Any],
+    progress: Progress,
+) -> None:
+    progress.step(f"timing {options.writes} majority writes")
+    await _guarded(checks, "durability", "majority write", _durability(probe, options, facts, scratch))
+    progress.step("handing a lock to another connection")
+    other = connect(options.uri, **_api(facts))
+    clients.append(other)
+    await _guarded(checks, "server", "wake-ups", _wake_ups(probe, other, options, facts, scratch))
+
+
+async def _durability(probe: DeploymentProbe, options: CheckOptions, facts: _Facts, scratch: Scratch) -> Check:
+    """The library's own acquire and release, each a ``findAndModify``, timed with its majority
+    write concern and, taking turns, with ``w: 1`` (what replication adds)."""
+    name = scratch.prefix + "durability"
+    ttl_ms = round(options.ttl * 1000)
+    holder = holder_of_check()
+    w1 = LockStore(probe.lock_collection, WriteConcern(w=1))
+    majority: list[float] = []
+    single: list[float] = []
+    try:
+        while len(majority) < options.writes:
+            for store, samples in ((probe.store, majority), (w1, single)):
+                owner = secrets.token_hex(16)
+                started = time.perf_counter()
+                state = await store.send(store.try_acquire(name, owner, ttl_ms, holder), bound=WRITE_BOUND)
+                samples.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await store.send(store.release(name, owner), bound=WRITE_BOUND)
+                samples.append(time.perf_counter() - started)
+                if state.owner != owner:
+                    raise RuntimeError(f"the scratch lock {name!r} was not taken by its only user")
+    except OperationFailure as error:
+        if not is_refusal(error):
+            return judge_majority_writes([], [], options.ttl, _reason(error))
+        for action in ("insert", "update"):
+            if facts.attempts.get(action, (NOT_TRIED, ""))[0] != ACCEPTED:
+                facts.attempts[action] = (REFUSED, f"the library's acquire: {_reason(error)}")
+        return skipped("durability", "majority write", f"the library's acquire was refused: {_reason(error)}")
+    except RequestTimeout:
+        return judge_majority_writes([], [], options.ttl, f"no acknowledgement within {WRITE_BOUND:g} s")
+    for action in ("insert", "update"):
+        if facts.attempts.get(action, (NOT_TRIED, ""))[0] != REFUSED:
+            facts.attempts[action] = (ACCEPTED, "")
+    return judge_majority_writes(majority[: options.writes], single, options.ttl)
+
+
+async def _wake_ups(
+    probe: DeploymentProbe, other: Any, options: CheckOptions, facts: _Facts, scratch: Scratch
+) -> Check:
+    """Three hand-offs of a scratch lock between this client and another (its own connections,
+    its own change stream), timed from the release to the waiter's grant."""
+    try:
+        latencies = await hand_off_latencies(probe, other, scratch.prefix + "wake-up", options.ttl, 3)
+    except TimeoutError as error:
+        return Check(
+            "server",
+            "wake-ups",
+            FAIL,
+            str(error) or f"a waiter was not woken within {HAND_OFF_BOUND:g} s of a release",
+            "change events do not reach waiting processes: check the change-stream privileges and that the "
+            "deployment delivers change events (see Deploying, Sharding the lock collection)",
+        )
+    worst = max(latencies)
+    how = "through the change stream" if facts.change_streams else "by polling (no change streams)"
+    figures = {"hand_offs": len(latencies), "p50_ms": percentile(latencies, 50) * 1000, "max_ms": worst * 1000}
+    shown = (
+        f"a release woke a waiter on another connection {how}: p50 {ms(percentile(latencies, 50))}, at most "
+        f"{ms(worst)} over {len(latencies)} hand-offs"
+    )
+    if worst > WAKE_UP_WARN_S:
+        fix = (
+            "on a sharded cluster, lower periodicNoopIntervalSecs on each shard's mongod (docs: Deploying, Sharding "
+            "the lock collection)"
+            if facts.kind == "sharded"
+            else "waiters learn of releases late: run a replica set, and check the change stream's delivery"
+        )
+        return Check("server", "wake-ups", WARN, shown, fix, figures)
+    return Check("server", "wake-ups", PASS, shown, None, figures)
+
+
+async def _stable_api(options: CheckOptions, facts: _Facts, scratch: Scratch, clients: list[Any]) -> Check:
+    """The library's requests through a client that declares the Stable API's V1 strictly: an
+    acquire and a release of a scratch lock, or (without writes) a read of lock state."""
+    strict: AsyncMongoClient[dict[str, Any]] = connect(options.uri, server_api=ServerApi("1", strict=True))
+    clients.append(strict)
+    store = LockStore(strict[options.database][options.collection], WriteConcern(w="majority"))
+    required = (
+        'required by this deployment (requireApiVersion): your clients must pass server_api=ServerApi("1")'
+        if facts.api_required
+        else "not required by this deployment"
+    )
+    try:
+        if facts.can_write:
+            owner = secrets.token_hex(16)
+            name = scratch.prefix + "stable-api"
+            await store.send(store.try_acquire(name, owner, round(options.ttl * 1000), holder_of_check()), bound=30)
+            await store.send(store.release(name, owner), bound=30)
+            what = "acquire and release"
+        else:
+            await store.report([scratch.prefix + "stable-api"])
+            what = "read of lock state"
+    except OperationFailure as error:
+        if is_refusal(error):
+            return skipped("server", "stable API", f"this user was refused ({_reason(error)}; see Privileges)")
+        if error.code != _API_STRICT_ERROR:
+            raise
+        return Check(
+            "server",
+            "stable API",
+            FAIL,
+            f"{required}; a strict API V1 client's {'acquire' if facts.can_write else 'read'} was refused: "
+            f"{_reason(error)}",
+            "use ServerApi(\"1\", strict=False), or upgrade MongoDB 5.0 to a release with SERVER-60899",
+            {"required": facts.api_required, "strict_v1": False},
+        )
+    return Check(
+        "server",
+        "stable API",
+        PASS,
+        f"{required}; a strict API V1 client's {what} was accepted",
+        None,
+        {"required": facts.api_required, "strict_v1": True},
+    )
+
+
+# -- the clocks ------------------------------------------------------------------------------------
+
+
+async def _clocks(
+    probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts, clients: list[Any]
+) -> list[Check]:
+    """Every clock that can decide expiry, against this client's and each other: the replica set's
+    members that can become primary, or every mongos the cluster lists (the client's own if it may
+    not read the list), or the one server."""
+    servers, note = await _deciding_servers(probe, client, facts)
+    readings = []
+    for host, role in servers:
+        if host is None:
+            readings.append(await _reading(probe, client, "the load balancer" if role == "mongos" else "the server",
+                                           role))  # fmt: skip
+            continue
+        try:
+            direct = await _direct_client(options.uri, host, facts)
+        except (ConfigurationError, ValueError) as error:
+            readings.append(ClockReading(host, role, True, error=cause_of(error)))
+            continue
+        clients.append(direct)
+        readings.append(await _reading(probe, direct, host, role))
+    checks = judge_clocks(readings, options.margin, options.ttl)
+    if note is not None:
+        checks.append(note)
+    return checks
+
+
+async def _deciding_servers(
+    probe: DeploymentProbe, client: Any, facts: _Facts
+) -> tuple[list[tuple[str | None, str]], Check | None]:
+    hello = facts.hello
+    if facts.kind == "replica set":
+        primary = hello.get("primary")
+        return [(host, "primary" if host == primary else "secondary") for host in hello.get("hosts") or []], None
+    if facts.kind == "sharded":
+        now = await probe.server_now()
+        listed = await probe.listed_mongos(pinged_since=now - timedelta(seconds=MONGOS_ACTIVE_S))
+        known = sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+        if listed is None:
+            note = Check(
+                "clocks",
+                "mongos listed",
+                WARN,
+                f"config.mongos is not readable by this user: measured the {len(known)} mongos of the URI only",
+                "run the check as a user who may read config.mongos (clusterMonitor) to measure every mongos "
+                "applications may use",
+            )
+            return [(host, "mongos") for host in known], note
+        return [(host, "mongos") for host in sorted(set(listed) | set(known))], None
+    if facts.kind == "load balanced":
+        return [(None, "mongos")], None
+    return [(None, "standalone")], None
+
+
+async def _reading(probe: DeploymentProbe, client: Any, host: str, role: str) -> ClockReading:
+    samples = []
+    try:
+        for _ in range(CLOCK_SAMPLES):
+            sent = time.time()
+            now = await probe.server_now(client)
+            samples.append((sent, time.time(), now))
+    except PyMongoError as error:
+        return ClockReading(host, role, True, error=_reason(error))
+    return clock_reading(host, role, True, samples)
+
+
+async def _direct_client(uri: str, host: str, facts: _Facts) -> Any:
+    """A client of the one server ``host``, with the URI's credentials and options."""
+    parsed = await parse_uri(uri)
+    options = {key: value for key, value in parsed["options"].items() if key.lower() not in _NOT_FOR_ONE_HOST}
+    lowered = {key.lower() for key in options}
+    if parsed.get("username"):
+        options["username"] = parsed["username"]
+        options["password"] = parsed["password"]
+        if "authsource" not in lowered:
+            options["authSource"] = parsed.get("database") or "admin"
+    for key, value in client_options(uri).items():
+        options.setdefault(key, value)
+    return AsyncMongoClient(host, directConnection=True, **options, **_api(facts))
+
+
+# -- clean-up --------------------------------------------------------------------------------------
+
+
+async def _remove_scratch(probe: DeploymentProbe, scratch: Scratch) -> None:
+    """Remove the scratch documents, and look again: a request of the library still on its way
+    (a waiter's withdrawal) could write one after the removal, never create one (only acquires
+    upsert, and they are all done)."""
+    async with asyncio.timeout(_CLEAN_UP_BOUND):
+        for attempt in range(3):
+            scratch.removed += await probe.remove_scratch(scratch.prefix)
+            await asyncio.sleep(0.2 * attempt)
+            scratch.left = await probe.scratch_count(scratch.prefix)
+            if not scratch.left:
+                return
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def run(arguments: argparse.Namespace) -> int:
+    """``mongolock check``: run, print (text or ``--json``), return the exit code: 0 every check
+    passed, 1 a warning, 2 a failure (3 unreachable, 6 credentials rejected, through ``UserError``;
+    130 after Ctrl-C and 143 after SIGTERM, once the clean-up has run)."""
+    options = options_from(arguments)
+    scratch = Scratch()
+    terminated = False
+    lingering = 0
+
+    async def main() -> CheckRun:
+        nonlocal terminated, lingering
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            loop.remove_signal_handler(signal.SIGTERM)  # a second SIGTERM ends the process at once
+            task.cancel()
+
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not on the main thread
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            return await run_checks(options, scratch, Progress())
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGTERM)
+            lingering = await _end_other_tasks()
+
+    runner = asyncio.Runner()
+    try:
+        result = runner.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        left = f", {scratch.left} left" if scratch.left else ""
+        print(
+            f"mongolock check: interrupted; removed {scratch.removed} scratch documents "
+            f"({scratch.prefix}*){left}",
+            file=sys.stderr,
+        )
+        code = 143 if terminated else 130
+    else:
+        if arguments.json:
+            print_json(as_payload(result.checks, result.header))
+        else:
+            _print_text(result, options)
+        code = exit_code(result.checks)
+    if not lingering:
+        runner.close()
+        return code
+    # asyncio's shutdown would wait for these for ever: say so, and end without them.
+    print(
+        f"mongolock check: {lingering} tasks of the library had not ended {_LINGER_BOUND:g} s after the check; "
+        "exiting without them",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+_LINGER_BOUND = 10.0
+
+
+async def _end_other_tasks() -> int:
+    """Cancel the tasks the check leaves (the library's background work: a change stream, a
+    withdrawal, a release still in flight), as ``asyncio.run`` would on the way out, but wait for
+    them at most ``_LINGER_BOUND`` seconds; how many are still running then."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    if not others:
+        return 0
+    _, running = await asyncio.wait(others, timeout=_LINGER_BOUND)
+    return len(running)
+
+
+def _print_text(result: CheckRun, options: CheckOptions) -> None:
+    _utf8_stdout()  # lock names can be any UTF-8
+    scratch = result.header["scratch"]
+    head = (
+        f"mongolock check: {result.header['uri']} ({options.database}.{options.collection}), TTL {options.ttl:g} s, "
+        f"safety margin {ms(options.margin)}" + (", read-only" if options.read_only else "")
+    )
+    for line in [*paragraph(head), *as_text(result.checks)]:
+        print(line)
+    if scratch["written"]:
+        cleaned = (
+            f"scratch documents ({scratch['prefix']}*): {scratch['removed']} removed, none left"
+            if not scratch["left"]
+            else f"scratch documents ({scratch['prefix']}*): {scratch['left']} could not be removed"
+        )
+    else:
+        cleaned = "nothing was written"
+    print()
+    for line in paragraph(f"{summary(result.checks)} in {result.header['duration_s']:.1f} s; {cleaned}"):
+        print(line)
+
