@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import secrets
 import signal
 import sys
@@ -749,10 +748,9 @@ def run(arguments: argparse.Namespace) -> int:
     options = options_from(arguments)
     scratch = Scratch()
     terminated = False
-    lingering = 0
 
     async def main() -> CheckRun:
-        nonlocal terminated, lingering
+        nonlocal terminated
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -770,11 +768,9 @@ def run(arguments: argparse.Namespace) -> int:
         finally:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
-            lingering = await _end_other_tasks()
 
-    runner = asyncio.Runner()
     try:
-        result = runner.run(main())
+        result = asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         left = f", {scratch.left} left" if scratch.left else ""
         print(
@@ -782,41 +778,12 @@ def run(arguments: argparse.Namespace) -> int:
             f"({scratch.prefix}*){left}",
             file=sys.stderr,
         )
-        code = 143 if terminated else 130
+        return 143 if terminated else 130
+    if arguments.json:
+        print_json(as_payload(result.checks, result.header))
     else:
-        if arguments.json:
-            print_json(as_payload(result.checks, result.header))
-        else:
-            _print_text(result, options)
-        code = exit_code(result.checks)
-    if not lingering:
-        runner.close()
-        return code
-    # asyncio's shutdown would wait for these for ever: say so, and end without them.
-    print(
-        f"mongolock check: {lingering} tasks of the library had not ended {_LINGER_BOUND:g} s after the check; "
-        "exiting without them",
-        file=sys.stderr,
-    )
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-_LINGER_BOUND = 10.0
-
-
-async def _end_other_tasks() -> int:
-    """Cancel the tasks the check leaves (the library's background work: a change stream, a
-    withdrawal, a release still in flight), as ``asyncio.run`` would on the way out, but wait for
-    them at most ``_LINGER_BOUND`` seconds; how many are still running then."""
-    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in others:
-        task.cancel()
-    if not others:
-        return 0
-    _, running = await asyncio.wait(others, timeout=_LINGER_BOUND)
-    return len(running)
+        _print_text(result, options)
+    return exit_code(result.checks)
 
 
 def _print_text(result: CheckRun, options: CheckOptions) -> None:
