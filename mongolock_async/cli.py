@@ -72,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="run the demo scenarios (on an embedded server unless --uri is given)",
-        description="Six scenarios with several OS processes, checked at the end: a flash sale, a run-once job, "
+        description="Seven scenarios with several OS processes, checked at the end: a flash sale, a run-once job, "
         "crash and takeover, a paused holder and fenced writes, a rate limit shared by processes (a semaphore), "
-        "and leader failover (an election); then `mongolock check` on the same deployment. "
+        "leader failover (an election), and a job once per period whose killed run is retried; then "
+        "`mongolock check` on the same deployment. "
         "Uses a database of its own (mongolock_demo_<random>) and drops it afterwards.",
     )
     _add_uri_option(demo)

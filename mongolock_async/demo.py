@@ -15,7 +15,10 @@
 6. Leader election: three replicas campaign; the leader shuts down cleanly and hands leadership on
    at once, then the next is SIGKILLed and the last leads only once its term has expired, each in a
    higher term.
-7. ``mongolock check`` on the same server and lock collection: every check of the deployment
+7. Once per period: three replicas fire a job four times per period of the server's clock; the
+   run of one period hangs and its process is SIGKILLed, and another replica runs the job again in
+   the same period once the dead run's lease has expired; every period's job ran to completion once.
+8. ``mongolock check`` on the same server and lock collection: every check of the deployment
    passes (for locks of the library's default TTL), and its scratch locks are removed.
 
 Everything happens in a database of its own (``mongolock_demo_<random>``), dropped at the end.
@@ -42,7 +45,21 @@ from pymongo.write_concern import WriteConcern
 
 from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, connect, explain, redact_uri
 from ._process import die_with_parent
-from .demo_worker import ACCOUNTS, API, ELECTION, INVENTORY, JOB_LOCK, JOB_RUNS, LEDGER, LEDGER_LOCK, LOCKS, SALES
+from .demo_worker import (
+    ACCOUNTS,
+    API,
+    DIGEST,
+    DIGESTS,
+    ELECTION,
+    HANG,
+    INVENTORY,
+    JOB_LOCK,
+    JOB_RUNS,
+    LEDGER,
+    LEDGER_LOCK,
+    LOCKS,
+    SALES,
+)
 from .store import LockStore
 
 
@@ -168,6 +185,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
             await paused_holder(uri, database, arguments, view, checks)
             await rate_limit(uri, database, arguments, view, checks)
             await leader_failover(uri, database, arguments, view, checks)
+            await once_per_period(uri, database, view, checks)
             await deployment_check(uri, database, view, checks)
         finally:
             await client.drop_database(database_name)
@@ -517,6 +535,55 @@ async def leader_failover(uri: str, database: Any, arguments: argparse.Namespace
     await asyncio.gather(*following)
 
 
+PERIOD, PERIODS = 4.0, 4
+
+
+async def once_per_period(uri: str, database: Any, view: View, checks: Checks) -> None:
+    view.section(
+        f"7. Once per period: 3 replicas fire {DIGEST!r} (due every {PERIOD:g} s of the server's clock) four times "
+        "a period; one period's run hangs and is SIGKILLed"
+    )
+    killed: dict[str, Any] = {}
+    replicas: list[Worker] = []
+    marked: list[asyncio.Task[Any]] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind, worker, slot = event["event"], event["worker"], event.get("slot", 0)
+        if kind == "started":
+            view.event(f"period {slot}: {worker} runs it (attempt {event['attempt']})")
+            if not marked:  # the first run of the period after next will hang
+                killed["slot"] = slot + 2
+                marked.append(asyncio.create_task(database[HANG].insert_one({"slot": slot + 2, "attempt": 1})))
+        elif kind == "hanging":
+            replica = next(replica for replica in replicas if replica.name == worker)
+            os.kill(replica.process.pid, signal.SIGKILL)
+            killed.update(worker=worker, at=time.time())
+            view.event(f"period {slot}: {worker}'s run hangs: SIGKILLed its process, pid {replica.process.pid}")
+        elif kind == "finished" and slot == killed.get("slot"):
+            view.event(f"period {slot}: {worker} finished it, {time.time() - killed['at']:.2f} s after the kill")
+
+    for i in range(3):
+        name = f"replica-{i + 1}"
+        replicas.append(await Worker.start(name, "periodic", uri, database.name, name, str(PERIOD), str(PERIODS)))
+    await asyncio.gather(*(replica.follow(on_event) for replica in replicas), *marked)
+    digests = await database[DIGESTS].find().to_list(None)
+    runs = Counter(digest["slot"] for digest in digests)
+    retried = [digest for digest in digests if digest["slot"] == killed.get("slot")]
+    checks.record(
+        view,
+        f"every period's job ran to completion exactly once ({len(runs)} periods)",
+        len(runs) >= PERIODS - 1 and all(count == 1 for count in runs.values()),
+    )
+    checks.record(
+        view,
+        "the killed run's period was run again, by another replica, as its second attempt",
+        "worker" in killed
+        and len(retried) == 1
+        and retried[0]["attempt"] == 2
+        and retried[0]["by"] != killed["worker"],
+    )
+
+
 async def deployment_check(uri: str, database: Any, view: View, checks: Checks) -> None:
     """``mongolock check`` (without ``--perf``) on the demo's server and lock collection."""
     from ._check import as_text, exit_code, summary
@@ -524,7 +591,7 @@ async def deployment_check(uri: str, database: Any, view: View, checks: Checks) 
 
     options = CheckOptions(uri=uri, database=database.name, collection=LOCKS)
     view.section(
-        f"7. mongolock check: is this deployment fit for the locks? (on {database.name}.{LOCKS}, for locks of "
+        f"8. mongolock check: is this deployment fit for the locks? (on {database.name}.{LOCKS}, for locks of "
         f"the default TTL of {options.ttl:g} s)"
     )
     scratch = Scratch()

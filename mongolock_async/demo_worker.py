@@ -5,6 +5,7 @@ python -m mongolock_async.demo_worker job DATABASE WORKER TTL JOB_SECONDS
 python -m mongolock_async.demo_worker ledger DATABASE WORKER TTL PAUSE_SECONDS
 python -m mongolock_async.demo_worker export DATABASE WORKER TASKS LIMIT CALLS
 python -m mongolock_async.demo_worker replica DATABASE WORKER TTL
+python -m mongolock_async.demo_worker periodic DATABASE WORKER EVERY PERIODS
 
 The MongoDB URI comes on the first line of stdin, never on the command line, which every user of
 the machine can read.
@@ -24,8 +25,17 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.write_concern import WriteConcern
 
-from . import AsyncMongoElection, AsyncMongoLock, AsyncMongoSemaphore, LockError, LockLostError, LockTimeoutError
+from . import (
+    AsyncMongoElection,
+    AsyncMongoLock,
+    AsyncMongoSemaphore,
+    LockError,
+    LockLostError,
+    LockManager,
+    LockTimeoutError,
+)
 from .fencing import fenced_update_one
+from .jobs import current_run
 from .store import LockStore
 
 LOCKS = "locks"
@@ -39,6 +49,9 @@ LEDGER_LOCK = "account:42"
 API = "partner_api"
 API_QUOTA = "partner-api"
 ELECTION = "scheduler"
+DIGEST = "hourly-digest"
+DIGESTS = "digests"
+HANG = "hang_marker"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -185,6 +198,34 @@ async def replica(uri: str, database_name: str, worker: str, ttl: float) -> None
         await client.close()
 
 
+async def periodic(uri: str, database_name: str, worker: str, every: float, periods: int) -> None:
+    """A replica of a service with a job due once per period of EVERY seconds: it fires it four
+    times per period (at jittered moments) for PERIODS periods. The run whose period and attempt
+    the demo wrote into the hang marker never ends (until the demo kills its process)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    database = client[database_name]
+    locks = LockManager(database[LOCKS], ttl=1.0, heartbeat=True, label=worker)
+
+    @locks.run_once(DIGEST, every=every)
+    async def build_digest() -> None:
+        run = current_run()
+        emit("started", worker=worker, slot=run.slot, attempt=run.attempt, fence=run.fencing_token)
+        if await database[HANG].find_one({"slot": run.slot, "attempt": run.attempt}):
+            emit("hanging", worker=worker, slot=run.slot)
+            await asyncio.Event().wait()
+        await asyncio.sleep(0.2)  # the digest
+        await database[DIGESTS].insert_one({"slot": run.slot, "attempt": run.attempt, "by": worker})
+        emit("finished", worker=worker, slot=run.slot, attempt=run.attempt)
+
+    try:
+        emit("ready", worker=worker)
+        for _ in range(periods * 4):
+            await asyncio.sleep(every / 4 * random.uniform(0.8, 1.2))
+            await build_digest()
+    finally:
+        await client.close()
+
+
 def main(argv: list[str]) -> None:
     kind, database = argv[0], argv[1]
     uri = sys.stdin.readline().strip()
@@ -198,6 +239,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(export(uri, database, argv[2], int(argv[3]), int(argv[4]), int(argv[5])))
     elif kind == "replica":
         asyncio.run(replica(uri, database, argv[2], float(argv[3])))
+    elif kind == "periodic":
+        asyncio.run(periodic(uri, database, argv[2], float(argv[3]), int(argv[4])))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

@@ -75,7 +75,7 @@ def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "embedded server listening" in out
-    assert "17/17 checks passed" in out and "FAIL" not in out and "WARN" not in out
+    assert "19/19 checks passed" in out and "FAIL" not in out and "WARN" not in out
     assert "the API never saw more than 3 calls at once" in out
     assert "sales equal the stock (16 of 16)" in out
     assert "SIGKILLed doomed" in out and "takeover" in out
@@ -84,7 +84,8 @@ def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     assert "PASS  the account shows only the new holder's posting" in out
     assert "PASS  the clean shutdown handed leadership on at once" in out
     assert "PASS  after the SIGKILL the last replica led only once the dead leader's term expired" in out
-    assert "7. mongolock check" in out and "PASS  mongolock check: " in out and "0 warnings, 0 failures" in out
+    assert "PASS  the killed run's period was run again, by another replica, as its second attempt" in out
+    assert "8. mongolock check" in out and "PASS  mongolock check: " in out and "0 warnings, 0 failures" in out
 
 
 def test_list_shows_holders_and_free_locks(mongodb_uri: str, held_locks: tuple[str, str, dict[str, int]]) -> None:
@@ -653,7 +654,8 @@ def test_an_srv_host_that_does_not_resolve_is_named_without_a_port(command: list
     assert "cannot reach MongoDB at cluster0.nowhere.invalid (URI" in line and ":None" not in line, line
 
 
-def test_the_demo_help_names_its_six_scenarios() -> None:
+def test_the_demo_help_names_its_seven_scenarios() -> None:
     text = " ".join(mongolock("demo", "--help").stdout.split())
-    for scenario in ("flash sale", "run-once job", "crash and takeover", "paused holder", "rate limit", "leader"):
+    scenarios = ("flash sale", "run-once job", "crash and takeover", "paused holder", "rate limit", "leader", "period")
+    for scenario in scenarios:
         assert scenario in text, text
