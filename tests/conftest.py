@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -145,6 +146,34 @@ async def private_collection(driver: str, private_server: EmbeddedMongo) -> Asyn
             await close_client(client)
 
 
+# What configures this test run, read by the package's pytest plugin and this file: the server
+# (MONGODB_URI, MONGOLOCK_TEST_ADMIN_URI), the drivers, sharding, what the workflow expects. A child
+# process (a user's project, a docs example, a worker, the command) must not inherit them: the
+# plugin in a child pytest would restrict its drivers or shard its collections on a server that
+# cannot, and a child that needs a server is given its URI.
+_RUN_SETTINGS = ("MONGODB_URI", "MONGOLOCK_")
+
+
+def child_environment(**variables: str) -> dict[str, str]:
+    """The environment for a child process: this process's, without the test run's own settings
+    (``MONGODB_URI``, ``MONGOLOCK_*``), plus ``variables``."""
+    inherited = {key: value for key, value in os.environ.items() if not key.startswith(_RUN_SETTINGS)}
+    return {**inherited, **variables}
+
+
+def uri_with_options(uri: str, **options: str) -> str:
+    """``uri`` with ``options`` set in its query string, parsed rather than appended to: a URI
+    without a query string (``mongodb://host/``) would otherwise turn ``&option=...`` into the
+    name of its default database."""
+    scheme, _, rest = uri.partition("://")
+    hosts, _, tail = rest.partition("/")  # the host list ends at the first "/" (MongoDB's URI format)
+    database, _, query = tail.partition("?")
+    pairs = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    pairs.update(options)
+    encoded = urllib.parse.urlencode(pairs, quote_via=urllib.parse.quote, safe=":,")
+    return f"{scheme}://{hosts}/{database}?{encoded}"
+
+
 async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
     """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point; skip the test on a
     server without it (a MongoDB started without ``enableTestCommands``)."""
@@ -218,6 +247,7 @@ def run_workers(worker: Path, arguments: list[str], processes: int) -> list[list
             stderr=subprocess.PIPE,
             text=True,
             cwd=worker.parent.parent,
+            env=child_environment(),
         )
         for _ in range(processes)
     ]

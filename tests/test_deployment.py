@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.testing.server import HANDSHAKE_TIMEOUT
-from tests.conftest import CommandCounter, set_fail_point, transaction
+from tests.conftest import CommandCounter, child_environment, set_fail_point, transaction, uri_with_options
 
 # The operators the library's requests use, all in MongoDB's Stable API (V1) since 5.0.0. SERVER-58076
 # left out of V1 only what 5.0 itself brought ($dateAdd, $dateSubtract, $dateDiff, $dateTrunc,
@@ -157,17 +156,14 @@ def mutual_tls_server(certificates: Certificates) -> Iterator[EmbeddedMongo]:
         yield server
 
 
-def with_options(uri: str, **options: str) -> str:
-    return uri + "".join(f"&{key}={quote_plus(value)}" for key, value in options.items())
-
-
 async def operate(uri: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     """Run a ``mongolock`` command in a child process, off the event loop: a blocked loop would stall
     this process's drivers mid-handshake with the embedded server."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
     command = [sys.executable, "-m", "mongolock_async", *arguments, "--db", TEST_DATABASE, "--collection", "secure"]
-    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120)
-    return await asyncio.to_thread(run, command, env={**env, "MONGODB_URI": uri})
+    run = functools.partial(
+        subprocess.run, command, capture_output=True, text=True, timeout=120, env=child_environment(MONGODB_URI=uri)
+    )
+    return await asyncio.to_thread(run)
 
 
 async def test_a_peer_stuck_in_its_tls_handshake_does_not_stall_the_embedded_server(
@@ -195,7 +191,7 @@ async def test_locks_and_the_command_work_over_tls_with_scram(driver: str, tls_s
 async def test_locks_and_the_command_work_with_a_client_certificate(
     driver: str, mutual_tls_server: EmbeddedMongo, certificates: Certificates
 ) -> None:
-    uri = with_options(mutual_tls_server.uri, tlsCertificateKeyFile=str(certificates.client))
+    uri = uri_with_options(mutual_tls_server.uri, tlsCertificateKeyFile=str(certificates.client))
     await every_kind_of_request(driver, uri, "secure")
     listing = await operate(uri, "list")
     assert listing.returncode == 0 and "job" in listing.stdout, listing.stdout + listing.stderr
@@ -220,7 +216,7 @@ async def test_each_misconfiguration_is_named_and_no_password_shows(
         "no client certificate": (mutual_tls_server.uri, "client certificate", 3),
     }[mistake]
     # Generous: a TLS handshake with a busy embedded server can take seconds on a loaded machine.
-    uri = with_options(uri, serverSelectionTimeoutMS="8000")
+    uri = uri_with_options(uri, serverSelectionTimeoutMS="8000")
     caplog.set_level(logging.DEBUG)
     # The command meets the same mistake in its own process meanwhile (each waits out its own
     # server selection timeout; one after the other they took twice as long).

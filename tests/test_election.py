@@ -32,7 +32,7 @@ from mongolock_async.fencing import fenced_update_one
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, most_at_once, run_workers, set_fail_point
+from tests.conftest import CommandCounter, child_environment, most_at_once, run_workers, set_fail_point
 
 WORKER = Path(__file__).with_name("election_worker.py")
 PROCESSES, CANDIDATES, SECONDS = 4, 3, 4.0
@@ -281,6 +281,7 @@ def _start_leader(uri: str, collection: str, ttl: float, fenced: bool = False) -
         stdout=subprocess.PIPE,
         text=True,
         cwd=WORKER.parent.parent,
+        env=child_environment(),
     )
     assert leader.stdout is not None
     line = leader.stdout.readline().split()

@@ -33,7 +33,7 @@ import pytest
 from mongolock_async import AsyncMongoElection, AsyncMongoLock
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, child_environment, set_fail_point
 from tests.giving_up_worker import acquire, handle
 
 KINDS = ["lock", "fair-lock", "semaphore", "rwlock", "election"]
@@ -217,6 +217,7 @@ def run_giving_up_workers(uri: str, collection: Any, kind: str, mode: str, group
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=child_environment(),
         )
         for seconds, names in groups.items()
     ]
@@ -277,6 +278,7 @@ def waiting_process(uri: str, collection: Any, kind: str, ttl: float, name: str)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=child_environment(),
     )
     try:
         yield process
@@ -378,7 +380,7 @@ async def test_an_election_behind_a_killed_leader_and_candidate_elects_at_the_ca
 
 def end_holding(uri: str, collection: Any, mode: str, kind: str, name: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, str(WORKER), uri, TEST_DATABASE, collection.name, mode, kind, "30", name]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=child_environment())
 
 
 @pytest.mark.parametrize("kind", ["lock", "semaphore", "election"])

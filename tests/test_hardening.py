@@ -38,7 +38,7 @@ from mongolock_async.documents import LockState
 from mongolock_async.store import LockStore, Permits, oldest_wire_version, store_for
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, child_environment, set_fail_point
 
 PAUSED_HOLDER = Path(__file__).with_name("paused_holder.py")
 
@@ -54,6 +54,7 @@ def test_a_paused_holder_runs_no_step_past_its_deadline(mongodb_uri: str, heartb
         stdout=subprocess.PIPE,
         text=True,
         cwd=PAUSED_HOLDER.parent.parent,
+        env=child_environment(),
     )
     try:
         assert holder.stdout is not None

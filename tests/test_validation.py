@@ -12,7 +12,7 @@ from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
-from tests.conftest import CommandCounter
+from tests.conftest import CommandCounter, child_environment
 
 BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": 42}, TypeError, "name"),
@@ -115,6 +115,8 @@ async def test_an_operator_shaped_name_is_a_plain_string(lock_collection: Any) -
 def test_an_integration_without_its_extra_names_the_extra(module: str, missing: str) -> None:
     # The dependency made unimportable, as in an environment without the extra.
     script = f"import sys; sys.modules[{missing!r}] = None; import mongolock_async.{module}"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=child_environment()
+    )
     assert result.returncode != 0
     assert f"the {module} extra (from a checkout: pip install '.[{module}]')" in result.stderr.splitlines()[-1]

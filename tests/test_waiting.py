@@ -33,7 +33,7 @@ from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.waiting import LOCAL_STREAK
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, child_environment, set_fail_point
 
 PATIENT = {"retry_base": 3600.0, "retry_cap": 3600.0}
 """A waiter that never polls in a test's lifetime: only a release signal can wake it."""
@@ -394,6 +394,7 @@ async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
         worker = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
             [sys.executable, str(QUEUE_WORKER), mongodb_uri, TEST_DATABASE, lock_collection.name, name, str(place_ttl)],
             cwd=QUEUE_WORKER.parent.parent,
+            env=child_environment(),
         )
         try:
             for _ in range(200):
