@@ -113,19 +113,38 @@ def command_counter() -> CommandCounter:
     return CommandCounter()
 
 
-@pytest.fixture
-async def counted_collection(driver: str, mongodb_uri: str, command_counter: CommandCounter) -> AsyncIterator[Any]:
-    """A fresh collection on a client whose commands ``command_counter`` records."""
-    client = make_client(driver, mongodb_uri, event_listeners=[command_counter])
+@contextlib.asynccontextmanager
+async def _counted(driver: str, uri: str, counter: CommandCounter, *, sharded: bool) -> AsyncIterator[Any]:
+    client = make_client(driver, uri, event_listeners=[counter])
     collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
-    if os.environ.get("MONGOLOCK_TEST_SHARDED") == "1":
+    if sharded and os.environ.get("MONGOLOCK_TEST_SHARDED") == "1":
         await shard(collection)
-        command_counter.clear()
+        counter.clear()
     try:
         yield collection
     finally:
         await collection.drop()
         await close_client(client)
+
+
+@pytest.fixture
+async def counted_collection(driver: str, mongodb_uri: str, command_counter: CommandCounter) -> AsyncIterator[Any]:
+    """A fresh collection on a client whose commands ``command_counter`` records (sharded, as
+    every fresh lock collection, with ``MONGOLOCK_TEST_SHARDED=1``)."""
+    async with _counted(driver, mongodb_uri, command_counter, sharded=True) as collection:
+        yield collection
+
+
+@pytest.fixture
+async def unsharded_counted_collection(
+    driver: str, mongodb_uri: str, command_counter: CommandCounter
+) -> AsyncIterator[Any]:
+    """``counted_collection``, never sharded: for a unique index other than ``_id``'s, which
+    MongoDB refuses on a collection sharded on ``{_id: "hashed"}`` (a unique index must start with
+    ``_id`` or the shard key: ``ShardKeyPattern::isUniqueIndexCompatible`` in
+    src/mongo/s/shard_key_pattern.cpp; createIndexes fails with CannotCreateIndex)."""
+    async with _counted(driver, mongodb_uri, command_counter, sharded=False) as collection:
+        yield collection
 
 
 @pytest.fixture

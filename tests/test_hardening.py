@@ -485,14 +485,16 @@ def test_the_server_version_is_judged_by_the_servers_that_take_writes() -> None:
 
 
 async def test_only_a_duplicate_key_on_the_name_is_retried(
-    counted_collection: Any, command_counter: CommandCounter
+    unsharded_counted_collection: Any, command_counter: CommandCounter
 ) -> None:
-    await counted_collection.create_index("holder.label", unique=True, sparse=True)
-    first = AsyncMongoLock(counted_collection, "a", ttl=5.0, label="same")
+    # A user's unique index on another field: not possible on a collection sharded on hashed _id.
+    collection = unsharded_counted_collection
+    await collection.create_index("holder.label", unique=True, sparse=True)
+    first = AsyncMongoLock(collection, "a", ttl=5.0, label="same")
     assert await first.acquire()
     command_counter.clear()
     with pytest.raises(DuplicateKeyError):
-        await AsyncMongoLock(counted_collection, "b", ttl=5.0, label="same").acquire(blocking=False)
+        await AsyncMongoLock(collection, "b", ttl=5.0, label="same").acquire(blocking=False)
     assert command_counter.count("findAndModify") == 1, "a user's unique index clash was retried"
     assert await first.release()
 
