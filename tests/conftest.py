@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -11,15 +12,16 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import monitoring
+from pymongo import MongoClient, monitoring
 from pymongo.errors import OperationFailure
 
-from mongolock_async.testing import EmbeddedMongo
-from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard
+from mongolock_async.testing import EmbeddedMongo, ServerChoice
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard_blocking
 
 _COMMAND_NOT_FOUND, _UNAUTHORIZED = 59, 13
 
@@ -114,55 +116,154 @@ def command_counter() -> CommandCounter:
 
 
 @contextlib.asynccontextmanager
-async def _counted(driver: str, uri: str, counter: CommandCounter, *, sharded: bool) -> AsyncIterator[Any]:
+async def _counted(
+    driver: str, uri: str, admin: MongoClient[dict[str, Any]], counter: CommandCounter, *, sharded: bool
+) -> AsyncIterator[Any]:
     client = make_client(driver, uri, event_listeners=[counter])
-    collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
-    if sharded and os.environ.get("MONGOLOCK_TEST_SHARDED") == "1":
-        await shard(collection)
-        counter.clear()
+    name = f"locks_{uuid.uuid4().hex[:12]}"
+    if sharded and SHARDED:
+        shard_blocking(admin, TEST_DATABASE, name)
     try:
-        yield collection
+        yield client[TEST_DATABASE][name]
     finally:
-        await collection.drop()
+        admin[TEST_DATABASE].drop_collection(name)
         await close_client(client)
 
 
 @pytest.fixture
-async def counted_collection(driver: str, mongodb_uri: str, command_counter: CommandCounter) -> AsyncIterator[Any]:
+async def counted_collection(
+    driver: str, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]], command_counter: CommandCounter
+) -> AsyncIterator[Any]:
     """A fresh collection on a client whose commands ``command_counter`` records (sharded, as
     every fresh lock collection, with ``MONGOLOCK_TEST_SHARDED=1``)."""
-    async with _counted(driver, mongodb_uri, command_counter, sharded=True) as collection:
+    async with _counted(driver, mongodb_uri, mongolock_admin_client, command_counter, sharded=True) as collection:
         yield collection
 
 
 @pytest.fixture
 async def unsharded_counted_collection(
-    driver: str, mongodb_uri: str, command_counter: CommandCounter
+    driver: str, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]], command_counter: CommandCounter
 ) -> AsyncIterator[Any]:
     """``counted_collection``, never sharded: for a unique index other than ``_id``'s, which
     MongoDB refuses on a collection sharded on ``{_id: "hashed"}`` (a unique index must start with
     ``_id`` or the shard key: ``ShardKeyPattern::isUniqueIndexCompatible`` in
     src/mongo/s/shard_key_pattern.cpp; createIndexes fails with CannotCreateIndex)."""
-    async with _counted(driver, mongodb_uri, command_counter, sharded=False) as collection:
+    async with _counted(driver, mongodb_uri, mongolock_admin_client, command_counter, sharded=False) as collection:
         yield collection
 
 
 @pytest.fixture
 def private_server() -> Iterator[EmbeddedMongo]:
-    """An embedded server of the test's own, with test commands, for restarts, pauses and fail points."""
+    """An embedded server of the test's own, with test commands: for tests that stop, restart,
+    crash or pause (SIGSTOP) the server, which a shared one must never be. Fail points alone are
+    ``fault_server``'s."""
     with EmbeddedMongo(test_commands=True) as server:
         yield server
 
 
+# -- fail points -----------------------------------------------------------------------------------
+#
+# Fault tests run on the server under test when it accepts configureFailPoint (the workflow starts
+# every MongoDB with enableTestCommands=1), else on an embedded server of their own. Each test's
+# fail points are scoped to an appName of its own: mongod fails a command only for a client whose
+# metadata names that application (CommandHelpers::shouldActivateFailCommandFailPoint,
+# src/mongo/db/commands.cpp; the embedded server does the same). But a server has one failCommand
+# fail point (MONGO_FAIL_POINT_DEFINE(failCommand), same file), which each configureFailPoint
+# replaces: where the server is shared by this run's worker processes (MONGODB_URI), fault tests
+# take turns, holding a file lock in the run's temporary directory. configureFailPoint needs no
+# privilege (FaultInjectCmd in src/mongo/db/commands/fail_point_cmd.cpp: "No auth needed because it
+# only works when enabled via command line"), so the access-controlled job's user can arm them.
+
+SHARDED = os.environ.get("MONGOLOCK_TEST_SHARDED") == "1"
+_FAIL_POINT_TURNS = "mongolock-fail-point-turns.lock"
+
+
+@dataclass(frozen=True)
+class FaultServer:
+    """Where a test injects faults: the server's URI, a fresh collection name and an appName of the
+    test's own (a client made by ``client`` carries it, and ``set_fail_point`` scopes to it)."""
+
+    uri: str
+    app_name: str
+    collection: str
+    on_target: bool
+    """Whether this is the server under test (else an embedded server of the test's own)."""
+
+    def client(self, driver: str, *, app_name: str | None = None, **options: Any) -> Any:
+        return make_client(driver, self.uri, appName=app_name or self.app_name, **options)
+
+
+def fail_points_answer(uri: str) -> bool:
+    """Whether the server at ``uri`` accepts configureFailPoint (mongod/mongos started with
+    enableTestCommands=1; the embedded server with --enable-test-commands)."""
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(uri, serverSelectionTimeoutMS=10_000) as client:
+        try:
+            client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+        except OperationFailure as error:
+            if error.code in (_COMMAND_NOT_FOUND, _UNAUTHORIZED):
+                return False
+            raise
+    return True
+
+
+@contextlib.contextmanager
+def _fail_point_turn(shared: bool) -> Iterator[None]:
+    if not shared:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / _FAIL_POINT_TURNS, "a") as turns:
+        fcntl.flock(turns, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(turns, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def target_has_fail_points(mongolock_server: ServerChoice) -> bool:
+    with _fail_point_turn(mongolock_server.kind == "uri"):
+        return fail_points_answer(mongolock_server.uri)
+
+
 @pytest.fixture
-async def private_collection(driver: str, private_server: EmbeddedMongo) -> AsyncIterator[Any]:
-    """A collection on ``private_server`` reached with ``driver``; short timeouts so outages show quickly."""
-    client = make_client(driver, private_server.uri)
+def fault_server(
+    mongolock_server: ServerChoice,
+    mongolock_admin_client: MongoClient[dict[str, Any]],
+    target_has_fail_points: bool,
+) -> Iterator[FaultServer]:
+    """A server to arm fail points on: the server under test if it accepts them, else an embedded
+    server of the test's own. A fresh collection name, dropped after the test (sharded on the
+    server under test with ``MONGOLOCK_TEST_SHARDED=1``)."""
+    app_name, collection = f"fault-{uuid.uuid4().hex[:10]}", f"faults_{uuid.uuid4().hex[:12]}"
+    if not target_has_fail_points:
+        with EmbeddedMongo(test_commands=True) as server:
+            yield FaultServer(server.uri, app_name, collection, on_target=False)
+        return
+    with _fail_point_turn(mongolock_server.kind == "uri"):
+        if SHARDED:
+            shard_blocking(mongolock_admin_client, TEST_DATABASE, collection)
+        try:
+            yield FaultServer(mongolock_server.uri, app_name, collection, on_target=True)
+        finally:
+            mongolock_admin_client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+            mongolock_admin_client[TEST_DATABASE].drop_collection(collection)
+
+
+@pytest.fixture
+async def fault_collection(driver: str, fault_server: FaultServer) -> AsyncIterator[Any]:
+    """``fault_server``'s collection, on a client of ``driver`` with the test's appName."""
+    client = fault_server.client(driver)
     try:
-        yield client[TEST_DATABASE]["locks"]
+        yield client[TEST_DATABASE][fault_server.collection]
     finally:
-        if private_server.running:
-            await close_client(client)
+        await close_client(client)
+
+
+def _app_name(client: Any) -> str | None:
+    application = client.options.pool_options.metadata.get("application") or {}
+    name = application.get("name")
+    return name if isinstance(name, str) else None
 
 
 # What configures this test run, read by the package's pytest plugin and this file: the server
@@ -194,10 +295,14 @@ def uri_with_options(uri: str, **options: str) -> str:
 
 
 async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
-    """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point; skip the test on a
-    server without it (a MongoDB started without ``enableTestCommands``)."""
+    """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point for the commands of
+    one application: ``appName`` if given, else that of ``collection``'s client (a test's fail point
+    must never reach another test's clients on a shared server). Skips the test on a server without
+    it (a MongoDB started without ``enableTestCommands``)."""
     command: dict[str, Any] = {"configureFailPoint": "failCommand", "mode": mode}
-    if data:
+    if mode != "off":
+        data.setdefault("appName", _app_name(collection.database.client))
+        assert data["appName"], "scope the fail point: a client with an appName (fault_server.client), or appName="
         command["data"] = data
     try:
         await collection.database.client.admin.command(command)

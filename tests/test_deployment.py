@@ -30,7 +30,14 @@ from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.testing.server import HANDSHAKE_TIMEOUT
-from tests.conftest import CommandCounter, child_environment, set_fail_point, transaction, uri_with_options
+from tests.conftest import (
+    CommandCounter,
+    child_environment,
+    fail_points_answer,
+    set_fail_point,
+    transaction,
+    uri_with_options,
+)
 
 # The operators the library's requests use, all in MongoDB's Stable API (V1) since 5.0.0. SERVER-58076
 # left out of V1 only what 5.0 itself brought ($dateAdd, $dateSubtract, $dateDiff, $dateTrunc,
@@ -358,10 +365,12 @@ async def test_the_documented_roles_grant_what_is_sent_and_no_more(
     assert all(needed[resource] <= operator[resource] for resource in needed)
 
 
-async def test_fault_tests_are_skipped_with_the_reason_where_the_server_has_no_fail_points(driver: str) -> None:
-    # Against a MongoDB started without enableTestCommands (a managed service, say), the tests that
-    # inject faults with failCommand are skipped, saying why, rather than failing or passing.
+async def test_fault_tests_run_on_a_server_of_their_own_where_the_server_has_no_fail_points(driver: str) -> None:
+    # Against a MongoDB started without enableTestCommands (a managed service, say), the probe says
+    # so and the tests that inject faults with failCommand run on an embedded server of their own
+    # (fault_server); a fail point armed there anyway is skipped, saying why.
     with EmbeddedMongo(test_commands=False) as server:
+        assert not fail_points_answer(server.uri)
         client = make_client(driver, server.uri)
         try:
             with pytest.raises(pytest.skip.Exception, match="enableTestCommands"):

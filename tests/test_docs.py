@@ -46,7 +46,6 @@ def test_every_example_runs_as_written(
     # runs pytest with the package's plugin) must not inherit them.
     monkeypatch.setenv("MONGOLOCK_TEST_DRIVERS", "pymongo")
     monkeypatch.setenv("MONGOLOCK_TEST_SHARDED", "1")
-    env = child_environment(MONGODB_URI=docs_server, PYTHONPATH=str(tmp_path))
     for number, block in enumerate(python_blocks(page), start=1):
         name = file_name(block)
         if name:
@@ -58,7 +57,14 @@ def test_every_example_runs_as_written(
             script = tmp_path / f"example_{number}.py"
             script.write_text(block)
             command = [sys.executable, script.name]
-        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+        result = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=child_environment(MONGODB_URI=docs_server, PYTHONPATH=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert result.returncode == 0, f"{page.name}, python block {number}:\n{block}\n{result.stdout}{result.stderr}"
 
 

@@ -30,9 +30,15 @@ from mongolock_async import (
 )
 from mongolock_async.fencing import fenced_update_one
 from mongolock_async.store import LockStore
-from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, child_environment, most_at_once, run_workers, set_fail_point
+from tests.conftest import (
+    CommandCounter,
+    FaultServer,
+    child_environment,
+    most_at_once,
+    run_workers,
+    set_fail_point,
+)
 
 WORKER = Path(__file__).with_name("election_worker.py")
 PROCESSES, CANDIDATES, SECONDS = 4, 3, 4.0
@@ -405,17 +411,16 @@ async def test_observers_see_a_dead_leaders_term_expire(lock_collection: Any) ->
 
 
 async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
-    driver: str, private_server: EmbeddedMongo
+    driver: str, fault_server: FaultServer
 ) -> None:
     # Every command of the leader's client fails with a closed connection (a fail point scoped to
     # its appName), while the candidate's client is untouched: a network cut of the leader alone.
-    leader_client = make_client(
-        driver, private_server.uri, appName="cut-leader", serverMonitoringMode="poll", heartbeatFrequencyMS=500
-    )
-    candidate_client = make_client(driver, private_server.uri)
+    leader_client = fault_server.client(driver, serverMonitoringMode="poll", heartbeatFrequencyMS=500)
+    candidate_client = fault_server.client(driver, app_name=f"{fault_server.app_name}-candidate")
+    locks = fault_server.collection
     try:
-        leader = AsyncMongoElection(leader_client[TEST_DATABASE]["locks"], "cut", ttl=3.0, heartbeat=0.5)
-        candidate = AsyncMongoElection(candidate_client[TEST_DATABASE]["locks"], "cut", ttl=3.0)
+        leader = AsyncMongoElection(leader_client[TEST_DATABASE][locks], "cut", ttl=3.0, heartbeat=0.5)
+        candidate = AsyncMongoElection(candidate_client[TEST_DATABASE][locks], "cut", ttl=3.0)
         led: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
         stopped: list[float] = []
 
@@ -432,18 +437,18 @@ async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
         await asyncio.sleep(0.3)  # the candidate's place is stored
         commands = ["update", "findAndModify", "aggregate", "find", "getMore", "ping"]
         await set_fail_point(
-            candidate_client[TEST_DATABASE]["locks"],
+            candidate_client[TEST_DATABASE][locks],
             "alwaysOn",
             failCommands=commands,
             closeConnection=True,
-            appName="cut-leader",
+            appName=fault_server.app_name,
         )
         new_term = await following
         took_over_at = time.monotonic()
         assert stopped, "the cut-off leader's work was still running when the next leader started"
         assert stopped[0] <= took_over_at, "two leaders worked at once"
         assert new_term > old_term
-        await set_fail_point(candidate_client[TEST_DATABASE]["locks"], "off")
+        await set_fail_point(candidate_client[TEST_DATABASE][locks], "off")
         leading.cancel()
         with pytest.raises(asyncio.CancelledError):
             await leading

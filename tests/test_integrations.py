@@ -435,7 +435,8 @@ def test_the_web_examples_serve_from_the_package_on_localhost(mongodb_uri: str, 
 
 def test_the_examples_keep_their_locks_where_mongolock_list_looks(private_server: EmbeddedMongo) -> None:
     """Without MONGOLOCK_DB / MONGOLOCK_COLLECTION, an example's locks are in mongolock.locks: the
-    command's default, so ``mongolock list`` after trying an example shows them."""
+    command's default, so ``mongolock list`` after trying an example shows them. It needs a server of its own:
+    the listing is compared whole, and other tests leave locks in mongolock.locks."""
     suffix = uuid.uuid4().hex[:8]
     job = subprocess.run(
         [sys.executable, "-m", "mongolock_async.examples.scheduled_job"],

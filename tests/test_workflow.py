@@ -8,9 +8,11 @@ import ast
 from pathlib import Path
 
 import pytest
+from pymongo.errors import OperationFailure
 from pymongo.uri_parser import parse_uri
 
-from tests.conftest import uri_with_options
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.conftest import FaultServer, set_fail_point, uri_with_options
 
 TESTS = Path(__file__).parent
 _SPAWNERS = {"run", "Popen", "call", "check_call", "check_output"}
@@ -60,3 +62,57 @@ def test_options_are_added_to_any_uri_as_options(uri: str) -> None:
     assert parsed["database"] == original["database"], f"{built} names another database"
     assert parsed["nodelist"] == original["nodelist"] and parsed["password"] == original["password"]
     assert all(parsed["options"][key] == value for key, value in original["options"].items())
+
+
+_RESTARTS = ("pause", "resume", "stop", "start", "restart", "kill")
+
+
+def test_only_tests_that_stop_or_pause_the_server_start_their_own() -> None:
+    # A test that only arms fail points runs on the server under test (fault_server), so that on
+    # the workflow's MongoDB the ambiguous acquire, the lost release reply and the rest are proven
+    # on mongod, not only on the embedded double.
+    offenders = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            if "private_server" not in {argument.arg for argument in node.args.args}:
+                continue
+            body = ast.get_source_segment(source, node) or ""
+            controls = (
+                any(f"private_server.{method}(" in body for method in _RESTARTS) or "stopped(private_server" in body
+            )
+            if not controls and "a server of its own" not in body:
+                offenders.append(f"{path.name}::{node.name}")
+    assert not offenders, "tests that start a server only for fail points (use fault_server): " + ", ".join(offenders)
+
+
+def test_fault_tests_use_the_server_under_test_when_it_has_fail_points(
+    fault_server: FaultServer, mongodb_uri: str, target_has_fail_points: bool
+) -> None:
+    assert fault_server.on_target is target_has_fail_points
+    if target_has_fail_points:
+        assert fault_server.uri == mongodb_uri
+
+
+async def test_a_fail_point_is_scoped_to_one_client(driver: str, fault_server: FaultServer) -> None:
+    mine, other = fault_server.client(driver), fault_server.client(driver, app_name=f"{fault_server.app_name}-other")
+    try:
+        await set_fail_point(
+            mine[TEST_DATABASE][fault_server.collection], "alwaysOn", failCommands=["find"], errorCode=2
+        )
+        assert await other[TEST_DATABASE][fault_server.collection].find_one({}) is None, "another client was hit"
+        with pytest.raises(OperationFailure):
+            await mine[TEST_DATABASE][fault_server.collection].find_one({})
+        unscoped = make_client(driver, fault_server.uri)
+        try:
+            with pytest.raises(AssertionError, match="scope the fail point"):
+                await set_fail_point(
+                    unscoped[TEST_DATABASE][fault_server.collection], "alwaysOn", failCommands=["find"]
+                )
+        finally:
+            await close_client(unscoped)
+    finally:
+        await close_client(mine)
+        await close_client(other)
