@@ -876,6 +876,12 @@ _NEXT_FENCE: dict[str, Any] = {
         {"$multiply": [{"$toLong": _NOW}, 1000]},
     ]
 }
+# The next fence, only on a sane document: $toLong of a fence edited into NaN, a string, an object or
+# a number beyond a long fails the whole request (ExpressionConvert in
+# src/mongo/db/pipeline/expression.cpp raises ConversionFailure "... with no onError value"), where
+# the caller should get LockDataError for an unchanged document. $cond evaluates only the branch it
+# takes (ExpressionCond::evaluate, same file).
+_NEXT_FENCE_IF_SANE: dict[str, Any] = {"$cond": ["$_sane", _NEXT_FENCE, None]}
 
 
 def _live_places(excluding: str | None = None) -> dict[str, Any]:
@@ -1511,7 +1517,7 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
                 "_mine": {"$in": [me, _holder_tokens("$_hs")]},
                 "_gone": _withdrawn(me),
                 "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
-                "_nf": _NEXT_FENCE,
+                "_nf": _NEXT_FENCE_IF_SANE,
                 "_room": {"$lte": [{"$add": [_weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
             }
         },
@@ -1677,7 +1683,7 @@ def _semaphore_release_stages(
             "$set": {
                 "_q": live_places,
                 "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]},
-                "_nf": _NEXT_FENCE,
+                "_nf": _NEXT_FENCE_IF_SANE,
             }
         },
         {
