@@ -4,8 +4,9 @@ One document per lock name:
 
 ```text
 {_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
- holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt, handedOffTo,
- queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
+ holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, recentReleases,
+ handedOffAt, handedOffTo, queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...],
+ renewal: <tick>}
 ```
 
 Time is always the server's: expiry is written and compared with ``$$NOW`` inside the query, never
@@ -295,16 +296,20 @@ class LockStore:
         ``fair``: the oldest place, ``successor`` queued at the end. The place that gets the lease
         leaves the queue and its follower joins it at the end. Returns the document after the write.
 
-        The write records ``owner`` as ``releasedOwner``, and a document that records it matches
-        too (and is left as it is): so a release sent again because the reply to an earlier one
-        was lost (a write concern error, a timeout) recognises that earlier success instead of
-        reporting the lease gone. Owner tokens are never reused, so only our own release writes it.
+        The write records ``owner`` as ``releasedOwner`` and in ``recentReleases`` (with the expiry
+        its lease had), and a document that records it matches too (and is left as it is): so a
+        release sent again because the reply to an earlier one was lost (a write concern error, a
+        timeout) recognises that earlier success instead of reporting the lease gone, also after
+        later holders released in between. A copy can arrive only while that lease would still
+        have been live (the caller stops sending it at the lease's local deadline), so a release
+        is forgotten once that expiry has passed, or after ``_LOCK_RELEASES_REMEMBERED`` later
+        releases of the name. Owner tokens are never reused, so only our own release writes it.
         With ``permits``, ``owner``'s permit is returned and handed on the same way (to as many of the
         oldest places as its weight makes room for), and the last released owners are remembered in
         ``releasedOwners``.
         """
         if permits is None:
-            query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]}
+            query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}, {"recentReleases.o": owner}]}
             pipeline = _release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
         else:
             query = {"_id": name, "$or": [{"holders.o": owner}, {"releasedOwners": owner}]}
@@ -987,6 +992,23 @@ def _remember_withdrawals() -> dict[str, Any]:
     return {"$slice": [{"$concatArrays": [earlier, "$_v.leaving"]}, -_WITHDRAWALS_REMEMBERED]}
 
 
+# Releases of a lock a document remembers at most (see ``LockStore.release``): each is forgotten
+# once the lease it ended would have expired, and this bounds the list on a name handed on faster
+# than that.
+_LOCK_RELEASES_REMEMBERED = 256
+
+
+def _remember_release() -> dict[str, Any]:
+    """``recentReleases`` after a release of the lease (``$owner`` until ``$expiresAt``, as the
+    document had them), without the releases whose leases would have expired by now; unchanged
+    unless the release ended our live lease (``$_own``)."""
+    still_resendable = {
+        "$filter": {"input": _array_or_empty("$recentReleases"), "cond": {"$gt": ["$$this.until", _NOW]}}
+    }
+    remembered = {"$concatArrays": [still_resendable, [{"o": "$owner", "until": "$expiresAt"}]]}
+    return {"$cond": ["$_own", {"$slice": [remembered, -_LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
+
+
 def _first_or_null(array: Any) -> dict[str, Any]:
     return {"$ifNull": [{"$first": [array]}, None]}
 
@@ -1144,6 +1166,9 @@ def _release_stages(
                 "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
+                # A withdrawal passes on a lease handed to a place that gave up: no release of
+                # that token is ever sent again.
+                "recentReleases": "$recentReleases" if leaving else _remember_release(),
                 "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
                 "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
             }

@@ -296,6 +296,35 @@ async def test_a_release_whose_reply_was_lost_is_still_a_release(fault_collectio
         assert await successor.release()
 
 
+async def test_a_release_sent_again_after_the_next_holders_release_is_still_recognised(lock_collection: Any) -> None:
+    # A release whose reply was lost is sent again; before the copy arrives, the lease it handed on
+    # (or the free lock) was taken and released by the next holder. The copy must find its own
+    # earlier release, not report a lost lease (a lock remembered only its last releaser).
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("resent", "first", 30_000, {})).holds("first")
+    assert await store.release("resent", "first") is not None  # applied; say its reply was lost
+    for later in ("second", "third"):
+        assert (await store.try_acquire("resent", later, 30_000, {})).holds(later)
+        assert await store.release("resent", later) is not None
+    assert await store.release("resent", "first") is not None, "our own earlier release was taken for a lost lease"
+    assert await store.release("resent", "never-held") is None
+
+
+async def test_a_release_is_remembered_while_its_lease_would_have_lasted(lock_collection: Any) -> None:
+    # A copy can arrive only while the lease it ended would still have been live (the library stops
+    # sending it at the lease's local deadline): the document forgets releases whose leases would
+    # have expired, so it does not grow with every release of a busy name.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("remembered", "short", 300, {})).holds("short")
+    assert await store.release("remembered", "short") is not None
+    await asyncio.sleep(0.5)
+    for later in ("long", "longer"):
+        assert (await store.try_acquire("remembered", later, 30_000, {})).holds(later)
+        assert await store.release("remembered", later) is not None
+    doc = await lock_collection.find_one({"_id": "remembered"})
+    assert [entry["o"] for entry in doc["recentReleases"]] == ["long", "longer"]
+
+
 @pytest.mark.parametrize("permits", [None, Permits("semaphore", 2)], ids=["lock", "semaphore"])
 async def test_an_attempt_applied_after_its_withdrawal_queues_nothing_and_takes_nothing(
     lock_collection: Any, permits: Permits | None
