@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import re
 import secrets
 import time
@@ -89,7 +90,7 @@ _DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
-    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone", "_hand",
+    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone", "_hand", "_r",
 ]  # fmt: skip
 
 
@@ -1615,38 +1616,82 @@ def semaphore_release_pipeline(
 _RELEASES_REMEMBERED = 64
 
 
+# A release's server work must grow linearly with the places queued (a read-write lock's writer
+# hands the lock to every reader queued before the next writer, up to MAX_PERMITS of them), so
+# nothing below grows a string or an array inside $reduce: $concat and $concatArrays copy their
+# inputs (ExpressionConcat/ExpressionConcatArrays::evaluate build a new value each time,
+# src/mongo/db/pipeline/expression.cpp), which there made the work quadratic in the places.
+
+# Tokens joined per run in a round of ``_joined``, and its rounds: _JOIN_RUN ** _JOIN_ROUNDS >
+# MAX_PERMITS, the most places one release can hand to (each weighs at least 1).
+_JOIN_RUN = 22
+_JOIN_ROUNDS = math.ceil(math.log(MAX_PERMITS + 1, _JOIN_RUN))
+
+
 def _joined(tokens: Any) -> dict[str, Any]:
-    """``tokens`` in one string, separated by spaces."""
-    return {
-        "$reduce": {
-            "input": tokens,
-            "initialValue": "",
-            "in": {"$cond": [{"$eq": ["$$value", ""]}, "$$this", {"$concat": ["$$value", " ", "$$this"]}]},
+    """``tokens`` in one string, separated by spaces. Each round joins every run of ``_JOIN_RUN``
+    neighbours into one string, so a token is copied at most ``_JOIN_RUN`` times per round and
+    ``_JOIN_ROUNDS`` rounds make one string: work linear in the tokens, where appending each to
+    one growing string copied every earlier one again."""
+    joined: Any = "$$t"
+    for _ in range(_JOIN_ROUNDS):
+        run = {
+            "$reduce": {
+                "input": {"$slice": ["$$a", "$$i", _JOIN_RUN]},
+                "initialValue": "",
+                "in": {"$cond": [{"$eq": ["$$value", ""]}, "$$this", {"$concat": ["$$value", " ", "$$this"]}]},
+            }
         }
-    }
+        runs = {"$map": {"input": {"$range": [0, {"$size": "$$a"}, _JOIN_RUN]}, "as": "i", "in": run}}
+        joined = {"$let": {"vars": {"a": joined}, "in": runs}}
+    return {"$let": {"vars": {"t": tokens}, "in": {"$ifNull": [{"$first": [joined]}, ""]}}}
 
 
-def _fitting_run(places: Any, room: Any) -> dict[str, Any]:
-    """The longest run of ``places`` from the first whose weights add up to at most ``room``."""
+def _fitting_count(places: Any, room: Any) -> dict[str, Any]:
+    """How many of ``places``, from the first, fit in ``room`` together (the longest such run).
+    Only numbers are carried from one place to the next."""
     fits = {"$and": ["$$value.open", {"$lte": [_weight("$$this"), "$$value.left"]}]}
     run = {
         "$reduce": {
             "input": places,
-            "initialValue": {"left": room, "take": [], "open": True},
+            "initialValue": {"left": room, "n": 0, "open": True},
             "in": {
                 "$cond": [
                     fits,
                     {
                         "left": {"$subtract": ["$$value.left", _weight("$$this")]},
-                        "take": {"$concatArrays": ["$$value.take", ["$$this"]]},
+                        "n": {"$add": ["$$value.n", 1]},
                         "open": True,
                     },
-                    {"left": "$$value.left", "take": "$$value.take", "open": False},
+                    {"left": "$$value.left", "n": "$$value.n", "open": False},
                 ]
             },
         }
     }
-    return {"$let": {"vars": {"run": run}, "in": "$$run.take"}}
+    return {"$let": {"vars": {"run": run}, "in": "$$run.n"}}
+
+
+def _position_in_order(index: Any, successor_at: Any, size: Any, *, successor_first: bool) -> dict[str, Any]:
+    """Where the candidate at ``index`` of ``_c`` stands in the order of hand-offs, which moves the
+    successor (at ``successor_at`` in ``_c``, or -1) to the front or to the back."""
+    moved: Any
+    if successor_first:
+        moved, before, after = 0, {"$add": [index, 1]}, index
+    else:
+        moved, before, after = {"$subtract": [size, 1]}, index, {"$subtract": [index, 1]}
+    return {
+        "$cond": [
+            {"$lt": [successor_at, 0]},
+            index,
+            {
+                "$cond": [
+                    {"$eq": [index, successor_at]},
+                    moved,
+                    {"$cond": [{"$lt": [index, successor_at]}, before, after]},
+                ]
+            },
+        ]
+    }
 
 
 @functools.cache
@@ -1668,10 +1713,40 @@ def _semaphore_release_stages(
         candidates = _with_place("$_q", "$_v.successor", successor_place)
     candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
     order: Any = "$_c"
+    # Where the successor stands in _c (-1: nowhere, or not moved), for the remaining queue below.
+    successor_at: Any = -1
     if successor and not fair:
         mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
         others = _without("$_c", "$_v.successor")
         order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
+        successor_at = {"$indexOfArray": [_tokens("$_c"), "$_v.successor"]}
+    # The queue after the hand-off, in _c's order: the candidates whose place in the hand-off order
+    # is past the ones handed (the first _r.k of that order). Where the handed ones are the first of
+    # _c too (the successor not moved), a slice; else the rest picked by index.
+    size_c = {"$size": "$_c"}
+    handed = "$_r.k"
+    position = _position_in_order("$$i", "$$m", size_c, successor_first=successor_first)
+    picked = {
+        "$map": {
+            "input": {"$filter": {"input": {"$range": [0, size_c]}, "as": "i", "cond": {"$gte": [position, handed]}}},
+            "as": "i",
+            "in": {"$arrayElemAt": ["$_c", "$$i"]},
+        }
+    }
+    natural = 0 if successor_first else {"$subtract": [size_c, 1]}
+    in_place = {"$or": [{"$lt": ["$$m", 0]}, {"$eq": ["$$m", natural]}]}
+    remaining_queue = {
+        "$let": {
+            "vars": {"m": successor_at},
+            "in": {
+                "$cond": [
+                    {"$eq": [handed, 0]},
+                    "$_c",
+                    {"$cond": [in_place, {"$slice": ["$_c", handed, {"$max": [size_c, 1]}]}, picked]},
+                ]
+            },
+        }
+    }
     live_places: Any = _live_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
@@ -1695,7 +1770,15 @@ def _semaphore_release_stages(
             },
         }
     }
-    remote = {"$filter": {"input": _tokens("$_hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    remote = {"$filter": {"input": _tokens("$_r.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    room = {"$subtract": ["$limit", _weight_of("$_rest")]}
+    fitting = {"$cond": ["$_own", _fitting_count("$$o", room), 0]}
+    handed_off = {
+        "$let": {
+            "vars": {"o": order},
+            "in": {"$let": {"vars": {"k": fitting}, "in": {"k": "$$k", "hand": {"$slice": ["$$o", "$$k"]}}}},
+        }
+    }
     # Served in turn, waiters all queue behind the oldest place; when the weight freed does not fit
     # it (readers leaving before a waiting writer), nobody could come in, and waking every waiting
     # process would only send an attempt from each to the one document, delaying the release that
@@ -1730,19 +1813,11 @@ def _semaphore_release_stages(
         },
         {"$set": {"_c": candidates}},
         # The freed weight goes to the oldest places that fit under the stored limit (a lowered
-        # limit revokes nobody; the weight above it is not handed on).
-        {
-            "$set": {
-                "_hand": {
-                    "$cond": [
-                        "$_own",
-                        _fitting_run(order, {"$subtract": ["$limit", _weight_of("$_rest")]}),
-                        [],
-                    ]
-                }
-            }
-        },
-        {"$set": {"_handed": {"$gt": [{"$size": "$_hand"}, 0]}, "_remote": remote}},
+        # limit revokes nobody; the weight above it is not handed on): _r.k of them, _r.hand.
+        # (No more stages than needed: each one costs the embedded test server a copy of the
+        # whole document, temporaries and all.)
+        {"$set": {"_r": handed_off}},
+        {"$set": {"_hand": "$_r.hand", "_handed": {"$gt": ["$_r.k", 0]}, "_remote": remote}},
         {
             "$set": {
                 "holders": {
@@ -1780,18 +1855,7 @@ def _semaphore_release_stages(
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {
-                            "$cond": [
-                                "$_own",
-                                {
-                                    "$filter": {
-                                        "input": "$_c",
-                                        "cond": {"$not": [{"$in": ["$$this.t", _tokens("$_hand")]}]},
-                                    }
-                                },
-                                "$_q",
-                            ]
-                        },
+                        {"$cond": ["$_own", remaining_queue, "$_q"]},
                     ]
                 },
             }

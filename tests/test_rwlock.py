@@ -14,7 +14,7 @@ import pytest
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
-from mongolock_async.store import LockStore
+from mongolock_async.store import LockStore, Permits, PlaceRequest, semaphore_release_pipeline
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, most_at_once, run_workers
 
@@ -277,3 +277,101 @@ async def test_readers_leaving_before_a_waiting_writer_wake_no_one(driver: str, 
     finally:
         await close_client(readers_client)
         await close_client(waiting_client)
+
+
+# What a writer's release hands on, and what it leaves queued, in every arrangement of its own
+# process's next waiter (the successor): the release picks them by index rather than rebuilding
+# arrays in a loop (linear in the places queued), so it is checked against this model of the rule.
+READER, WRITER = Permits("rwlock", 10_000, 1), Permits("rwlock", 10_000, 10_000)
+QUEUE = [("r1", READER), ("r2", READER), ("w1", WRITER), ("r3", READER)]
+
+
+def expected_hand_off(successor: str | None, fair: bool, successor_first: bool) -> tuple[list[str], list[str]]:
+    """(handed, left queued): the live places with the successor queued last if it has none, in
+    the order of hand-offs (the successor first or last unless fair), the longest run from the
+    first that fits in the writer's freed weight; the rest keep the stored order."""
+    stored = [token for token, _ in QUEUE] + ([successor] if successor and successor not in dict(QUEUE) else [])
+    order = stored
+    if successor and not fair:
+        others = [token for token in stored if token != successor]
+        order = [successor, *others] if successor_first else [*others, successor]
+    weight = {token: permits.weight for token, permits in QUEUE} | ({successor: 1} if successor else {})
+    handed, room = [], 10_000
+    for token in order:
+        if weight[token] > room:
+            break
+        handed.append(token)
+        room -= weight[token]
+    return handed, [token for token in stored if token not in handed]
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
+@pytest.mark.parametrize("successor_first", [True, False], ids=["successor-first", "others-first"])
+@pytest.mark.parametrize("successor", [None, "r1", "r2", "r3", "s-new"], ids=lambda s: f"successor-{s}")
+async def test_a_writers_release_hands_on_and_keeps_the_queue_in_order(
+    lock_collection: Any, successor: str | None, fair: bool, successor_first: bool
+) -> None:
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("order", "writer", 60_000, {}, permits=WRITER)).holds("writer")
+    for token, permits in QUEUE:
+        await store.try_acquire("order", token, 60_000, {}, enqueue=True, fair=True, permits=permits)
+    request = None if successor is None else PlaceRequest(successor, 60_000, {}, weight=1)
+    state = await store.release(
+        "order", "writer", successor=request, fair=fair, successor_first=successor_first, permits=WRITER
+    )
+    assert state is not None
+    handed, left = expected_hand_off(successor, fair, successor_first)
+    assert sorted(permit.token for permit in state.permits) == sorted(handed)
+    assert [place.token for place in state.queue] == left
+    if len(handed) > 1:  # what a change stream looks for
+        doc = await lock_collection.find_one({"_id": "order"})
+        assert sorted(doc["handedOffTo"].split(" ")) == sorted(handed), doc["handedOffTo"]
+
+
+def _grows_its_accumulator(expression: Any) -> bool:
+    """Whether ``expression`` (a $reduce's ``in``) concatenates onto ``$$value``."""
+    if isinstance(expression, dict):
+        for key, value in expression.items():
+            if key in ("$concat", "$concatArrays") and isinstance(value, list) and "$$value" in value:
+                return True
+            if _grows_its_accumulator(value):
+                return True
+    elif isinstance(expression, list):
+        return any(_grows_its_accumulator(item) for item in expression)
+    return False
+
+
+def _unbounded_growing_reductions(expression: Any) -> list[Any]:
+    """Every $reduce that appends to its accumulator over an input of unbounded length (anything
+    but a $slice of a constant number of elements): work quadratic in that input."""
+    found = []
+    if isinstance(expression, dict):
+        reduce = expression.get("$reduce")
+        if isinstance(reduce, dict) and _grows_its_accumulator(reduce.get("in")):
+            bounded = reduce.get("input")
+            if not (isinstance(bounded, dict) and isinstance((bounded.get("$slice") or [None])[-1], int)):
+                found.append(reduce)
+        for value in expression.values():
+            found += _unbounded_growing_reductions(value)
+    elif isinstance(expression, list):
+        for item in expression:
+            found += _unbounded_growing_reductions(item)
+    return found
+
+
+@pytest.mark.parametrize("leaving", [False, True], ids=["release", "withdrawal"])
+@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
+def test_a_release_grows_nothing_place_by_place(fair: bool, leaving: bool) -> None:
+    # A writer's release hands on to every reader queued before the next writer (up to
+    # MAX_PERMITS): appending them one by one to an array or a string inside $reduce copies the
+    # accumulator each time, quadratic in the places (the benchmark's 1,000 against 10 places).
+    for successor in (None, PlaceRequest("s", 1_000, {}, weight=1)):
+        pipeline = semaphore_release_pipeline(
+            None if leaving else "w",
+            successor,
+            WRITER,
+            fair=fair,
+            successor_first=True,
+            leaving=["gone"] if leaving else (),
+        )
+        assert not _unbounded_growing_reductions(pipeline)
