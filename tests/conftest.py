@@ -22,6 +22,7 @@ from pymongo.errors import OperationFailure
 
 from mongolock_async.testing import EmbeddedMongo, ServerChoice
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard_blocking
+from tests import fault_admins
 
 _COMMAND_NOT_FOUND, _UNAUTHORIZED = 59, 13
 
@@ -188,6 +189,8 @@ class FaultServer:
     collection: str
     on_target: bool
     """Whether this is the server under test (else an embedded server of the test's own)."""
+    admin: MongoClient[dict[str, Any]]
+    """A blocking client of this server allowed to drop, rename and shard (the test's user may not be)."""
 
     def client(self, driver: str, *, app_name: str | None = None, **options: Any) -> Any:
         return make_client(driver, self.uri, appName=app_name or self.app_name, **options)
@@ -222,8 +225,15 @@ def _fail_point_turn(shared: bool) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def target_has_fail_points(mongolock_server: ServerChoice) -> bool:
+    # Asked as the administrator (MONGOLOCK_TEST_ADMIN_URI, if set): the embedded server wants a
+    # privilege for configureFailPoint, where mongod wants none.
+    uri = os.environ.get("MONGOLOCK_TEST_ADMIN_URI") or mongolock_server.uri
     with _fail_point_turn(mongolock_server.kind == "uri"):
-        return fail_points_answer(mongolock_server.uri)
+        return fail_points_answer(uri)
+
+
+# The administrator's client of the current test's fault server (see ``set_fail_point``).
+_fail_point_admins = fault_admins.in_use
 
 
 @pytest.fixture
@@ -237,17 +247,25 @@ def fault_server(
     server under test with ``MONGOLOCK_TEST_SHARDED=1``)."""
     app_name, collection = f"fault-{uuid.uuid4().hex[:10]}", f"faults_{uuid.uuid4().hex[:12]}"
     if not target_has_fail_points:
-        with EmbeddedMongo(test_commands=True) as server:
-            yield FaultServer(server.uri, app_name, collection, on_target=False)
+        own: MongoClient[dict[str, Any]]
+        with EmbeddedMongo(test_commands=True) as server, MongoClient(server.uri) as own:
+            _fail_point_admins.append(own)
+            try:
+                yield FaultServer(server.uri, app_name, collection, on_target=False, admin=own)
+            finally:
+                _fail_point_admins.remove(own)
         return
+    admin = mongolock_admin_client
     with _fail_point_turn(mongolock_server.kind == "uri"):
         if SHARDED:
-            shard_blocking(mongolock_admin_client, TEST_DATABASE, collection)
+            shard_blocking(admin, TEST_DATABASE, collection)
+        _fail_point_admins.append(admin)
         try:
-            yield FaultServer(mongolock_server.uri, app_name, collection, on_target=True)
+            yield FaultServer(mongolock_server.uri, app_name, collection, on_target=True, admin=admin)
         finally:
-            mongolock_admin_client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
-            mongolock_admin_client[TEST_DATABASE].drop_collection(collection)
+            _fail_point_admins.remove(admin)
+            admin.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+            admin[TEST_DATABASE].drop_collection(collection)
 
 
 @pytest.fixture
@@ -294,6 +312,21 @@ def uri_with_options(uri: str, **options: str) -> str:
     return f"{scheme}://{hosts}/{database}?{encoded}"
 
 
+def uri_without_credentials(uri: str) -> str:
+    """``uri`` without its user, password and the options that go with them (authSource,
+    authMechanism): the same servers, reached without authenticating."""
+    scheme, _, rest = uri.partition("://")
+    authority, _, tail = rest.partition("/")
+    database, _, query = tail.partition("?")
+    pairs = {
+        key: value
+        for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True)
+        if key not in ("authSource", "authMechanism", "authMechanismProperties")
+    }
+    encoded = urllib.parse.urlencode(pairs, quote_via=urllib.parse.quote, safe=":,")
+    return f"{scheme}://{authority.rpartition('@')[2]}/{database}" + (f"?{encoded}" if encoded else "")
+
+
 async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
     """Arm (or with mode "off" disarm) the server's ``failCommand`` fail point for the commands of
     one application: ``appName`` if given, else that of ``collection``'s client (a test's fail point
@@ -307,6 +340,11 @@ async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
     try:
         await collection.database.client.admin.command(command)
     except OperationFailure as error:
+        if error.code == _UNAUTHORIZED and _fail_point_admins:
+            # mongod lets anyone configure a fail point (FaultInjectCmd requires no privilege); the
+            # embedded server wants one, which the administrator of the fault server has.
+            _fail_point_admins[-1].admin.command(command)
+            return
         if error.code not in (_COMMAND_NOT_FOUND, _UNAUTHORIZED):
             raise
         pytest.skip(f"this server has no failCommand fail point (start mongod with enableTestCommands=1): {error}")
@@ -324,6 +362,27 @@ async def transaction(client: Any) -> AsyncIterator[Any]:
             started = await started
         async with started:
             yield session
+
+
+# -- a sharded job's environment without a mongos --------------------------------------------------
+
+# The fixtures that shard their collection under MONGOLOCK_TEST_SHARDED=1.
+_SHARDED_FIXTURES = {"mongolock_collection", "lock_collection", "counted_collection", "fault_server"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With MONGOLOCK_TEST_WITHOUT_MONGOS=1 (.ci/workflow_environments.py runs the sharded job's
+    environment against the embedded server, which cannot shard), leave out the tests that need a
+    sharded collection."""
+    if not (SHARDED and os.environ.get("MONGOLOCK_TEST_WITHOUT_MONGOS") == "1"):
+        return
+    kept, left_out = [], []
+    for item in items:
+        needs = _SHARDED_FIXTURES & set(getattr(item, "fixturenames", ()))
+        (left_out if needs else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 # -- nothing left behind ----------------------------------------------------------------------------

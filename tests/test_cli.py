@@ -21,7 +21,7 @@ from pymongo import AsyncMongoClient
 from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
-from tests.conftest import child_environment, uri_with_options
+from tests.conftest import child_environment, uri_with_options, uri_without_credentials
 from tests.test_force_release import two_permits_of_one_process
 
 PASSWORD = "pa55-w0rd-secret"
@@ -311,14 +311,15 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     ("uri", "code", "cause"),
     [
         (f"mongodb+srv://alice:{PASSWORD}@nowhere.invalid/", 3, "does not resolve (DNS)"),
-        ("SESSION", 3, "pymongo-auth-aws"),  # the session's URI with authMechanism=MONGODB-AWS
+        ("SESSION", 3, "pymongo-auth-aws"),  # the session's servers with authMechanism=MONGODB-AWS
         ("mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300", 3, "connection refused"),
     ],
     ids=["srv-dns", "aws-extra", "refused"],
 )
+@pytest.mark.environment
 def test_connection_failures_are_one_line_naming_the_cause(mongodb_uri: str, uri: str, code: int, cause: str) -> None:
-    if uri == "SESSION":
-        uri = uri_with_options(mongodb_uri, authMechanism="MONGODB-AWS")
+    if uri == "SESSION":  # (MONGODB-AWS takes no password in the URI, nor another authSource)
+        uri = uri_with_options(uri_without_credentials(mongodb_uri), authMechanism="MONGODB-AWS")
     result = mongolock("list", uri=uri)
     assert result.returncode == code
     assert cause in one_line(result) and PASSWORD not in result.stderr

@@ -38,7 +38,14 @@ def test_the_pages_have_code_to_run() -> None:
     assert sum(len(python_blocks(page)) for page in PAGES_WITH_CODE) >= 15
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT)))
+# docs/testing.md runs pytest, whose plugin reads the test run's settings: an environment test.
+PAGE_PARAMETERS = [
+    pytest.param(page, marks=[pytest.mark.environment] if page.name == "testing.md" else [])
+    for page in PAGES_WITH_CODE
+]
+
+
+@pytest.mark.parametrize("page", PAGE_PARAMETERS, ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_example_runs_as_written(
     page: Path, docs_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
@@ -104,7 +105,9 @@ async def test_a_resignation_hands_leadership_to_the_next_candidate_at_once(driv
             await close_client(client)
 
 
-async def test_terms_rise_across_resignation_expiry_force_release_and_purge(lock_collection: Any) -> None:
+async def test_terms_rise_across_resignation_expiry_force_release_and_purge(
+    lock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     store = LockStore(lock_collection, WriteConcern(w="majority"))
     terms: list[int] = []
 
@@ -123,7 +126,8 @@ async def test_terms_rise_across_resignation_expiry_force_release_and_purge(lock
     deposed._forget_lease()
     purged = await win()
     purged._forget_lease()
-    await lock_collection.delete_one({"_id": "terms"})  # purged by the idle-cleanup index
+    # Purged by the idle-cleanup index (which the server runs; the test's user may not delete).
+    mongolock_admin_client[TEST_DATABASE][lock_collection.name].delete_one({"_id": "terms"})
     await asyncio.sleep(0.01)
     await win()
     assert terms == sorted(set(terms)), f"terms went down: {terms}"

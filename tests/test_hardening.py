@@ -514,6 +514,7 @@ def test_the_server_version_is_judged_by_the_servers_that_take_writes() -> None:
     assert oldest_wire_version([_server(21, **secondary)]) is None  # no server that takes writes is known
 
 
+@pytest.mark.environment
 async def test_only_a_duplicate_key_on_the_name_is_retried(
     unsharded_counted_collection: Any, command_counter: CommandCounter
 ) -> None:

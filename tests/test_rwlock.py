@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
@@ -193,7 +194,9 @@ async def test_a_name_is_of_one_kind(lock_collection: Any) -> None:
     assert await semaphore.release()
 
 
-async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_collection: Any) -> None:
+async def test_tokens_rise_across_release_expiry_force_release_and_purge(
+    lock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     store = LockStore(lock_collection, WriteConcern(w="majority"))
     rw = AsyncMongoRWLock(lock_collection, "fenced", ttl=10.0)
     tokens: list[int] = []
@@ -214,7 +217,8 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_co
     reader._forget_lease()
     writer = await take(rw.write())
     writer._forget_lease()
-    await lock_collection.delete_one({"_id": "fenced"})  # purged by the idle-cleanup index
+    # Purged by the idle-cleanup index (which the server runs; the test's user may not delete).
+    mongolock_admin_client[TEST_DATABASE][lock_collection.name].delete_one({"_id": "fenced"})
     await asyncio.sleep(0.01)
     await take(rw.write())
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"

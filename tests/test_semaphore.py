@@ -14,6 +14,7 @@ from typing import Any
 import bson
 import pytest
 from bson import Decimal128
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockDataError, LockLostError
@@ -183,7 +184,9 @@ async def test_a_name_is_a_lock_or_a_semaphore(lock_collection: Any) -> None:
     assert await lock.release()
 
 
-async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_collection: Any) -> None:
+async def test_tokens_rise_across_release_expiry_force_release_and_purge(
+    lock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     store = LockStore(lock_collection, WriteConcern(w="majority"))
     tokens: list[int] = []
 
@@ -204,7 +207,8 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_co
     held._forget_lease()
     held = await take()
     held._forget_lease()
-    await lock_collection.delete_one({"_id": "fenced"})  # purged by the idle-cleanup index
+    # Purged by the idle-cleanup index (which the server runs; the test's user may not delete).
+    mongolock_admin_client[TEST_DATABASE][lock_collection.name].delete_one({"_id": "fenced"})
     await asyncio.sleep(0.01)
     await take()
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"

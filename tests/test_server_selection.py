@@ -38,6 +38,7 @@ def test_embedded_is_used_without_uri_or_docker(monkeypatch: pytest.MonkeyPatch)
     assert not choice.embedded.running
 
 
+@pytest.mark.environment
 def test_testcontainers_mongodb_when_docker_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     if not docker_engine_answers():
         if os.environ.get("MONGOLOCK_TEST_EXPECT_SERVER") == "testcontainers":
@@ -66,6 +67,7 @@ def test_the_image_is_the_newest_supported_unless_chosen(monkeypatch: pytest.Mon
     assert mongodb_image() == "mongo:5.0"
 
 
+@pytest.mark.environment
 def test_the_session_server_is_what_the_suite_needs(mongolock_server: ServerChoice) -> None:
     # The workflow's jobs say which server the suite must have run on: a green job on the wrong one
     # (the embedded server, where Docker was not found) would prove nothing about MongoDB.

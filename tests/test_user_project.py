@@ -52,6 +52,7 @@ def run_user_project(directory: Path, uri: str, *, without_motor: bool) -> subpr
     )
 
 
+@pytest.mark.environment
 @pytest.mark.parametrize("without_motor", [False, True], ids=["with-motor", "without-motor"])
 def test_the_plugin_works_in_a_strict_mode_project(
     mongodb_uri: str, tmp_path: Path, without_motor: bool, monkeypatch: pytest.MonkeyPatch

@@ -482,7 +482,6 @@ async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_cou
 async def watch_then_break(
     driver: str,
     server: FaultServer,
-    admin: MongoClient[dict[str, Any]],
     break_it: Any,
     *,
     reopens: bool = True,
@@ -501,7 +500,7 @@ async def watch_then_break(
         waiting = asyncio.create_task(AsyncMongoLock(mine, "first", ttl=60.0, **PATIENT).acquire(timeout=30))
         await asyncio.sleep(0.5)
         assert counter.count("aggregate") == 1
-        await break_it(Breakage(theirs, admin[TEST_DATABASE][server.collection], server.app_name))
+        await break_it(Breakage(theirs, server.admin[TEST_DATABASE][server.collection], server.app_name))
         for _ in range(100 if reopens else 0):
             if counter.count("aggregate") >= 2:
                 break
@@ -527,7 +526,7 @@ async def watch_then_break(
         await set_fail_point(other_client[TEST_DATABASE][server.collection], "off")
         await close_client(waiter_client)
         await close_client(other_client)
-        admin[TEST_DATABASE].drop_collection(f"{server.collection}_renamed")
+        server.admin[TEST_DATABASE].drop_collection(f"{server.collection}_renamed")
 
 
 @dataclass(frozen=True)
@@ -569,22 +568,16 @@ def fail_get_more(**failure: Any) -> Any:
     ],
     ids=["invalidate-drop", "invalidate-rename", "cursor-killed", "interrupted", "resumable-twice", "network"],
 )
-async def test_the_watcher_survives(
-    driver: str, fault_server: FaultServer, mongolock_admin_client: MongoClient[dict[str, Any]], break_it: Any
-) -> None:
-    await watch_then_break(driver, fault_server, mongolock_admin_client, break_it)
+async def test_the_watcher_survives(driver: str, fault_server: FaultServer, break_it: Any) -> None:
+    await watch_then_break(driver, fault_server, break_it)
 
 
-async def test_the_watcher_works_within_the_clients_operation_timeout(
-    driver: str, fault_server: FaultServer, mongolock_admin_client: MongoClient[dict[str, Any]]
-) -> None:
+async def test_the_watcher_works_within_the_clients_operation_timeout(driver: str, fault_server: FaultServer) -> None:
     async def idle(breakage: Breakage) -> None:
         await asyncio.sleep(2.0)  # several getMores under a 0.6 s client timeout: none may fail
 
     # timeoutMS is shorter than the watcher's usual getMore wait: it waits less instead of failing.
-    await watch_then_break(
-        driver, fault_server, mongolock_admin_client, idle, reopens=False, client_options={"timeoutMS": 600}
-    )
+    await watch_then_break(driver, fault_server, idle, reopens=False, client_options={"timeoutMS": 600})
 
 
 async def test_without_a_stream_waiters_poll(driver: str, fault_server: FaultServer) -> None:
@@ -624,7 +617,9 @@ async def test_without_change_streams_waiters_use_backoff(driver: str, caplog: p
             await close_client(client)
 
 
-async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: str) -> None:
+async def test_a_closed_client_leaves_nothing_behind(
+    driver: str, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     gc.collect()
     # Earlier tests' clients may still be alive (a raised error's traceback keeps its test's frame
     # until the cycle is collected): this test judges only the entries it adds.
@@ -641,7 +636,7 @@ async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: s
     assert await holder.release()
     assert await asyncio.wait_for(waiting, 10)
     assert await waiter.release()
-    await collection.drop()
+    mongolock_admin_client[TEST_DATABASE].drop_collection(collection.name)  # the test's user may not drop
     await close_client(client)
     del client, collection, holder, waiter, waiting
     for _ in range(50):  # the stream notices the closed client

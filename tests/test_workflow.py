@@ -12,8 +12,9 @@ from pymongo.errors import OperationFailure
 from pymongo.uri_parser import parse_uri
 
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import FaultServer, set_fail_point, uri_with_options
+from tests.conftest import FaultServer, set_fail_point, uri_with_options, uri_without_credentials
 
+pytestmark = pytest.mark.environment
 TESTS = Path(__file__).parent
 _SPAWNERS = {"run", "Popen", "call", "check_call", "check_output"}
 
@@ -62,6 +63,14 @@ def test_options_are_added_to_any_uri_as_options(uri: str) -> None:
     assert parsed["database"] == original["database"], f"{built} names another database"
     assert parsed["nodelist"] == original["nodelist"] and parsed["password"] == original["password"]
     assert all(parsed["options"][key] == value for key, value in original["options"].items())
+
+
+def test_credentials_are_taken_out_of_a_uri_with_their_options() -> None:
+    uri = "mongodb://app:p%40ss@h1:1,h2:2/db?authSource=admin&replicaSet=rs0&authMechanism=SCRAM-SHA-256"
+    parsed = parse_uri(uri_without_credentials(uri), validate=False)
+    assert parsed["username"] is None and parsed["password"] is None
+    assert parsed["nodelist"] == [("h1", 1), ("h2", 2)] and parsed["database"] == "db"
+    assert dict(parsed["options"]) == {"replicaSet": "rs0"}
 
 
 _RESTARTS = ("pause", "resume", "stop", "start", "restart", "kill")
