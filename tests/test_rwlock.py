@@ -309,9 +309,31 @@ def expected_hand_off(successor: str | None, fair: bool, successor_first: bool) 
     return handed, [token for token in stored if token not in handed]
 
 
-@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
-@pytest.mark.parametrize("successor_first", [True, False], ids=["successor-first", "others-first"])
-@pytest.mark.parametrize("successor", [None, "r1", "r2", "r3", "s-new"], ids=lambda s: f"successor-{s}")
+# Each way the queue left behind is computed: the handed places the first of the stored queue (a
+# slice), without a successor or with one where the hand-off order puts it anyway; the successor
+# moved to the front or the back (the rest picked by index); a successor new to the queue; fair.
+ARRANGEMENTS = [
+    (None, False, True),
+    (None, True, True),
+    ("r1", False, True),
+    ("r2", False, True),
+    ("r2", False, False),
+    ("r3", False, False),
+    ("s-new", False, True),
+    ("s-new", False, False),
+    ("r2", True, True),
+]
+
+
+# The pipeline is the store's, whatever the driver that sends it.
+@pytest.mark.parametrize("mongolock_driver", ["pymongo"])
+@pytest.mark.parametrize(
+    ("successor", "fair", "successor_first"),
+    ARRANGEMENTS,
+    ids=[
+        f"{s}-{'fair' if f else 'default'}-{'successor' if first else 'others'}-first" for s, f, first in ARRANGEMENTS
+    ],
+)
 async def test_a_writers_release_hands_on_and_keeps_the_queue_in_order(
     lock_collection: Any, successor: str | None, fair: bool, successor_first: bool
 ) -> None:

@@ -259,6 +259,7 @@ async def test_a_hand_off_names_one_place_only_when_one_permit_went(lock_collect
 HAND_EDITED_FENCES = [math.nan, "twelve", {"n": 12}, 1e19, Decimal128("1e30"), "12"]
 
 
+@pytest.mark.parametrize("mongolock_driver", ["pymongo"])  # the store's pipelines, whatever the driver
 @pytest.mark.parametrize("fence", HAND_EDITED_FENCES, ids=["nan", "string", "object", "double-2e63", "decimal", "12"])
 @pytest.mark.parametrize("permits", [Permits("semaphore", 2), Permits("rwlock", 10_000), Permits("election", 1)])
 async def test_a_hand_edited_fence_changes_nothing_and_is_named(
