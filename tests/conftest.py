@@ -51,6 +51,8 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.answered: list[str] = []
+        """The names of the commands that got a reply (or failed), in order."""
         self.commands: list[dict[str, Any]] = []
         self.events_delivered = 0
         """``getMore`` replies that carried at least one change event (the embedded server also
@@ -63,17 +65,29 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
         self.commands.append(dict(event.command))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        self.answered.append(event.command_name)
         if event.command_name == "getMore" and event.reply.get("cursor", {}).get("nextBatch"):
             self.events_delivered += 1
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
+        self.answered.append(event.command_name)
+
+    async def settled(self) -> None:
+        """Wait until a change stream is open (its first getMore sent) and every attempt
+        (findAndModify) sent meanwhile has its answer: the waiters look once more as the stream
+        opens, and a count taken before that look ends would include it."""
+        while self.count("getMore") == 0:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the look is sent as the stream's first getMore is
+        while self.count("findAndModify") > self.answered.count("findAndModify"):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
 
     def count(self, *names: str) -> int:
         return sum(1 for name in self.names if name in names)
 
     def clear(self) -> None:
         self.names.clear()
+        self.answered.clear()
         self.commands.clear()
         self.events_delivered = self.connections_created = self.connections_closed = 0
 

@@ -264,9 +264,12 @@ async def test_readers_leaving_before_a_waiting_writer_wake_no_one(driver: str, 
         rw = AsyncMongoRWLock(waiting_client[TEST_DATABASE][collection], "index", ttl=10.0)
         writer, late_reader = rw.write(), rw.read()
         writing = asyncio.create_task(writer.acquire(timeout=10))
-        await asyncio.sleep(0.5)  # the writer's place is stored
+        await counter.settled()  # the writer's place is stored, the stream open
+        sent = counter.count("findAndModify")
         reading = asyncio.create_task(late_reader.acquire(timeout=10))
-        await asyncio.sleep(0.5)  # and the late reader's, behind it
+        while counter.count("findAndModify") == sent:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.01)
+        await counter.settled()  # and the late reader's place, behind it
         attempts_before = counter.count("findAndModify")
         for reader in held[:-1]:
             assert await reader.release()

@@ -466,7 +466,7 @@ async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_cou
     waiter = AsyncMongoLock(counted_collection, "busy", ttl=6.0, **PATIENT)
     assert await holder.acquire()
     waiting = asyncio.create_task(waiter.acquire(timeout=20))
-    await asyncio.sleep(0.3)
+    await command_counter.settled()
     attempts_before = command_counter.count("findAndModify")
     renewals_before = command_counter.count("update")
     await asyncio.sleep(1.0)
