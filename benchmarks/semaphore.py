@@ -13,8 +13,15 @@
    the hand-off to a writer (the gap between a writer's entry and the last exit before it); and
    what a writer's wait is made of: the findAndModify round trips (as the driver timed them) and
    the embedded server's CPU time in the window (it serves requests on one core).
+4. A release with 1,000 processes' places queued, against one with 10: a semaphore's release that
+   hands its permit to the oldest place, and a read-write lock writer's release that hands the
+   lock to every queued reader. The median time of the release request and, on the embedded
+   server, its CPU time per release (wall time on a shared machine varies with its load), and the
+   ratio of the two lengths: a release whose server work grew with the square of the queue would
+   show a ratio near 10,000 (100 times the places, each handled 100 times as often), a linear one
+   near 100 (less where a fixed cost per request dominates the short queue).
 
-    python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300]
+    python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300] [--repeats 15]
 
 Without ``--uri``/``MONGODB_URI`` it starts an embedded server per part. It prints the environment first.
 """
@@ -42,7 +49,13 @@ from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoSemaphore
 from mongolock_async._process import die_with_parent
-from mongolock_async.store import Permits, PlaceRequest, semaphore_acquire_pipeline, semaphore_release_pipeline
+from mongolock_async.store import (
+    LockStore,
+    Permits,
+    PlaceRequest,
+    semaphore_acquire_pipeline,
+    semaphore_release_pipeline,
+)
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
@@ -181,6 +194,60 @@ def read_heavy(uri: str | None, seconds: float) -> None:
     )
 
 
+QUEUES = (10, 1_000)
+
+
+async def queued_release(uri: str, repeats: int, server_pid: int | None) -> None:
+    """Part 4: the release request's time with ``QUEUES`` places queued (a median of ``repeats``,
+    the document rewritten before each), and the server's CPU time per release if its pid is known."""
+    from pymongo.write_concern import WriteConcern
+
+    client = make_client("pymongo", uri)
+    try:
+        collection = client["bench"][f"queued_{uuid.uuid4().hex[:6]}"]
+        store = LockStore(collection, WriteConcern(w="majority"))
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": "queued-release"}
+        writer, reader = Permits("rwlock", 10_000, 10_000), Permits("rwlock", 10_000)
+        cases = {
+            "semaphore of 1, its permit to the oldest place": (Permits("semaphore", 1), Permits("semaphore", 1)),
+            "read-write lock, the writer's to every reader": (writer, reader),
+        }
+        medians_ms: dict[tuple[str, int], float] = {}
+        cpu_ms: dict[tuple[str, int], float] = {}
+        for case, (held, waiting) in cases.items():
+            for queued in QUEUES:
+                name = f"{case[:9]}-{queued}"
+                assert (await store.try_acquire(name, "holder", 60_000, holder, permits=held)).holds("holder")
+                await store.try_acquire(name, "place-0", 60_000, holder, enqueue=True, permits=waiting)
+                template = await collection.find_one({"_id": name})
+                assert template is not None and len(template["queue"]) == 1, template
+                place = template["queue"][0]
+                # One place per process, as queued by N processes (a token each).
+                template["queue"] = [{**place, "t": f"place-{n}-{secrets.token_hex(8)}"} for n in range(queued)]
+                times, cpu = [], 0.0
+                for _ in range(repeats):
+                    await collection.replace_one({"_id": name}, template)
+                    cpu_before, started = _cpu_seconds(server_pid), time.perf_counter()
+                    state = await store.release(name, "holder", permits=held)
+                    times.append(time.perf_counter() - started)
+                    cpu += _cpu_seconds(server_pid) - cpu_before
+                    assert state is not None and len(state.queue) == (queued - 1 if held.weight == 1 else 0)
+                medians_ms[case, queued] = statistics.median(times) * 1000
+                cpu_ms[case, queued] = cpu / repeats * 1000
+            small, large = (medians_ms[case, queued] for queued in QUEUES)
+            line = (
+                f"{case}: {QUEUES[0]} queued {small:.1f} ms, {QUEUES[1]:,} queued {large:.1f} ms "
+                f"(x{large / small:.0f} for x{QUEUES[1] // QUEUES[0]} the places)"
+            )
+            if server_pid is not None:
+                small_cpu, large_cpu = (cpu_ms[case, queued] for queued in QUEUES)
+                line += f"; server CPU {small_cpu:.1f} ms and {large_cpu:.1f} ms (x{large_cpu / small_cpu:.0f})"
+            print(line)
+        await collection.drop()
+    finally:
+        await close_client(client)
+
+
 def _embedded(server: EmbeddedMongo) -> tuple[str, int | None]:
     return server.uri, server.pid
 
@@ -198,7 +265,13 @@ def main() -> None:
     parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each hot run")
     parser.add_argument("--cycles", type=int, default=300, help="uncontended cycles per variant")
+    parser.add_argument("--repeats", type=int, default=15, help="releases timed per queue length")
+    parser.add_argument("--only-queued", action="store_true", help="run part 4 alone")
     arguments = parser.parse_args()
+    if arguments.only_queued:
+        print(environment(arguments.uri))
+        queued_part(arguments.uri, arguments.repeats)
+        return
     print(environment(arguments.uri))
     print(f"\n== uncontended, a semaphore of {LIMIT} ==")
     with mongodb(arguments.uri) as uri:
@@ -207,6 +280,16 @@ def main() -> None:
     hot(arguments.uri, arguments.seconds)
     print("\n== read-heavy read-write lock ==")
     read_heavy(arguments.uri, arguments.seconds)
+    queued_part(arguments.uri, arguments.repeats)
+
+
+def queued_part(uri: str | None, repeats: int) -> None:
+    print("\n== a release with places queued (median release request) ==")
+    if uri:
+        asyncio.run(queued_release(uri, repeats, None))
+        return
+    with EmbeddedMongo() as server:
+        asyncio.run(queued_release(server.uri, repeats, server.pid))
 
 
 if __name__ == "__main__":

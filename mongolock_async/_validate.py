@@ -10,6 +10,11 @@ from pymongo.collection import Collection as SyncCollection
 from pymongo.write_concern import WriteConcern
 
 MAX_NAME_LENGTH = 1024
+MAX_LABEL_BYTES = 128
+"""The longest ``label``, in bytes of UTF-8. Every holder and every waiting place stores it, and a
+semaphore or read-write lock keeps up to 10,000 holders (documents.MAX_PERMITS) and its queue in
+one document, which MongoDB caps at 16 MB: at this bound and the longest host name (255 bytes),
+10,000 holders take about 6 MB (tests/test_validation.py builds that document)."""
 # Expiry is stored with millisecond precision on the server.
 MIN_TTL = 0.001
 # The longest lease (a year and a day): expiries are computed on the server, and a stored
@@ -101,6 +106,9 @@ def optional_label(value: object) -> str | None:
     if not isinstance(value, str):
         raise TypeError(f"label must be a str or None, not {type(value).__name__}")
     _utf8(value, "label")
+    size = len(value.encode("utf-8"))
+    if size > MAX_LABEL_BYTES:
+        raise ValueError(f"label must be at most {MAX_LABEL_BYTES} bytes in UTF-8, got {size}")
     return value
 
 

@@ -4,8 +4,9 @@ One document per lock name:
 
 ```text
 {_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
- holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, handedOffAt, handedOffTo,
- queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...], renewal: <tick>}
+ holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, recentReleases,
+ handedOffAt, handedOffTo, queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...],
+ renewal: <tick>}
 ```
 
 Time is always the server's: expiry is written and compared with ``$$NOW`` inside the query, never
@@ -35,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import re
 import secrets
 import time
@@ -88,7 +90,7 @@ _DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 
 _NOW = "$_now"  # in pipelines, after the first stage has computed it once
 _TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
-    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone", "_hand",
+    "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone", "_hand", "_r",
 ]  # fmt: skip
 
 
@@ -356,16 +358,20 @@ class LockStore:
         ``fair``: the oldest place, ``successor`` queued at the end. The place that gets the lease
         leaves the queue and its follower joins it at the end. Returns the document after the write.
 
-        The write records ``owner`` as ``releasedOwner``, and a document that records it matches
-        too (and is left as it is): so a release sent again because the reply to an earlier one
-        was lost (a write concern error, a timeout) recognises that earlier success instead of
-        reporting the lease gone. Owner tokens are never reused, so only our own release writes it.
+        The write records ``owner`` as ``releasedOwner`` and in ``recentReleases`` (with the expiry
+        its lease had), and a document that records it matches too (and is left as it is): so a
+        release sent again because the reply to an earlier one was lost (a write concern error, a
+        timeout) recognises that earlier success instead of reporting the lease gone, also after
+        later holders released in between. A copy can arrive only while that lease would still
+        have been live (the caller stops sending it at the lease's local deadline), so a release
+        is forgotten once that expiry has passed, or after ``_LOCK_RELEASES_REMEMBERED`` later
+        releases of the name. Owner tokens are never reused, so only our own release writes it.
         With ``permits``, ``owner``'s permit is returned and handed on the same way (to as many of the
         oldest places as its weight makes room for), and the last released owners are remembered in
         ``releasedOwners``.
         """
         if permits is None:
-            query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]}
+            query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}, {"recentReleases.o": owner}]}
             pipeline = _release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
         else:
             query = {"_id": name, "$or": [{"holders.o": owner}, {"releasedOwners": owner}]}
@@ -943,6 +949,12 @@ _NEXT_FENCE: dict[str, Any] = {
         {"$multiply": [{"$toLong": _NOW}, 1000]},
     ]
 }
+# The next fence, only on a sane document: $toLong of a fence edited into NaN, a string, an object or
+# a number beyond a long fails the whole request (ExpressionConvert in
+# src/mongo/db/pipeline/expression.cpp raises ConversionFailure "... with no onError value"), where
+# the caller should get LockDataError for an unchanged document. $cond evaluates only the branch it
+# takes (ExpressionCond::evaluate, same file).
+_NEXT_FENCE_IF_SANE: dict[str, Any] = {"$cond": ["$_sane", _NEXT_FENCE, None]}
 
 
 def _live_places(excluding: str | None = None) -> dict[str, Any]:
@@ -1046,6 +1058,23 @@ def _remember_withdrawals() -> dict[str, Any]:
     """``withdrawn`` with the tokens of a ``leaving`` request added (the last few kept)."""
     earlier = _array_or_empty("$withdrawn")
     return {"$slice": [{"$concatArrays": [earlier, "$_v.leaving"]}, -_WITHDRAWALS_REMEMBERED]}
+
+
+# Releases of a lock a document remembers at most (see ``LockStore.release``): each is forgotten
+# once the lease it ended would have expired, and this bounds the list on a name handed on faster
+# than that.
+_LOCK_RELEASES_REMEMBERED = 256
+
+
+def _remember_release() -> dict[str, Any]:
+    """``recentReleases`` after a release of the lease (``$owner`` until ``$expiresAt``, as the
+    document had them), without the releases whose leases would have expired by now; unchanged
+    unless the release ended our live lease (``$_own``)."""
+    still_resendable = {
+        "$filter": {"input": _array_or_empty("$recentReleases"), "cond": {"$gt": ["$$this.until", _NOW]}}
+    }
+    remembered = {"$concatArrays": [still_resendable, [{"o": "$owner", "until": "$expiresAt"}]]}
+    return {"$cond": ["$_own", {"$slice": [remembered, -_LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
 
 
 def _first_or_null(array: Any) -> dict[str, Any]:
@@ -1205,6 +1234,9 @@ def _release_stages(
                 "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
+                # A withdrawal passes on a lease handed to a place that gave up: no release of
+                # that token is ever sent again.
+                "recentReleases": "$recentReleases" if leaving else _remember_release(),
                 "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
                 "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
             }
@@ -1788,7 +1820,7 @@ def _semaphore_acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, A
                 "_mine": {"$in": [me, _holder_tokens("$_hs")]},
                 "_gone": _withdrawn(me),
                 "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
-                "_nf": _NEXT_FENCE,
+                "_nf": _NEXT_FENCE_IF_SANE,
                 "_room": {"$lte": [{"$add": [_weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
             }
         },
@@ -1861,38 +1893,82 @@ def semaphore_release_pipeline(
 _RELEASES_REMEMBERED = 64
 
 
+# A release's server work must grow linearly with the places queued (a read-write lock's writer
+# hands the lock to every reader queued before the next writer, up to MAX_PERMITS of them), so
+# nothing below grows a string or an array inside $reduce: $concat and $concatArrays copy their
+# inputs (ExpressionConcat/ExpressionConcatArrays::evaluate build a new value each time,
+# src/mongo/db/pipeline/expression.cpp), which there made the work quadratic in the places.
+
+# Tokens joined per run in a round of ``_joined``, and its rounds: _JOIN_RUN ** _JOIN_ROUNDS >
+# MAX_PERMITS, the most places one release can hand to (each weighs at least 1).
+_JOIN_RUN = 22
+_JOIN_ROUNDS = math.ceil(math.log(MAX_PERMITS + 1, _JOIN_RUN))
+
+
 def _joined(tokens: Any) -> dict[str, Any]:
-    """``tokens`` in one string, separated by spaces."""
-    return {
-        "$reduce": {
-            "input": tokens,
-            "initialValue": "",
-            "in": {"$cond": [{"$eq": ["$$value", ""]}, "$$this", {"$concat": ["$$value", " ", "$$this"]}]},
+    """``tokens`` in one string, separated by spaces. Each round joins every run of ``_JOIN_RUN``
+    neighbours into one string, so a token is copied at most ``_JOIN_RUN`` times per round and
+    ``_JOIN_ROUNDS`` rounds make one string: work linear in the tokens, where appending each to
+    one growing string copied every earlier one again."""
+    joined: Any = "$$t"
+    for _ in range(_JOIN_ROUNDS):
+        run = {
+            "$reduce": {
+                "input": {"$slice": ["$$a", "$$i", _JOIN_RUN]},
+                "initialValue": "",
+                "in": {"$cond": [{"$eq": ["$$value", ""]}, "$$this", {"$concat": ["$$value", " ", "$$this"]}]},
+            }
         }
-    }
+        runs = {"$map": {"input": {"$range": [0, {"$size": "$$a"}, _JOIN_RUN]}, "as": "i", "in": run}}
+        joined = {"$let": {"vars": {"a": joined}, "in": runs}}
+    return {"$let": {"vars": {"t": tokens}, "in": {"$ifNull": [{"$first": [joined]}, ""]}}}
 
 
-def _fitting_run(places: Any, room: Any) -> dict[str, Any]:
-    """The longest run of ``places`` from the first whose weights add up to at most ``room``."""
+def _fitting_count(places: Any, room: Any) -> dict[str, Any]:
+    """How many of ``places``, from the first, fit in ``room`` together (the longest such run).
+    Only numbers are carried from one place to the next."""
     fits = {"$and": ["$$value.open", {"$lte": [_weight("$$this"), "$$value.left"]}]}
     run = {
         "$reduce": {
             "input": places,
-            "initialValue": {"left": room, "take": [], "open": True},
+            "initialValue": {"left": room, "n": 0, "open": True},
             "in": {
                 "$cond": [
                     fits,
                     {
                         "left": {"$subtract": ["$$value.left", _weight("$$this")]},
-                        "take": {"$concatArrays": ["$$value.take", ["$$this"]]},
+                        "n": {"$add": ["$$value.n", 1]},
                         "open": True,
                     },
-                    {"left": "$$value.left", "take": "$$value.take", "open": False},
+                    {"left": "$$value.left", "n": "$$value.n", "open": False},
                 ]
             },
         }
     }
-    return {"$let": {"vars": {"run": run}, "in": "$$run.take"}}
+    return {"$let": {"vars": {"run": run}, "in": "$$run.n"}}
+
+
+def _position_in_order(index: Any, successor_at: Any, size: Any, *, successor_first: bool) -> dict[str, Any]:
+    """Where the candidate at ``index`` of ``_c`` stands in the order of hand-offs, which moves the
+    successor (at ``successor_at`` in ``_c``, or -1) to the front or to the back."""
+    moved: Any
+    if successor_first:
+        moved, before, after = 0, {"$add": [index, 1]}, index
+    else:
+        moved, before, after = {"$subtract": [size, 1]}, index, {"$subtract": [index, 1]}
+    return {
+        "$cond": [
+            {"$lt": [successor_at, 0]},
+            index,
+            {
+                "$cond": [
+                    {"$eq": [index, successor_at]},
+                    moved,
+                    {"$cond": [{"$lt": [index, successor_at]}, before, after]},
+                ]
+            },
+        ]
+    }
 
 
 @functools.cache
@@ -1914,10 +1990,40 @@ def _semaphore_release_stages(
         candidates = _with_place("$_q", "$_v.successor", successor_place)
     candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
     order: Any = "$_c"
+    # Where the successor stands in _c (-1: nowhere, or not moved), for the remaining queue below.
+    successor_at: Any = -1
     if successor and not fair:
         mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
         others = _without("$_c", "$_v.successor")
         order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
+        successor_at = {"$indexOfArray": [_tokens("$_c"), "$_v.successor"]}
+    # The queue after the hand-off, in _c's order: the candidates whose place in the hand-off order
+    # is past the ones handed (the first _r.k of that order). Where the handed ones are the first of
+    # _c too (the successor not moved), a slice; else the rest picked by index.
+    size_c = {"$size": "$_c"}
+    handed = "$_r.k"
+    position = _position_in_order("$$i", "$$m", size_c, successor_first=successor_first)
+    picked = {
+        "$map": {
+            "input": {"$filter": {"input": {"$range": [0, size_c]}, "as": "i", "cond": {"$gte": [position, handed]}}},
+            "as": "i",
+            "in": {"$arrayElemAt": ["$_c", "$$i"]},
+        }
+    }
+    natural = 0 if successor_first else {"$subtract": [size_c, 1]}
+    in_place = {"$or": [{"$lt": ["$$m", 0]}, {"$eq": ["$$m", natural]}]}
+    remaining_queue = {
+        "$let": {
+            "vars": {"m": successor_at},
+            "in": {
+                "$cond": [
+                    {"$eq": [handed, 0]},
+                    "$_c",
+                    {"$cond": [in_place, {"$slice": ["$_c", handed, {"$max": [size_c, 1]}]}, picked]},
+                ]
+            },
+        }
+    }
     live_places: Any = _live_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
@@ -1941,7 +2047,15 @@ def _semaphore_release_stages(
             },
         }
     }
-    remote = {"$filter": {"input": _tokens("$_hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    remote = {"$filter": {"input": _tokens("$_r.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    room = {"$subtract": ["$limit", _weight_of("$_rest")]}
+    fitting = {"$cond": ["$_own", _fitting_count("$$o", room), 0]}
+    handed_off = {
+        "$let": {
+            "vars": {"o": order},
+            "in": {"$let": {"vars": {"k": fitting}, "in": {"k": "$$k", "hand": {"$slice": ["$$o", "$$k"]}}}},
+        }
+    }
     # Served in turn, waiters all queue behind the oldest place; when the weight freed does not fit
     # it (readers leaving before a waiting writer), nobody could come in, and waking every waiting
     # process would only send an attempt from each to the one document, delaying the release that
@@ -1954,7 +2068,7 @@ def _semaphore_release_stages(
             "$set": {
                 "_q": live_places,
                 "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]},
-                "_nf": _NEXT_FENCE,
+                "_nf": _NEXT_FENCE_IF_SANE,
             }
         },
         {
@@ -1976,19 +2090,11 @@ def _semaphore_release_stages(
         },
         {"$set": {"_c": candidates}},
         # The freed weight goes to the oldest places that fit under the stored limit (a lowered
-        # limit revokes nobody; the weight above it is not handed on).
-        {
-            "$set": {
-                "_hand": {
-                    "$cond": [
-                        "$_own",
-                        _fitting_run(order, {"$subtract": ["$limit", _weight_of("$_rest")]}),
-                        [],
-                    ]
-                }
-            }
-        },
-        {"$set": {"_handed": {"$gt": [{"$size": "$_hand"}, 0]}, "_remote": remote}},
+        # limit revokes nobody; the weight above it is not handed on): _r.k of them, _r.hand.
+        # (No more stages than needed: each one costs the embedded test server a copy of the
+        # whole document, temporaries and all.)
+        {"$set": {"_r": handed_off}},
+        {"$set": {"_hand": "$_r.hand", "_handed": {"$gt": ["$_r.k", 0]}, "_remote": remote}},
         {
             "$set": {
                 "holders": {
@@ -2026,18 +2132,7 @@ def _semaphore_release_stages(
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {
-                            "$cond": [
-                                "$_own",
-                                {
-                                    "$filter": {
-                                        "input": "$_c",
-                                        "cond": {"$not": [{"$in": ["$$this.t", _tokens("$_hand")]}]},
-                                    }
-                                },
-                                "$_q",
-                            ]
-                        },
+                        {"$cond": ["$_own", remaining_queue, "$_q"]},
                     ]
                 },
             }

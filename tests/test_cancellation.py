@@ -56,37 +56,37 @@ async def assert_not_held_by(collection: Any, lock: AsyncMongoLock, name: str, h
     assert await contender.release()
 
 
-async def test_cancel_during_the_acquire_request(private_collection: Any, handle: Handle) -> None:
-    lock = handle(private_collection, "job")
-    await block_next(private_collection, "findAndModify")
+async def test_cancel_during_the_acquire_request(fault_collection: Any, handle: Handle) -> None:
+    lock = handle(fault_collection, "job")
+    await block_next(fault_collection, "findAndModify")
     await cancel_while_blocked(lock.acquire())
-    doc = await private_collection.find_one({"_id": "job"})
+    doc = await fault_collection.find_one({"_id": "job"})
     assert doc is not None and doc["fence"] > 0, "the blocked acquire did reach the server"
     assert nothing_held(doc) and doc.get("releasedAt") is not None, "and was released after the cancel"
-    await assert_not_held_by(private_collection, lock, "job", handle)
+    await assert_not_held_by(fault_collection, lock, "job", handle)
 
 
-async def test_timeout_during_the_acquire_request(private_collection: Any, handle: Handle) -> None:
-    lock = handle(private_collection, "job")
-    await block_next(private_collection, "findAndModify")
+async def test_timeout_during_the_acquire_request(fault_collection: Any, handle: Handle) -> None:
+    lock = handle(fault_collection, "job")
+    await block_next(fault_collection, "findAndModify")
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(BLOCK_MS / 3000):
             await lock.acquire()
-    await assert_not_held_by(private_collection, lock, "job", handle)
+    await assert_not_held_by(fault_collection, lock, "job", handle)
 
 
-async def test_anyio_scope_cancel_during_the_acquire_request(private_collection: Any, handle: Handle) -> None:
-    lock = handle(private_collection, "job")
-    await block_next(private_collection, "findAndModify")
+async def test_anyio_scope_cancel_during_the_acquire_request(fault_collection: Any, handle: Handle) -> None:
+    lock = handle(fault_collection, "job")
+    await block_next(fault_collection, "findAndModify")
     with anyio.move_on_after(BLOCK_MS / 3000) as scope:
         await lock.acquire()
     assert scope.cancelled_caught
-    await assert_not_held_by(private_collection, lock, "job", handle)
+    await assert_not_held_by(fault_collection, lock, "job", handle)
 
 
-async def test_cancel_while_waiting_for_the_holder(private_collection: Any, handle: Handle) -> None:
-    holder = handle(private_collection, "job")
-    waiter = handle(private_collection, "job")
+async def test_cancel_while_waiting_for_the_holder(lock_collection: Any, handle: Handle) -> None:
+    holder = handle(lock_collection, "job")
+    waiter = handle(lock_collection, "job")
     assert await holder.acquire()
     task = asyncio.create_task(waiter.acquire())
     await asyncio.sleep(0.3)
@@ -100,23 +100,23 @@ async def test_cancel_while_waiting_for_the_holder(private_collection: Any, hand
     assert await waiter.release()
 
 
-async def test_cancel_during_the_release_request(private_collection: Any, handle: Handle) -> None:
-    lock = handle(private_collection, "job")
+async def test_cancel_during_the_release_request(fault_collection: Any, handle: Handle) -> None:
+    lock = handle(fault_collection, "job")
     assert await lock.acquire()
-    await block_next(private_collection, "findAndModify")
+    await block_next(fault_collection, "findAndModify")
     await cancel_while_blocked(lock.release())
-    doc = await private_collection.find_one({"_id": "job"})
+    doc = await fault_collection.find_one({"_id": "job"})
     assert nothing_held(doc), "release ran to completion despite the cancel"
-    await assert_not_held_by(private_collection, lock, "job", handle)
+    await assert_not_held_by(fault_collection, lock, "job", handle)
 
 
-async def test_cancel_in_the_body_releases_shielded(private_collection: Any, handle: Handle) -> None:
-    lock = handle(private_collection, "job")
+async def test_cancel_in_the_body_releases_shielded(fault_collection: Any, handle: Handle) -> None:
+    lock = handle(fault_collection, "job")
     entered = asyncio.Event()
 
     async def work() -> None:
         async with lock:
-            await block_next(private_collection, "findAndModify")  # the release on exit will be slow
+            await block_next(fault_collection, "findAndModify")  # the release on exit will be slow
             entered.set()
             await asyncio.sleep(60)
 
@@ -127,8 +127,8 @@ async def test_cancel_in_the_body_releases_shielded(private_collection: Any, han
     task.cancel()  # a second cancel while the release is in flight
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert nothing_held(await private_collection.find_one({"_id": "job"}))
-    await assert_not_held_by(private_collection, lock, "job", handle)
+    assert nothing_held(await fault_collection.find_one({"_id": "job"}))
+    await assert_not_held_by(fault_collection, lock, "job", handle)
 
 
 async def test_a_waiter_cancelled_as_a_release_hands_it_the_lock_is_cancelled(

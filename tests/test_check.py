@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -37,7 +36,7 @@ from mongolock_async.privileges import lock_privileges, operator_privileges
 from mongolock_async.probe import DeploymentProbe
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE
-from tests.conftest import CommandCounter
+from tests.conftest import CommandCounter, child_environment
 
 SCRATCH = re.compile("^mongolock-check-")
 # Every command that writes; a read-only check must send none of them.
@@ -321,7 +320,7 @@ def mongolock_check(uri: str, *arguments: str, env: dict[str, str] | None = None
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **(env or {})},
+        env=child_environment(**(env or {})),
     )
 
 
@@ -356,6 +355,7 @@ def test_an_interrupted_check_removes_what_it_wrote(mongodb_uri: str, sent: sign
         [sys.executable, "-m", "mongolock_async", "check", "--uri", mongodb_uri, *arguments],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env=child_environment(),
         text=True,
         # As from a terminal: a process started by one that ignores SIGINT (a background job, a test
         # runner's worker) would inherit the ignoring.

@@ -21,6 +21,7 @@ from pymongo import AsyncMongoClient
 from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
 from mongolock_async.testing import EmbeddedMongo
+from tests.conftest import child_environment, uri_with_options, uri_without_credentials
 from tests.test_force_release import two_permits_of_one_process
 
 PASSWORD = "pa55-w0rd-secret"
@@ -31,16 +32,14 @@ SMALL_DEMO = ["--workers", "2", "--tasks", "2", "--items", "1", "--stock", "4", 
 def mongolock(
     *arguments: str, uri: str | None = None, stdin: str | None = None, temporary: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
-    if uri is not None:
-        env["MONGODB_URI"] = uri
+    env = {} if uri is None else {"MONGODB_URI": uri}
     if temporary is not None:
         env["TMPDIR"] = str(temporary)
     return subprocess.run(
         [sys.executable, "-m", "mongolock_async", *arguments],
         capture_output=True,
         text=True,
-        env=env,
+        env=child_environment(**env),
         input=stdin,
         timeout=240,
     )
@@ -199,11 +198,12 @@ def test_a_password_in_the_uri_never_shows() -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "MONGODB_URI": server.uri},
+            env=child_environment(MONGODB_URI=server.uri),
         )
         seen_processes = 0
         while demo.poll() is None:
-            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, env=child_environment())
+            listing = ps.stdout
             assert PASSWORD not in listing, "a password shows in the process list"
             seen_processes += listing.count("mongolock_async.demo_worker")
             time.sleep(0.05)
@@ -292,13 +292,12 @@ def test_release_force_asks_on_a_terminal(
     controller, terminal = os.openpty()
     try:
         os.write(controller, f"{answer}\n".encode())
-        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
         result = subprocess.run(
             [sys.executable, "-m", "mongolock_async", "release", "alpha", "--force", "--uri", mongodb_uri, *where],
             stdin=terminal,
             capture_output=True,
             text=True,
-            env=env,
+            env=child_environment(),
             timeout=60,
         )
     finally:
@@ -322,13 +321,16 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     ("uri", "code", "cause"),
     [
         (f"mongodb+srv://alice:{PASSWORD}@nowhere.invalid/", 3, "does not resolve (DNS)"),
-        ("SESSION&authMechanism=MONGODB-AWS", 3, "pymongo-auth-aws"),
+        ("SESSION", 3, "pymongo-auth-aws"),  # the session's servers with authMechanism=MONGODB-AWS
         ("mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300", 3, "connection refused"),
     ],
     ids=["srv-dns", "aws-extra", "refused"],
 )
+@pytest.mark.environment
 def test_connection_failures_are_one_line_naming_the_cause(mongodb_uri: str, uri: str, code: int, cause: str) -> None:
-    result = mongolock("list", uri=uri.replace("SESSION", mongodb_uri))
+    if uri == "SESSION":  # (MONGODB-AWS takes no password in the URI, nor another authSource)
+        uri = uri_with_options(uri_without_credentials(mongodb_uri), authMechanism="MONGODB-AWS")
+    result = mongolock("list", uri=uri)
     assert result.returncode == code
     assert cause in one_line(result) and PASSWORD not in result.stderr
 
@@ -383,11 +385,11 @@ def test_the_table_fits_an_80_column_terminal(mongodb_uri: str) -> None:
     asyncio.run(hold(mongodb_uri, database, collection, long_name, "a-label-for-the-report-worker-of-tenant-x"))
     controller, terminal = os.openpty()
     try:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
         subprocess.run(
             [sys.executable, "-m", "mongolock_async", "list", "--uri", mongodb_uri, "--db", database,
              "--collection", collection],
-            stdout=terminal, stderr=terminal, env={**env, "COLUMNS": "80", "TERM": "xterm"}, timeout=60, check=True,
+            stdout=terminal, stderr=terminal, env=child_environment(COLUMNS="80", TERM="xterm"), timeout=60,
+            check=True,
         )  # fmt: skip
         os.close(terminal)
         output = b""
@@ -501,6 +503,7 @@ def test_elections_are_listed_inspected_and_their_leader_deposed(mongodb_uri: st
         stdout=subprocess.PIPE,
         text=True,
         cwd=worker.parent.parent,
+        env=child_environment(),
     )
     try:
         give_up_at = time.monotonic() + 20
@@ -587,12 +590,11 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(
     """``mongolock list | head -1``: the pipe is closed before the command writes; no traceback."""
     database, collection, _ = held_locks
     where = ["--db", database, "--collection", collection] if arguments[0] in ("list", "inspect", "release") else []
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
     command = subprocess.Popen(
         [sys.executable, "-m", "mongolock_async", *arguments, *where],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**env, "MONGODB_URI": mongodb_uri},
+        env=child_environment(MONGODB_URI=mongodb_uri),
     )
     assert command.stdout is not None
     command.stdout.close()  # the reader is gone before the first line
@@ -610,10 +612,9 @@ def run_on_a_terminal(arguments: list[str], *, columns: int, without_rich: bool 
     code = prelude + "from mongolock_async.cli import main; main()"
     controller, terminal = os.openpty()
     try:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("MONGODB_URI")}
         subprocess.run(
             [sys.executable, "-c", code, *arguments],
-            stdout=terminal, stderr=terminal, env={**env, "COLUMNS": str(columns), "TERM": "xterm"}, timeout=60,
+            stdout=terminal, stderr=terminal, env=child_environment(COLUMNS=str(columns), TERM="xterm"), timeout=60,
             check=True,
         )  # fmt: skip
         os.close(terminal)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -19,11 +18,19 @@ from urllib.parse import quote_plus
 
 import pytest
 import trustme
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.server_api import ServerApi
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock, ServerUnreachableError, cli, ensure_idle_cleanup_index
+from mongolock_async import (
+    AsyncMongoElection,
+    AsyncMongoLock,
+    AsyncMongoRWLock,
+    AsyncMongoSemaphore,
+    ServerUnreachableError,
+    cli,
+    ensure_idle_cleanup_index,
+)
 from mongolock_async._diagnosis import cause_of
 from mongolock_async.fencing import fenced_update_one
 from mongolock_async.privileges import lock_privileges, operator_privileges
@@ -31,22 +38,40 @@ from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo, EmbeddedTLS
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.testing.server import HANDSHAKE_TIMEOUT
-from tests.conftest import CommandCounter, set_fail_point, transaction
+from tests.conftest import (
+    CommandCounter,
+    child_environment,
+    fail_points_answer,
+    set_fail_point,
+    transaction,
+    uri_with_options,
+)
 
-# The operators the library's requests use, all in MongoDB's Stable API (V1) since 5.0.0. SERVER-58076
-# left out of V1 only what 5.0 itself brought ($dateAdd, $dateSubtract, $dateDiff, $dateTrunc,
-# $getField, $setField, $setWindowFields); SERVER-60899 added those later in the 5.0 series, so a
-# strict client of an early 5.0.x refuses them. src/mongo/db/pipeline/expression.cpp registers
-# every expression below with REGISTER_STABLE_EXPRESSION.
+# Every operator the library's requests use, each checked in MongoDB's source to be in the Stable
+# API (V1): a strict client's request that names one outside it fails with APIStrictError. V1 only
+# ever grows, and SERVER-58076 left out of it only what 5.0 itself brought ($dateAdd, $dateDiff,
+# $dateSubtract, $dateTrunc, $getField, $setField, $setWindowFields; SERVER-60899 added them later
+# in 5.0), none of which is used here, so these hold from 5.0.0 on.
 STABLE_API_V1_OPERATORS = {
-    # stages
+    # Stages, registered with AllowedWithApiStrict::kAlways: document_source_add_fields.cpp ($addFields
+    # and its alias $set), document_source_project.cpp ($project and $unset), document_source_match.cpp,
+    # document_source_sort.cpp; $changeStream is kConditionally (document_source_change_stream.cpp):
+    # only options the library does not send (showExpandedEvents and kin) are refused.
     "$set", "$unset", "$match", "$project", "$addFields", "$sort", "$changeStream",
-    # query and update operators
-    "$and", "$or", "$in", "$nin", "$type", "$regex", "$exists", "$gt", "$gte", "$lt", "$lte", "$inc",
-    # expressions
-    "$add", "$multiply", "$subtract", "$max", "$cond", "$not", "$eq", "$ne", "$ifNull", "$literal",
-    "$toDate", "$toLong", "$filter", "$map", "$indexOfArray", "$size", "$concatArrays", "$first",
-    "$isArray", "$mergeObjects", "$slice",
+    # Query and update operators (filters, $match, fenced writes): the matcher's and the update
+    # language's own, not registered per API version.
+    "$and", "$or", "$in", "$nin", "$type", "$regex", "$exists", "$gt", "$gte", "$lt", "$lte", "$elemMatch",
+    "$expr", "$inc",
+    # Expressions: REGISTER_STABLE_EXPRESSION in src/mongo/db/pipeline/expression.cpp ($add, $and,
+    # $arrayElemAt, $first, $eq/$ne/$gt/$gte/$lt/$lte, $concat, $concatArrays, $cond, $literal,
+    # $filter, $let, $map, $multiply, $ifNull, $in, $indexOfArray, $not, $or, $range, $reduce,
+    # $isArray, $slice, $size, $subtract, $toDate and $toLong (makeConversionAlias of $convert),
+    # $type); accumulators as expressions, in accumulator_sum.cpp ($sum), accumulator_min_max.cpp
+    # ($max) and accumulator_merge_objects.cpp ($mergeObjects). $filter's "limit" and $reduce's
+    # "as", "valueAs" and "arrayIndexAs" are kNeverInVersion1: not used.
+    "$add", "$multiply", "$subtract", "$max", "$sum", "$cond", "$not", "$eq", "$ne", "$ifNull", "$literal",
+    "$toDate", "$toLong", "$filter", "$map", "$reduce", "$let", "$range", "$arrayElemAt", "$indexOfArray",
+    "$size", "$concat", "$concatArrays", "$first", "$isArray", "$mergeObjects", "$slice",
 }  # fmt: skip
 
 
@@ -95,11 +120,65 @@ async def every_kind_of_request(driver: str, uri: str, name: str, **options: Any
         await close_client(client)
 
 
+async def every_kind_of_permit_request(driver: str, uri: str, name: str, **options: Any) -> None:
+    """Each kind of request of the semaphore, the read-write lock and the election, with clients
+    made with ``options``: permits taken, renewed by the heartbeat, extended, asked about, waited
+    for through the change stream and handed on; a waiter that gives up (its place withdrawn);
+    a guarded transaction; a leader handing over to a named candidate; an observer's stream; an
+    operator's listing and forced releases. Leaves the collection ``name`` behind."""
+    client, other = make_client(driver, uri, **options), make_client(driver, uri, **options)
+    locks, elsewhere = client[TEST_DATABASE][name], other[TEST_DATABASE][name]
+    try:
+        semaphore = AsyncMongoSemaphore(locks, "quota", 1, ttl=3.0, heartbeat=0.5)
+        async with semaphore:
+            waiter = AsyncMongoSemaphore(elsewhere, "quota", 1, ttl=30.0)
+            waiting = asyncio.create_task(waiter.acquire(timeout=20))
+            await asyncio.sleep(1.2)  # renewed; the waiter queued and its stream opened
+            assert await semaphore.locked() and await semaphore.owned()
+            await semaphore.extend(4.0)
+            async with transaction(client) as session:
+                await semaphore.guard_transaction(session)
+            assert not await AsyncMongoSemaphore(elsewhere, "quota", 1, ttl=30.0).acquire(timeout=0.3)
+        assert await waiting, "the permit handed to the other client did not arrive"
+        assert await waiter.release()
+        rwlock, readers = AsyncMongoRWLock(locks, "table", ttl=30.0), AsyncMongoRWLock(elsewhere, "table", ttl=30.0)
+        reader_handles = [readers.read() for _ in range(2)]
+        async with rwlock.write():
+            reading = [asyncio.create_task(reader.acquire(timeout=20)) for reader in reader_handles]
+            await asyncio.sleep(0.5)
+        assert all(await asyncio.gather(*reading)), "the writer's release did not hand on to the readers"
+        leader = AsyncMongoElection(locks, "leader", ttl=3.0, heartbeat=0.5, label="first")
+        follower = AsyncMongoElection(elsewhere, "leader", ttl=3.0, heartbeat=0.5, label="named")
+        assert await leader.campaign(timeout=5) > 0
+        changes = follower.changes()
+        try:
+            assert (await anext(changes)) is not None  # an observer reads the leader, then watches
+            campaigning = asyncio.create_task(follower.campaign(timeout=20))
+            await asyncio.sleep(0.5)
+            assert await leader.resign(to="named")
+            assert await campaigning > 0
+        finally:
+            await changes.aclose()
+        assert await follower.resign()
+        store = LockStore(locks, WriteConcern(w="majority"))
+        assert {report.name for report in await store.report()} >= {"quota", "table", "leader"}
+        assert await store.force_release("table") is not None, "the readers' permits were there to break"
+        assert not any([await reader.release() for reader in reader_handles]), "the operator broke them"
+    finally:
+        await close_client(other)
+        await close_client(client)
+
+
 async def test_a_strict_stable_api_client_works(driver: str, mongodb_uri: str) -> None:
+    # On MongoDB, a strict client's command that names anything outside API V1 (a command, a stage
+    # or an expression) fails with APIStrictError; the embedded server refuses commands and
+    # aggregation stages outside V1 only (not expressions, nor update pipelines' stages): there,
+    # STABLE_API_V1_OPERATORS, checked in MongoDB's source, is what holds every operator sent.
     counter = CommandCounter()
     name = f"locks_{uuid.uuid4().hex[:12]}"
     strict = ServerApi("1", strict=True)
     await every_kind_of_request(driver, mongodb_uri, name, server_api=strict, event_listeners=[counter])
+    await every_kind_of_permit_request(driver, mongodb_uri, name, server_api=strict, event_listeners=[counter])
     client = make_client(driver, mongodb_uri)
     await client[TEST_DATABASE][name].drop()
     await close_client(client)
@@ -107,6 +186,23 @@ async def test_a_strict_stable_api_client_works(driver: str, mongodb_uri: str) -
     assert "$dateAdd" not in used
     assert used <= STABLE_API_V1_OPERATORS, f"outside the Stable API: {used - STABLE_API_V1_OPERATORS}"
     assert {"findAndModify", "update", "aggregate", "getMore", "createIndexes"} <= set(counter.names)
+    # What the permits' pipelines need beyond the lock's: had they not been sent, the list above
+    # would prove nothing about them.
+    assert {"$reduce", "$let", "$range", "$concat", "$arrayElemAt", "$sum", "$regex"} <= used
+
+
+async def test_a_strict_client_reaches_the_server_as_strict(driver: str, mongodb_uri: str) -> None:
+    # The strict test above means something only if strictness reaches the server: a command
+    # outside API V1 (buildInfo) is refused with APIStrictError (323), on MongoDB and on the
+    # embedded server alike. The embedded server checks no more than commands and aggregation
+    # stages, though: the expressions are proven on MongoDB only (the workflow's servers).
+    client = make_client(driver, mongodb_uri, server_api=ServerApi("1", strict=True))
+    try:
+        with pytest.raises(OperationFailure) as raised:
+            await client.admin.command("buildInfo")
+        assert raised.value.code == 323, raised.value
+    finally:
+        await close_client(client)
 
 
 # -- TLS and authentication ----------------------------------------------------------------------------
@@ -157,17 +253,14 @@ def mutual_tls_server(certificates: Certificates) -> Iterator[EmbeddedMongo]:
         yield server
 
 
-def with_options(uri: str, **options: str) -> str:
-    return uri + "".join(f"&{key}={quote_plus(value)}" for key, value in options.items())
-
-
 async def operate(uri: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     """Run a ``mongolock`` command in a child process, off the event loop: a blocked loop would stall
     this process's drivers mid-handshake with the embedded server."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))}
     command = [sys.executable, "-m", "mongolock_async", *arguments, "--db", TEST_DATABASE, "--collection", "secure"]
-    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120)
-    return await asyncio.to_thread(run, command, env={**env, "MONGODB_URI": uri})
+    run = functools.partial(
+        subprocess.run, command, capture_output=True, text=True, timeout=120, env=child_environment(MONGODB_URI=uri)
+    )
+    return await asyncio.to_thread(run)
 
 
 async def test_a_peer_stuck_in_its_tls_handshake_does_not_stall_the_embedded_server(
@@ -195,7 +288,7 @@ async def test_locks_and_the_command_work_over_tls_with_scram(driver: str, tls_s
 async def test_locks_and_the_command_work_with_a_client_certificate(
     driver: str, mutual_tls_server: EmbeddedMongo, certificates: Certificates
 ) -> None:
-    uri = with_options(mutual_tls_server.uri, tlsCertificateKeyFile=str(certificates.client))
+    uri = uri_with_options(mutual_tls_server.uri, tlsCertificateKeyFile=str(certificates.client))
     await every_kind_of_request(driver, uri, "secure")
     listing = await operate(uri, "list")
     assert listing.returncode == 0 and "job" in listing.stdout, listing.stdout + listing.stderr
@@ -220,7 +313,7 @@ async def test_each_misconfiguration_is_named_and_no_password_shows(
         "no client certificate": (mutual_tls_server.uri, "client certificate", 3),
     }[mistake]
     # Generous: a TLS handshake with a busy embedded server can take seconds on a loaded machine.
-    uri = with_options(uri, serverSelectionTimeoutMS="8000")
+    uri = uri_with_options(uri, serverSelectionTimeoutMS="8000")
     caplog.set_level(logging.DEBUG)
     # The command meets the same mistake in its own process meanwhile (each waits out its own
     # server selection timeout; one after the other they took twice as long).
@@ -362,10 +455,12 @@ async def test_the_documented_roles_grant_what_is_sent_and_no_more(
     assert all(needed[resource] <= operator[resource] for resource in needed)
 
 
-async def test_fault_tests_are_skipped_with_the_reason_where_the_server_has_no_fail_points(driver: str) -> None:
-    # Against a MongoDB started without enableTestCommands (a managed service, say), the tests that
-    # inject faults with failCommand are skipped, saying why, rather than failing or passing.
+async def test_fault_tests_run_on_a_server_of_their_own_where_the_server_has_no_fail_points(driver: str) -> None:
+    # Against a MongoDB started without enableTestCommands (a managed service, say), the probe says
+    # so and the tests that inject faults with failCommand run on an embedded server of their own
+    # (fault_server); a fail point armed there anyway is skipped, saying why.
     with EmbeddedMongo(test_commands=False) as server:
+        assert not fail_points_answer(server.uri)
         client = make_client(driver, server.uri)
         try:
             with pytest.raises(pytest.skip.Exception, match="enableTestCommands"):

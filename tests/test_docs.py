@@ -8,7 +8,6 @@ project's configuration (so in pytest-asyncio's strict mode). Every other block 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mongolock_async.testing import EmbeddedMongo
+from tests.conftest import child_environment
 from tests.doc_examples import PAGES, ROOT, file_name, python_blocks
 
 PAGES_WITH_CODE = [page for page in PAGES if python_blocks(page)]
@@ -38,9 +38,21 @@ def test_the_pages_have_code_to_run() -> None:
     assert sum(len(python_blocks(page)) for page in PAGES_WITH_CODE) >= 15
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT)))
-def test_every_example_runs_as_written(page: Path, docs_server: str, tmp_path: Path) -> None:
-    env = {**os.environ, "MONGODB_URI": docs_server, "PYTHONPATH": str(tmp_path)}
+# docs/testing.md runs pytest, whose plugin reads the test run's settings: an environment test.
+PAGE_PARAMETERS = [
+    pytest.param(page, marks=[pytest.mark.environment] if page.name == "testing.md" else [])
+    for page in PAGES_WITH_CODE
+]
+
+
+@pytest.mark.parametrize("page", PAGE_PARAMETERS, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_example_runs_as_written(
+    page: Path, docs_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the real-MongoDB workflow's jobs set for this test run: the examples (docs/testing.md
+    # runs pytest with the package's plugin) must not inherit them.
+    monkeypatch.setenv("MONGOLOCK_TEST_DRIVERS", "pymongo")
+    monkeypatch.setenv("MONGOLOCK_TEST_SHARDED", "1")
     for number, block in enumerate(python_blocks(page), start=1):
         name = file_name(block)
         if name:
@@ -52,7 +64,14 @@ def test_every_example_runs_as_written(page: Path, docs_server: str, tmp_path: P
             script = tmp_path / f"example_{number}.py"
             script.write_text(block)
             command = [sys.executable, script.name]
-        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+        result = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=child_environment(MONGODB_URI=docs_server, PYTHONPATH=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert result.returncode == 0, f"{page.name}, python block {number}:\n{block}\n{result.stdout}{result.stderr}"
 
 
@@ -79,7 +98,7 @@ def test_a_broken_cross_reference_fails_the_docs_build(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        env=child_environment(NO_MKDOCS_2_WARNING="1"),
         timeout=300,
     )
     assert result.returncode != 0, result.stdout + result.stderr
@@ -129,7 +148,8 @@ def test_every_install_command_is_the_readmes() -> None:
     ids=["fastapi", "aiohttp", "opentelemetry", "embedded"],
 )
 def test_a_missing_extra_is_named_as_the_readme_installs_it(code: str, extra: str) -> None:
-    result = subprocess.run([sys.executable, "-c", f"import sys; {code}"], capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-c", f"import sys; {code}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=child_environment())
     assert result.returncode != 0
     last = result.stderr.splitlines()[-1]
     assert f"the {extra} extra (from a checkout: pip install '.[{extra}]')" in last, result.stderr
@@ -141,7 +161,7 @@ def build_site(directory: Path) -> Path:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        env=child_environment(NO_MKDOCS_2_WARNING="1"),
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

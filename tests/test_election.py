@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
@@ -30,9 +31,15 @@ from mongolock_async import (
 )
 from mongolock_async.fencing import fenced_update_one
 from mongolock_async.store import LockStore
-from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, most_at_once, run_workers, set_fail_point
+from tests.conftest import (
+    CommandCounter,
+    FaultServer,
+    child_environment,
+    most_at_once,
+    run_workers,
+    set_fail_point,
+)
 
 WORKER = Path(__file__).with_name("election_worker.py")
 PROCESSES, CANDIDATES, SECONDS = 4, 3, 4.0
@@ -98,7 +105,9 @@ async def test_a_resignation_hands_leadership_to_the_next_candidate_at_once(driv
             await close_client(client)
 
 
-async def test_terms_rise_across_resignation_expiry_force_release_and_purge(lock_collection: Any) -> None:
+async def test_terms_rise_across_resignation_expiry_force_release_and_purge(
+    lock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     store = LockStore(lock_collection, WriteConcern(w="majority"))
     terms: list[int] = []
 
@@ -117,7 +126,8 @@ async def test_terms_rise_across_resignation_expiry_force_release_and_purge(lock
     deposed._forget_lease()
     purged = await win()
     purged._forget_lease()
-    await lock_collection.delete_one({"_id": "terms"})  # purged by the idle-cleanup index
+    # Purged by the idle-cleanup index (which the server runs; the test's user may not delete).
+    mongolock_admin_client[TEST_DATABASE][lock_collection.name].delete_one({"_id": "terms"})
     await asyncio.sleep(0.01)
     await win()
     assert terms == sorted(set(terms)), f"terms went down: {terms}"
@@ -281,6 +291,7 @@ def _start_leader(uri: str, collection: str, ttl: float, fenced: bool = False) -
         stdout=subprocess.PIPE,
         text=True,
         cwd=WORKER.parent.parent,
+        env=child_environment(),
     )
     assert leader.stdout is not None
     line = leader.stdout.readline().split()
@@ -404,17 +415,16 @@ async def test_observers_see_a_dead_leaders_term_expire(lock_collection: Any) ->
 
 
 async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
-    driver: str, private_server: EmbeddedMongo
+    driver: str, fault_server: FaultServer
 ) -> None:
     # Every command of the leader's client fails with a closed connection (a fail point scoped to
     # its appName), while the candidate's client is untouched: a network cut of the leader alone.
-    leader_client = make_client(
-        driver, private_server.uri, appName="cut-leader", serverMonitoringMode="poll", heartbeatFrequencyMS=500
-    )
-    candidate_client = make_client(driver, private_server.uri)
+    leader_client = fault_server.client(driver, serverMonitoringMode="poll", heartbeatFrequencyMS=500)
+    candidate_client = fault_server.client(driver, app_name=f"{fault_server.app_name}-candidate")
+    locks = fault_server.collection
     try:
-        leader = AsyncMongoElection(leader_client[TEST_DATABASE]["locks"], "cut", ttl=3.0, heartbeat=0.5)
-        candidate = AsyncMongoElection(candidate_client[TEST_DATABASE]["locks"], "cut", ttl=3.0)
+        leader = AsyncMongoElection(leader_client[TEST_DATABASE][locks], "cut", ttl=3.0, heartbeat=0.5)
+        candidate = AsyncMongoElection(candidate_client[TEST_DATABASE][locks], "cut", ttl=3.0)
         led: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
         stopped: list[float] = []
 
@@ -431,18 +441,18 @@ async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
         await asyncio.sleep(0.3)  # the candidate's place is stored
         commands = ["update", "findAndModify", "aggregate", "find", "getMore", "ping"]
         await set_fail_point(
-            candidate_client[TEST_DATABASE]["locks"],
+            candidate_client[TEST_DATABASE][locks],
             "alwaysOn",
             failCommands=commands,
             closeConnection=True,
-            appName="cut-leader",
+            appName=fault_server.app_name,
         )
         new_term = await following
         took_over_at = time.monotonic()
         assert stopped, "the cut-off leader's work was still running when the next leader started"
         assert stopped[0] <= took_over_at, "two leaders worked at once"
         assert new_term > old_term
-        await set_fail_point(candidate_client[TEST_DATABASE]["locks"], "off")
+        await set_fail_point(candidate_client[TEST_DATABASE][locks], "off")
         leading.cancel()
         with pytest.raises(asyncio.CancelledError):
             await leading

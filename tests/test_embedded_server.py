@@ -17,6 +17,7 @@ from pymongo.errors import PyMongoError
 
 from mongolock_async.testing import EmbeddedMongo, EmbeddedServerError
 from mongolock_async.testing import server as server_module
+from tests.conftest import child_environment
 
 
 def client_for(server: EmbeddedMongo) -> MongoClient[dict[str, object]]:
@@ -118,7 +119,13 @@ async def test_async_context_manager() -> None:
 
 
 def server_pid_of_child(script: str) -> tuple[subprocess.Popen[str], int]:
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_environment(),
+    )
     assert child.stdout is not None
     line = child.stdout.readline()
     assert line, child.stderr.read() if child.stderr else ""
@@ -188,7 +195,10 @@ def test_nothing_is_left_behind_however_the_owner_ends(ending: str) -> None:
         "SIGKILL": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n",
     }[ending.split(", ")[-1]]
     child = subprocess.Popen(
-        [sys.executable, "-c", start + "import time; time.sleep(0.5)\n" + finish], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", start + "import time; time.sleep(0.5)\n" + finish],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_environment(),
     )
     assert child.stdout is not None
     server_pid = int(child.stdout.readline())
@@ -231,7 +241,7 @@ def test_the_suite_fails_if_it_leaves_a_directory_behind(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "TMPDIR": str(scratch)},
+        env=child_environment(PYTHONPATH=str(Path(__file__).parent.parent), TMPDIR=str(scratch)),
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "left 1 embedded server directories behind" in result.stdout
@@ -247,7 +257,9 @@ def test_a_start_removes_directories_whose_server_and_reaper_are_gone() -> None:
     long_ago = time.time() - 3600
     for directory in (abandoned, in_use):
         os.utime(directory, (long_ago, long_ago))
-    holder = subprocess.Popen(["sh", "-c", "sleep 60", "mongolock-embedded-reaper", str(in_use)])
+    holder = subprocess.Popen(
+        ["sh", "-c", "sleep 60", "mongolock-embedded-reaper", str(in_use)], env=child_environment()
+    )
     try:
         with EmbeddedMongo():
             assert not abandoned.exists(), "an abandoned directory was left"

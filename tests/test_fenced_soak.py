@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import child_environment
+
 SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "fenced_soak.py"
 
 
@@ -20,6 +22,7 @@ def test_no_stale_write_lands_under_the_guard_and_some_do_without_it() -> None:
         text=True,
         timeout=280,
         cwd=SOAK.parent.parent,
+        env=child_environment(),
     )
     report = json.loads(result.stdout.splitlines()[-1])
     guarded, control = report["guarded"], report["control"]

@@ -22,7 +22,7 @@ from mongolock_async.fencing import fenced_insert_one, fenced_replace_one, fence
 from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, transaction
+from tests.conftest import CommandCounter, child_environment, transaction
 
 FENCED_HOLDER = Path(__file__).with_name("fenced_holder.py")
 
@@ -320,6 +320,7 @@ def test_a_paused_holders_writes_are_refused_after_a_takeover(mongodb_uri: str, 
             stdout=subprocess.PIPE,
             text=True,
             cwd=FENCED_HOLDER.parent.parent,
+            env=child_environment(),
         )
 
     def say(process: subprocess.Popen[str], line: str) -> None:
@@ -343,7 +344,7 @@ def test_a_paused_holders_writes_are_refused_after_a_takeover(mongodb_uri: str, 
             broken = subprocess.run(
                 [sys.executable, "-m", "mongolock_async", "release", "resource", "--force", "--yes",
                  "--db", TEST_DATABASE, "--collection", collection, "--uri", mongodb_uri],
-                capture_output=True, text=True, timeout=60,
+                capture_output=True, text=True, timeout=60, env=child_environment(),
             )  # fmt: skip
             assert broken.returncode == 0, broken.stderr
         successor = holder("successor", 30.0)

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,8 @@ import anyio
 import pytest
 
 from mongolock_async import AsyncMongoElection, AsyncMongoLock
-from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
 from tests.giving_up_worker import acquire, handle
 
 KINDS = ["lock", "fair-lock", "semaphore", "rwlock", "election"]
@@ -135,25 +133,25 @@ HELD_NAMES = 8
 
 
 async def test_a_waiter_cancelled_while_its_request_is_held_leaves_no_place(
-    driver: str, private_server: EmbeddedMongo, private_collection: Any
+    driver: str, fault_server: FaultServer, fault_collection: Any
 ) -> None:
     # The server holds each waiter's first request for 400 ms; each is given up at its own moment
     # of that flight, by each kind of cancellation in turn; every kind of lock at once.
-    app = f"gone-{uuid.uuid4().hex[:8]}"
-    client = make_client(driver, private_server.uri, appName=app)
+    app = f"{fault_server.app_name}-gone"
+    client = fault_server.client(driver, app_name=app)
     names = {kind: [f"held-{kind}-{index}" for index in range(HELD_NAMES)] for kind in KINDS}
     try:
-        holders = [holder for kind in KINDS for holder in await hold_all(private_collection, kind, names[kind])]
+        holders = [holder for kind in KINDS for holder in await hold_all(fault_collection, kind, names[kind])]
         await client.admin.command("ping")
         await set_fail_point(
-            private_collection,
+            fault_collection,
             {"times": len(KINDS) * HELD_NAMES},
             failCommands=["findAndModify"],
             appName=app,
             blockConnection=True,
             blockTimeMS=HELD_MS,
         )
-        collection = client[TEST_DATABASE][private_collection.name]
+        collection = client[TEST_DATABASE][fault_collection.name]
         delays = [0.02 + index * (HELD_MS / 1000 - 0.05) / HELD_NAMES for index in range(HELD_NAMES)]
         styles = list(GIVE_UPS.items())
         outcomes = await asyncio.gather(
@@ -165,12 +163,12 @@ async def test_a_waiter_cancelled_while_its_request_is_held_leaves_no_place(
         )
         assert not any(outcomes), "a waiter took a held lock"
     finally:
-        await set_fail_point(private_collection, "off")
+        await set_fail_point(fault_collection, "off")
         await close_client(client)
     await release_all(holders)
     for kind in KINDS:
         moments = [f"{styles[i % len(styles)][0]} at {delay * 1000:.0f} ms" for i, delay in enumerate(delays)]
-        blocked = await not_taken_at_once(private_collection, kind, names[kind], moments)
+        blocked = await not_taken_at_once(fault_collection, kind, names[kind], moments)
         assert not blocked, f"{kind}: released, then handed to a waiter that had given up: {blocked}"
 
 
@@ -204,6 +202,7 @@ def run_giving_up_workers(uri: str, collection: Any, kind: str, mode: str, group
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=child_environment(),
         )
         for seconds, names in groups.items()
     ]
@@ -234,24 +233,23 @@ async def test_a_process_that_gives_up_and_exits_leaves_no_place(
 
 @pytest.mark.parametrize("kind", ["lock", "semaphore"])
 async def test_a_withdrawal_that_fails_in_transit_is_sent_again(
-    driver: str, private_server: EmbeddedMongo, private_collection: Any, kind: str
+    driver: str, fault_server: FaultServer, fault_collection: Any, kind: str
 ) -> None:
-    holders = await hold_all(private_collection, kind, ["withdrawn"])
-    client = make_client(driver, private_server.uri, appName="withdrawing")
+    holders = await hold_all(fault_collection, kind, ["withdrawn"])
+    app = f"{fault_server.app_name}-withdrawing"
+    client = fault_server.client(driver, app_name=app)
     try:
-        waiter = handle(client[TEST_DATABASE]["locks"], kind, "withdrawn")
+        waiter = handle(client[TEST_DATABASE][fault_server.collection], kind, "withdrawn")
         # The withdrawal is an update; the first four on this client lose their connection: two
         # withdrawals fail, each after the driver's own retry of a retryable write.
-        await set_fail_point(
-            private_collection, {"times": 4}, failCommands=["update"], appName="withdrawing", closeConnection=True
-        )
+        await set_fail_point(fault_collection, {"times": 4}, failCommands=["update"], appName=app, closeConnection=True)
         assert await waiter.acquire(timeout=0.3) is False
         await asyncio.sleep(0.5)  # a withdrawal sent after acquire returned meets the failures too
     finally:
-        await set_fail_point(private_collection, "off")
+        await set_fail_point(fault_collection, "off")
         await close_client(client)
     await release_all(holders)
-    assert not await not_taken_at_once(private_collection, kind, ["withdrawn"], ["after two failed withdrawals"])
+    assert not await not_taken_at_once(fault_collection, kind, ["withdrawn"], ["after two failed withdrawals"])
 
 
 # -- places of killed processes --------------------------------------------------------------------
@@ -264,6 +262,7 @@ def waiting_process(uri: str, collection: Any, kind: str, ttl: float, name: str)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=child_environment(),
     )
     try:
         yield process
@@ -366,7 +365,7 @@ async def test_an_election_behind_a_killed_leader_and_candidate_elects_at_the_ca
 
 def end_holding(uri: str, collection: Any, mode: str, kind: str, name: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, str(WORKER), uri, TEST_DATABASE, collection.name, mode, kind, "30", name]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=child_environment())
 
 
 @pytest.mark.parametrize("kind", ["lock", "semaphore", "election"])

@@ -38,7 +38,7 @@ from mongolock_async.documents import LockState
 from mongolock_async.store import LockStore, Permits, oldest_wire_version, store_for
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
 
 PAUSED_HOLDER = Path(__file__).with_name("paused_holder.py")
 
@@ -54,6 +54,7 @@ def test_a_paused_holder_runs_no_step_past_its_deadline(mongodb_uri: str, heartb
         stdout=subprocess.PIPE,
         text=True,
         cwd=PAUSED_HOLDER.parent.parent,
+        env=child_environment(),
     )
     try:
         assert holder.stdout is not None
@@ -107,15 +108,15 @@ async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
         await close_client(client)
 
 
-async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(private_collection: Any) -> None:
+async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(fault_collection: Any) -> None:
     # Under load an attempt can take longer than what is left of a short timeout, while the server
     # answers other requests: the acquire timed out, as under a busy lock (a web helper's 429), and
     # does not say MongoDB could not be reached (its 503).
-    holder = AsyncMongoLock(private_collection, "slow", ttl=30.0)
+    holder = AsyncMongoLock(fault_collection, "slow", ttl=30.0)
     assert await holder.acquire()
-    waiter = AsyncMongoLock(private_collection, "slow", ttl=30.0)
+    waiter = AsyncMongoLock(fault_collection, "slow", ttl=30.0)
     await set_fail_point(
-        private_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=3000
+        fault_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=3000
     )
     waiting = asyncio.create_task(waiter.acquire(timeout=1.0))
     await asyncio.sleep(0.3)  # the waiter's attempt is the one held back
@@ -125,27 +126,28 @@ async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(privat
 
 
 async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout(
-    driver: str, private_server: EmbeddedMongo, private_collection: Any
+    driver: str, fault_server: FaultServer, fault_collection: Any
 ) -> None:
     # The waiter's first attempt is answered (held); its next one, at the holder's expiry, gets no
     # answer before the acquire's timeout, and nobody else's request is answered meanwhile: the
     # server answered this acquire, so it timed out as under a busy lock (False, a web helper's
     # 429), not "MongoDB could not be reached" (seen under load with a 0.2 s timeout: a 503).
-    holder = AsyncMongoLock(private_collection, "slow", ttl=1.0)
+    holder = AsyncMongoLock(fault_collection, "slow", ttl=1.0)
     assert await holder.acquire()
-    client = make_client(driver, private_server.uri, appName="slow-waiter")
+    waiter_app = f"{fault_server.app_name}-waiter"
+    client = fault_server.client(driver, app_name=waiter_app)
     try:
-        collection = client[TEST_DATABASE]["locks"]
+        collection = client[TEST_DATABASE][fault_server.collection]
         waiter = AsyncMongoLock(collection, "slow", ttl=30.0, retry_cap=0.2)
         started = time.monotonic()
         waiting = asyncio.create_task(waiter.acquire(timeout=2.0))
         while store_for(collection, WriteConcern(w="majority")).answered_at < started:  # noqa: ASYNC110 - polls the store for the first answer
             await asyncio.sleep(0.01)
         await set_fail_point(
-            private_collection,
+            fault_collection,
             {"times": 1},
             failCommands=["findAndModify"],
-            appName="slow-waiter",
+            appName=waiter_app,
             blockConnection=True,
             blockTimeMS=8000,
         )
@@ -156,13 +158,13 @@ async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout
 
 
 async def test_a_request_sent_too_late_to_be_answered_in_time_is_a_timeout(
-    private_collection: Any, monkeypatch: pytest.MonkeyPatch
+    fault_collection: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The process stalls between acquire() and the send (as a loaded machine's scheduler can), so
     # the attempt gets a twentieth of the timeout, and gets no answer in it: the acquire timed out,
     # as under a busy lock (a web helper's 423), not "MongoDB could not be reached (MongoDB did not
     # answer within 0.001 s)" (seen under load with a 0.2 s timeout: a 503).
-    lock = AsyncMongoLock(private_collection, "late", ttl=30.0)
+    lock = AsyncMongoLock(fault_collection, "late", ttl=30.0)
 
     def stalled_hostname() -> str:
         time.sleep(0.475)
@@ -170,7 +172,7 @@ async def test_a_request_sent_too_late_to_be_answered_in_time_is_a_timeout(
 
     monkeypatch.setattr(lock_module, "_hostname", stalled_hostname)
     await set_fail_point(
-        private_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1000
+        fault_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1000
     )
     assert await lock.acquire(timeout=0.5) is False
 
@@ -235,63 +237,92 @@ async def test_a_lease_broken_during_a_block_without_heartbeat_raises(lock_colle
 # -- 5. ambiguous failures ------------------------------------------------------------------------
 
 
-async def test_an_acquire_applied_but_not_acknowledged_is_undone(private_collection: Any) -> None:
+async def test_an_acquire_applied_but_not_acknowledged_is_undone(fault_collection: Any) -> None:
     # The server applies the write, then reports that it could not confirm it.
     failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
-    await set_fail_point(private_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
-    lock = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0)
+    await set_fail_point(fault_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+    lock = AsyncMongoLock(fault_collection, "ambiguous", ttl=30.0)
     with pytest.raises(PyMongoError):
         await lock.acquire(blocking=False)
-    doc = await private_collection.find_one({"_id": "ambiguous"})
+    doc = await fault_collection.find_one({"_id": "ambiguous"})
     assert doc["fence"] > 0, "it was applied"
     assert doc["owner"] is None and doc.get("releasedOwner"), "and released before the error was raised"
-    other = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0)
+    other = AsyncMongoLock(fault_collection, "ambiguous", ttl=30.0)
     assert await other.acquire(timeout=5), "the unacknowledged lease blocked the lock"
     assert await other.release()
 
 
 async def test_a_blocking_acquire_retries_an_ambiguous_attempt_with_the_same_token(
-    private_collection: Any,
+    fault_collection: Any,
 ) -> None:
     failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
-    await set_fail_point(private_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
-    lock = AsyncMongoLock(private_collection, "ambiguous", ttl=30.0, retry_base=0.01, retry_cap=0.05)
+    await set_fail_point(fault_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+    lock = AsyncMongoLock(fault_collection, "ambiguous", ttl=30.0, retry_base=0.01, retry_cap=0.05)
     assert await lock.acquire(timeout=10)
-    doc = await private_collection.find_one({"_id": "ambiguous"})
+    doc = await fault_collection.find_one({"_id": "ambiguous"})
     assert doc["fence"] == lock.fencing_token, "the retry claimed the lease the first attempt took"
     assert await lock.release()
 
 
-async def test_a_release_that_fails_transiently_is_retried(private_collection: Any) -> None:
-    lock = AsyncMongoLock(private_collection, "flaky", ttl=30.0)
+async def test_a_release_that_fails_transiently_is_retried(fault_collection: Any) -> None:
+    lock = AsyncMongoLock(fault_collection, "flaky", ttl=30.0)
     assert await lock.acquire()
     # The driver retries a retryable write once; the lock retries past that.
-    await set_fail_point(private_collection, {"times": 3}, failCommands=["findAndModify"], closeConnection=True)
+    await set_fail_point(fault_collection, {"times": 3}, failCommands=["findAndModify"], closeConnection=True)
     assert await lock.release()
-    assert (await private_collection.find_one({"_id": "flaky"}))["owner"] is None
+    assert (await fault_collection.find_one({"_id": "flaky"}))["owner"] is None
 
 
 @pytest.mark.parametrize("local_waiter", [False, True], ids=["free", "handed-on"])
-async def test_a_release_whose_reply_was_lost_is_still_a_release(private_collection: Any, local_waiter: bool) -> None:
+async def test_a_release_whose_reply_was_lost_is_still_a_release(fault_collection: Any, local_waiter: bool) -> None:
     # The server applies the release, then cannot confirm it (a wtimeout, which the driver does not
     # retry); the release sent again must recognise its own earlier success, not report a lost lease.
-    lock = AsyncMongoLock(private_collection, "reply-lost", ttl=30.0)
-    successor = AsyncMongoLock(private_collection, "reply-lost", ttl=30.0)
+    lock = AsyncMongoLock(fault_collection, "reply-lost", ttl=30.0)
+    successor = AsyncMongoLock(fault_collection, "reply-lost", ttl=30.0)
     waiting = None
     async with lock:
         if local_waiter:
             waiting = asyncio.create_task(successor.acquire(timeout=20))
             await asyncio.sleep(0.3)  # queued behind the holder
         failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
-        await set_fail_point(private_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+        await set_fail_point(fault_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
     # The block ended without LockLostError: the release was recognised.
-    doc = await private_collection.find_one({"_id": "reply-lost"})
+    doc = await fault_collection.find_one({"_id": "reply-lost"})
     if waiting is None:
         assert doc["owner"] is None
     else:
         assert await waiting, "the lease handed on by the release reached the waiting task"
         assert doc["owner"] is not None and successor.fencing_token == doc["fence"]
         assert await successor.release()
+
+
+async def test_a_release_sent_again_after_the_next_holders_release_is_still_recognised(lock_collection: Any) -> None:
+    # A release whose reply was lost is sent again; before the copy arrives, the lease it handed on
+    # (or the free lock) was taken and released by the next holder. The copy must find its own
+    # earlier release, not report a lost lease (a lock remembered only its last releaser).
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("resent", "first", 30_000, {})).holds("first")
+    assert await store.release("resent", "first") is not None  # applied; say its reply was lost
+    for later in ("second", "third"):
+        assert (await store.try_acquire("resent", later, 30_000, {})).holds(later)
+        assert await store.release("resent", later) is not None
+    assert await store.release("resent", "first") is not None, "our own earlier release was taken for a lost lease"
+    assert await store.release("resent", "never-held") is None
+
+
+async def test_a_release_is_remembered_while_its_lease_would_have_lasted(lock_collection: Any) -> None:
+    # A copy can arrive only while the lease it ended would still have been live (the library stops
+    # sending it at the lease's local deadline): the document forgets releases whose leases would
+    # have expired, so it does not grow with every release of a busy name.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("remembered", "short", 300, {})).holds("short")
+    assert await store.release("remembered", "short") is not None
+    await asyncio.sleep(0.5)
+    for later in ("long", "longer"):
+        assert (await store.try_acquire("remembered", later, 30_000, {})).holds(later)
+        assert await store.release("remembered", later) is not None
+    doc = await lock_collection.find_one({"_id": "remembered"})
+    assert [entry["o"] for entry in doc["recentReleases"]] == ["long", "longer"]
 
 
 @pytest.mark.parametrize("permits", [None, Permits("semaphore", 2)], ids=["lock", "semaphore"])
@@ -316,38 +347,38 @@ async def test_an_attempt_applied_after_its_withdrawal_queues_nothing_and_takes_
 
 
 async def test_an_attempt_that_queued_a_follower_leaves_nothing_behind_when_its_waiters_give_up(
-    private_collection: Any,
+    fault_collection: Any,
 ) -> None:
     # Two tasks of this process wait; the head's attempts take the free lock and queue a place for
     # the second task in the same write, but every reply is lost (write concern errors). When both
     # give up, withdrawing their places must free the lock, not hand it to the follower's place.
-    first = AsyncMongoLock(private_collection, "orphan", ttl=30.0, retry_base=0.01, retry_cap=0.02)
-    second = AsyncMongoLock(private_collection, "orphan", ttl=30.0, retry_base=0.01, retry_cap=0.02)
+    first = AsyncMongoLock(fault_collection, "orphan", ttl=30.0, retry_base=0.01, retry_cap=0.02)
+    second = AsyncMongoLock(fault_collection, "orphan", ttl=30.0, retry_base=0.01, retry_cap=0.02)
     failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
-    await set_fail_point(private_collection, "alwaysOn", failCommands=["findAndModify"], **failure)
+    await set_fail_point(fault_collection, "alwaysOn", failCommands=["findAndModify"], **failure)
     try:
         results = await asyncio.gather(
             first.acquire(timeout=0.5), second.acquire(timeout=0.5), return_exceptions=True
         )
     finally:
-        await set_fail_point(private_collection, "off")
+        await set_fail_point(fault_collection, "off")
     assert all(isinstance(result, LockTimeoutError) and result.unreachable for result in results), results
     for _ in range(50):  # the withdrawal runs in the background
-        doc = await private_collection.find_one({"_id": "orphan"})
+        doc = await fault_collection.find_one({"_id": "orphan"})
         if doc["owner"] is None and not doc["queue"]:
             break
         await asyncio.sleep(0.1)
     assert doc["owner"] is None and doc["queue"] == [], f"left behind: {doc}"
-    other = AsyncMongoLock(private_collection, "orphan", ttl=30.0)
+    other = AsyncMongoLock(fault_collection, "orphan", ttl=30.0)
     assert await other.acquire(blocking=False), "the lock stayed blocked after every waiter gave up"
     assert await other.release()
 
 
-async def test_nothing_is_renewed_once_release_is_called(private_server: EmbeddedMongo, driver: str) -> None:
+async def test_nothing_is_renewed_once_release_is_called(fault_server: FaultServer, driver: str) -> None:
     counter = CommandCounter()
-    client = make_client(driver, private_server.uri, event_listeners=[counter])
+    client = fault_server.client(driver, event_listeners=[counter])
     try:
-        collection = client[TEST_DATABASE]["locks"]
+        collection = client[TEST_DATABASE][fault_server.collection]
         lock = AsyncMongoLock(collection, "slow-release", ttl=1.5, heartbeat=0.2)
         assert await lock.acquire()
         await asyncio.sleep(0.5)
@@ -483,15 +514,18 @@ def test_the_server_version_is_judged_by_the_servers_that_take_writes() -> None:
     assert oldest_wire_version([_server(21, **secondary)]) is None  # no server that takes writes is known
 
 
+@pytest.mark.environment
 async def test_only_a_duplicate_key_on_the_name_is_retried(
-    counted_collection: Any, command_counter: CommandCounter
+    unsharded_counted_collection: Any, command_counter: CommandCounter
 ) -> None:
-    await counted_collection.create_index("holder.label", unique=True, sparse=True)
-    first = AsyncMongoLock(counted_collection, "a", ttl=5.0, label="same")
+    # A user's unique index on another field: not possible on a collection sharded on hashed _id.
+    collection = unsharded_counted_collection
+    await collection.create_index("holder.label", unique=True, sparse=True)
+    first = AsyncMongoLock(collection, "a", ttl=5.0, label="same")
     assert await first.acquire()
     command_counter.clear()
     with pytest.raises(DuplicateKeyError):
-        await AsyncMongoLock(counted_collection, "b", ttl=5.0, label="same").acquire(blocking=False)
+        await AsyncMongoLock(collection, "b", ttl=5.0, label="same").acquire(blocking=False)
     assert command_counter.count("findAndModify") == 1, "a user's unique index clash was retried"
     assert await first.release()
 

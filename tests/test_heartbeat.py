@@ -15,7 +15,7 @@ from mongolock_async import keeper as keeper_module
 from mongolock_async.keeper import RENEWAL_CHUNK, keeper_for_running_loop
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, FaultServer, set_fail_point
 
 
 async def keeper_tasks() -> list[asyncio.Task[Any]]:
@@ -118,13 +118,13 @@ async def test_paused_server_cancels_the_body_before_the_server_expiry(
 )
 @pytest.mark.parametrize(("outage", "lost"), [(0.8, False), (4.0, True)], ids=["short", "long"])
 async def test_renewal_failures_lose_the_lease_only_past_the_deadline(
-    driver: str, private_server: EmbeddedMongo, failure: dict[str, Any], outage: float, lost: bool
+    driver: str, fault_server: FaultServer, failure: dict[str, Any], outage: float, lost: bool
 ) -> None:
     # The embedded server answers the driver's streaming "hello" only every 10 s after a
     # NotWritablePrimary-style error; polling monitoring lets the driver see it is back at once.
-    client = make_client(driver, private_server.uri, serverMonitoringMode="poll", heartbeatFrequencyMS=500)
+    client = fault_server.client(driver, serverMonitoringMode="poll", heartbeatFrequencyMS=500)
     try:
-        collection = client[TEST_DATABASE]["locks"]
+        collection = client[TEST_DATABASE][fault_server.collection]
         # Local deadline: 2.7 s after the last renewal before the outage, so the short outage (plus
         # the driver's up to 0.5 s to see the server again) fits inside it and the long one cannot.
         lock = AsyncMongoLock(collection, "flaky", ttl=3.0, heartbeat=0.5)

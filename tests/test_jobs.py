@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from mongolock_async import (
 from mongolock_async.jobs import current_run, run_once
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
-from tests.conftest import CommandCounter
+from tests.conftest import CommandCounter, child_environment
 
 WORKER = Path(__file__).with_name("job_worker.py")
 Run = tuple[int, float, float, int]  # slot, start, end, pid
@@ -49,7 +48,7 @@ def run_job_workers(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+            env=child_environment(FAKETIME_DONT_FAKE_MONOTONIC="1"),
         )
         for prefix, arguments in commands
     ]
@@ -138,9 +137,8 @@ def test_faketime_shifts_a_processs_wall_clock() -> None:
     # What the test above relies on: the worker's time.time() is off by the given amount.
     assert shutil.which("faketime"), FAKETIME_MISSING
     script = "import time; print(time.time())"
-    shifted = subprocess.run(
-        ["faketime", "-f", "+40s", sys.executable, "-c", script], capture_output=True, text=True, check=True
-    )
+    command = ["faketime", "-f", "+40s", sys.executable, "-c", script]
+    shifted = subprocess.run(command, capture_output=True, text=True, check=True, env=child_environment())
     assert 39 < float(shifted.stdout) - time.time() < 45
 
 
@@ -157,7 +155,9 @@ async def test_a_run_killed_mid_job_is_retried_in_the_same_slot_after_its_ttl(
     every, offset = 3600.0, slot_midway(3600.0)
     locks = LockManager(lock_collection, ttl=10.0)
     arguments = [mongodb_uri, TEST_DATABASE, lock_collection.name, "hang", "hang", str(every), "0", str(offset)]
-    process = subprocess.Popen([sys.executable, str(WORKER), *arguments], stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220 - read in a thread
+    process = subprocess.Popen(  # noqa: ASYNC220 - read in a thread
+        [sys.executable, str(WORKER), *arguments], stdout=subprocess.PIPE, text=True, env=child_environment()
+    )
     try:
         assert process.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 60)
@@ -396,8 +396,9 @@ async def test_the_command_line_shows_a_jobs_state(mongodb_uri: str, lock_collec
 
     def mongolock(*arguments: str) -> str:
         command = [sys.executable, "-m", "mongolock_async", *arguments, *where]
-        environment = {**os.environ, "COLUMNS": "120"}
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, env=child_environment(COLUMNS="120")
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout
 
@@ -423,8 +424,7 @@ async def test_the_periodic_example_builds_one_digest_per_period_on_three_replic
 ) -> None:
     lock_collection = pymongo_collection
     database = f"jobs_{lock_collection.name}"
-    environment = {
-        **os.environ,
+    where = {
         "MONGODB_URI": mongodb_uri,
         "JOBS_DATABASE": database,
         "MONGOLOCK_DB": TEST_DATABASE,
@@ -435,7 +435,9 @@ async def test_the_periodic_example_builds_one_digest_per_period_on_three_replic
     def replicas() -> list[str]:
         arguments = [*command, "--every", "1", "--seconds", "6"]
         started = [
-            subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+            subprocess.Popen(
+                arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(**where)
+            )
             for _ in range(3)
         ]
         outputs = []

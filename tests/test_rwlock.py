@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
-from mongolock_async.store import LockStore
+from mongolock_async.store import LockStore, Permits, PlaceRequest, semaphore_release_pipeline
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, most_at_once, run_workers
 
@@ -193,7 +194,9 @@ async def test_a_name_is_of_one_kind(lock_collection: Any) -> None:
     assert await semaphore.release()
 
 
-async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_collection: Any) -> None:
+async def test_tokens_rise_across_release_expiry_force_release_and_purge(
+    lock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     store = LockStore(lock_collection, WriteConcern(w="majority"))
     rw = AsyncMongoRWLock(lock_collection, "fenced", ttl=10.0)
     tokens: list[int] = []
@@ -214,7 +217,8 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_co
     reader._forget_lease()
     writer = await take(rw.write())
     writer._forget_lease()
-    await lock_collection.delete_one({"_id": "fenced"})  # purged by the idle-cleanup index
+    # Purged by the idle-cleanup index (which the server runs; the test's user may not delete).
+    mongolock_admin_client[TEST_DATABASE][lock_collection.name].delete_one({"_id": "fenced"})
     await asyncio.sleep(0.01)
     await take(rw.write())
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
@@ -260,9 +264,12 @@ async def test_readers_leaving_before_a_waiting_writer_wake_no_one(driver: str, 
         rw = AsyncMongoRWLock(waiting_client[TEST_DATABASE][collection], "index", ttl=10.0)
         writer, late_reader = rw.write(), rw.read()
         writing = asyncio.create_task(writer.acquire(timeout=10))
-        await asyncio.sleep(0.5)  # the writer's place is stored
+        await counter.settled()  # the writer's place is stored, the stream open
+        sent = counter.count("findAndModify")
         reading = asyncio.create_task(late_reader.acquire(timeout=10))
-        await asyncio.sleep(0.5)  # and the late reader's, behind it
+        while counter.count("findAndModify") == sent:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.01)
+        await counter.settled()  # and the late reader's place, behind it
         attempts_before = counter.count("findAndModify")
         for reader in held[:-1]:
             assert await reader.release()
@@ -277,3 +284,123 @@ async def test_readers_leaving_before_a_waiting_writer_wake_no_one(driver: str, 
     finally:
         await close_client(readers_client)
         await close_client(waiting_client)
+
+
+# What a writer's release hands on, and what it leaves queued, in every arrangement of its own
+# process's next waiter (the successor): the release picks them by index rather than rebuilding
+# arrays in a loop (linear in the places queued), so it is checked against this model of the rule.
+READER, WRITER = Permits("rwlock", 10_000, 1), Permits("rwlock", 10_000, 10_000)
+QUEUE = [("r1", READER), ("r2", READER), ("w1", WRITER), ("r3", READER)]
+
+
+def expected_hand_off(successor: str | None, fair: bool, successor_first: bool) -> tuple[list[str], list[str]]:
+    """(handed, left queued): the live places with the successor queued last if it has none, in
+    the order of hand-offs (the successor first or last unless fair), the longest run from the
+    first that fits in the writer's freed weight; the rest keep the stored order."""
+    stored = [token for token, _ in QUEUE] + ([successor] if successor and successor not in dict(QUEUE) else [])
+    order = stored
+    if successor and not fair:
+        others = [token for token in stored if token != successor]
+        order = [successor, *others] if successor_first else [*others, successor]
+    weight = {token: permits.weight for token, permits in QUEUE} | ({successor: 1} if successor else {})
+    handed, room = [], 10_000
+    for token in order:
+        if weight[token] > room:
+            break
+        handed.append(token)
+        room -= weight[token]
+    return handed, [token for token in stored if token not in handed]
+
+
+# Each way the queue left behind is computed: the handed places the first of the stored queue (a
+# slice), without a successor or with one where the hand-off order puts it anyway; the successor
+# moved to the front or the back (the rest picked by index); a successor new to the queue; fair.
+ARRANGEMENTS = [
+    (None, False, True),
+    (None, True, True),
+    ("r1", False, True),
+    ("r2", False, True),
+    ("r2", False, False),
+    ("r3", False, False),
+    ("s-new", False, True),
+    ("s-new", False, False),
+    ("r2", True, True),
+]
+
+
+# The pipeline is the store's, whatever the driver that sends it.
+@pytest.mark.parametrize("mongolock_driver", ["pymongo"])
+@pytest.mark.parametrize(
+    ("successor", "fair", "successor_first"),
+    ARRANGEMENTS,
+    ids=[
+        f"{s}-{'fair' if f else 'default'}-{'successor' if first else 'others'}-first" for s, f, first in ARRANGEMENTS
+    ],
+)
+async def test_a_writers_release_hands_on_and_keeps_the_queue_in_order(
+    lock_collection: Any, successor: str | None, fair: bool, successor_first: bool
+) -> None:
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("order", "writer", 60_000, {}, permits=WRITER)).holds("writer")
+    for token, permits in QUEUE:
+        await store.try_acquire("order", token, 60_000, {}, enqueue=True, fair=True, permits=permits)
+    request = None if successor is None else PlaceRequest(successor, 60_000, {}, weight=1)
+    state = await store.release(
+        "order", "writer", successor=request, fair=fair, successor_first=successor_first, permits=WRITER
+    )
+    assert state is not None
+    handed, left = expected_hand_off(successor, fair, successor_first)
+    assert sorted(permit.token for permit in state.permits) == sorted(handed)
+    assert [place.token for place in state.queue] == left
+    if len(handed) > 1:  # what a change stream looks for
+        doc = await lock_collection.find_one({"_id": "order"})
+        assert sorted(doc["handedOffTo"].split(" ")) == sorted(handed), doc["handedOffTo"]
+
+
+def _grows_its_accumulator(expression: Any) -> bool:
+    """Whether ``expression`` (a $reduce's ``in``) concatenates onto ``$$value``."""
+    if isinstance(expression, dict):
+        for key, value in expression.items():
+            if key in ("$concat", "$concatArrays") and isinstance(value, list) and "$$value" in value:
+                return True
+            if _grows_its_accumulator(value):
+                return True
+    elif isinstance(expression, list):
+        return any(_grows_its_accumulator(item) for item in expression)
+    return False
+
+
+def _unbounded_growing_reductions(expression: Any) -> list[Any]:
+    """Every $reduce that appends to its accumulator over an input of unbounded length (anything
+    but a $slice of a constant number of elements): work quadratic in that input."""
+    found = []
+    if isinstance(expression, dict):
+        reduce = expression.get("$reduce")
+        if isinstance(reduce, dict) and _grows_its_accumulator(reduce.get("in")):
+            bounded = reduce.get("input")
+            if not (isinstance(bounded, dict) and isinstance((bounded.get("$slice") or [None])[-1], int)):
+                found.append(reduce)
+        for value in expression.values():
+            found += _unbounded_growing_reductions(value)
+    elif isinstance(expression, list):
+        for item in expression:
+            found += _unbounded_growing_reductions(item)
+    return found
+
+
+@pytest.mark.parametrize("leaving", [False, True], ids=["release", "withdrawal"])
+@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
+def test_a_release_grows_nothing_place_by_place(fair: bool, leaving: bool) -> None:
+    # A writer's release hands on to every reader queued before the next writer (up to
+    # MAX_PERMITS): appending them one by one to an array or a string inside $reduce copies the
+    # accumulator each time, quadratic in the places (the benchmark's 1,000 against 10 places).
+    for successor in (None, PlaceRequest("s", 1_000, {}, weight=1)):
+        pipeline = semaphore_release_pipeline(
+            None if leaving else "w",
+            successor,
+            WRITER,
+            fair=fair,
+            successor_first=True,
+            leaving=["gone"] if leaving else (),
+        )
+        assert not _unbounded_growing_reductions(pipeline)

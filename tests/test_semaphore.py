@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import bson
 import pytest
+from bson import Decimal128
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockDataError, LockLostError
@@ -180,7 +184,9 @@ async def test_a_name_is_a_lock_or_a_semaphore(lock_collection: Any) -> None:
     assert await lock.release()
 
 
-async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_collection: Any) -> None:
+async def test_tokens_rise_across_release_expiry_force_release_and_purge(
+    lock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     store = LockStore(lock_collection, WriteConcern(w="majority"))
     tokens: list[int] = []
 
@@ -201,7 +207,8 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(lock_co
     held._forget_lease()
     held = await take()
     held._forget_lease()
-    await lock_collection.delete_one({"_id": "fenced"})  # purged by the idle-cleanup index
+    # Purged by the idle-cleanup index (which the server runs; the test's user may not delete).
+    mongolock_admin_client[TEST_DATABASE][lock_collection.name].delete_one({"_id": "fenced"})
     await asyncio.sleep(0.01)
     await take()
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
@@ -245,3 +252,30 @@ async def test_a_hand_off_names_one_place_only_when_one_permit_went(lock_collect
     doc = await lock_collection.find_one({"_id": "both"})
     assert sorted(doc["handedOffTo"].split(" ")) == ["s", "z"], doc["handedOffTo"]
     assert state.fence_of("z") != state.fence_of("s")
+
+
+# A fence edited by hand into what $toLong cannot convert: NaN, a string, an object, a double above
+# 2**63 (and a numeric string, which it can, but which is not a token either).
+HAND_EDITED_FENCES = [math.nan, "twelve", {"n": 12}, 1e19, Decimal128("1e30"), "12"]
+
+
+@pytest.mark.parametrize("mongolock_driver", ["pymongo"])  # the store's pipelines, whatever the driver
+@pytest.mark.parametrize("fence", HAND_EDITED_FENCES, ids=["nan", "string", "object", "double-2e63", "decimal", "12"])
+@pytest.mark.parametrize("permits", [Permits("semaphore", 2), Permits("rwlock", 10_000), Permits("election", 1)])
+async def test_a_hand_edited_fence_changes_nothing_and_is_named(
+    lock_collection: Any, permits: Permits, fence: Any
+) -> None:
+    # The permits' pipelines computed the next fence ($toLong of the stored one) before they knew
+    # the document was sane: the server failed the request with a conversion error (a raw
+    # OperationFailure) instead of changing nothing and letting LockDataError name the field.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    assert (await store.try_acquire("edited", "holder", 30_000, {}, permits=permits)).holds("holder")
+    await lock_collection.update_one({"_id": "edited"}, {"$set": {"fence": fence}})
+    before = await lock_collection.find_one({"_id": "edited"})
+    with pytest.raises(LockDataError, match="fence"):
+        await store.try_acquire("edited", "newcomer", 30_000, {}, enqueue=True, permits=permits)
+    with pytest.raises(LockDataError, match="fence"):
+        await store.release("edited", "holder", permits=permits)
+    await store.leave("edited", ["newcomer"], fair=True, permits=permits)  # a withdrawal: no error, no change
+    after = await lock_collection.find_one({"_id": "edited"})
+    assert bson.encode(after) == bson.encode(before), "the edited document was written"

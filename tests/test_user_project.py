@@ -3,7 +3,6 @@ Motor), and ``mongolock server`` for development."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
+
+from tests.conftest import child_environment
 
 USER_TEST = '''
 import pytest
@@ -46,13 +47,20 @@ def run_user_project(directory: Path, uri: str, *, without_motor: bool) -> subpr
         cwd=directory,
         capture_output=True,
         text=True,
-        env={**os.environ, "MONGODB_URI": uri},
+        env=child_environment(MONGODB_URI=uri),
         timeout=300,
     )
 
 
+@pytest.mark.environment
 @pytest.mark.parametrize("without_motor", [False, True], ids=["with-motor", "without-motor"])
-def test_the_plugin_works_in_a_strict_mode_project(mongodb_uri: str, tmp_path: Path, without_motor: bool) -> None:
+def test_the_plugin_works_in_a_strict_mode_project(
+    mongodb_uri: str, tmp_path: Path, without_motor: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the real-MongoDB workflow's jobs set for this test run: the user's project must not
+    # inherit them (it ran with one driver, or sharded its collection on a server without sharding).
+    monkeypatch.setenv("MONGOLOCK_TEST_DRIVERS", "pymongo")
+    monkeypatch.setenv("MONGOLOCK_TEST_SHARDED", "1")
     result = run_user_project(tmp_path, mongodb_uri, without_motor=without_motor)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "test_a_lock_in_a_fresh_collection[pymongo] PASSED" in result.stdout
@@ -63,7 +71,10 @@ def test_the_plugin_works_in_a_strict_mode_project(mongodb_uri: str, tmp_path: P
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_mongolock_server_runs_until_stopped_and_cleans_up(stop: signal.Signals) -> None:
     server = subprocess.Popen(
-        [sys.executable, "-m", "mongolock_async", "server", "--port", "0"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "mongolock_async", "server", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_environment(),
     )
     try:
         assert server.stdout is not None

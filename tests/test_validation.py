@@ -7,12 +7,16 @@ import subprocess
 import sys
 from typing import Any
 
+import bson
 import pytest
 from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
-from tests.conftest import CommandCounter
+from mongolock_async._validate import MAX_LABEL_BYTES
+from mongolock_async.documents import MAX_PERMITS
+from mongolock_async.store import LockStore, Permits
+from tests.conftest import CommandCounter, child_environment
 
 BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": 42}, TypeError, "name"),
@@ -31,6 +35,8 @@ BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"blocking": 1}, TypeError, "blocking"),
     ({"blocking": False, "timeout": 1.0}, ValueError, "timeout"),
     ({"label": 7}, TypeError, "label"),
+    ({"label": "x" * 129}, ValueError, "label"),  # MAX_LABEL_BYTES: each holder and place stores it
+    ({"label": "é" * 65}, ValueError, "label"),  # 130 bytes of UTF-8
     ({"write_concern": {"w": 1}}, TypeError, "write_concern"),
     ({"write_concern": WriteConcern(w=0)}, ValueError, "write_concern"),
     ({"heartbeat": 0}, ValueError, "heartbeat"),
@@ -115,6 +121,37 @@ async def test_an_operator_shaped_name_is_a_plain_string(lock_collection: Any) -
 def test_an_integration_without_its_extra_names_the_extra(module: str, missing: str) -> None:
     # The dependency made unimportable, as in an environment without the extra.
     script = f"import sys; sys.modules[{missing!r}] = None; import mongolock_async.{module}"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=child_environment()
+    )
     assert result.returncode != 0
     assert f"the {module} extra (from a checkout: pip install '.[{module}]')" in result.stderr.splitlines()[-1]
+
+
+async def test_a_document_at_its_worst_stays_far_below_mongodbs_limit(lock_collection: Any) -> None:
+    # The most a read-write lock's document holds without its queue: MAX_PERMITS readers, each
+    # with the longest label and a 255-byte host name (the longest DNS name; gethostname on Linux
+    # gives at most 64), renewed, plus the longest handedOffTo (a writer's release to every reader)
+    # and the releases and withdrawals it remembers. Built from entries the store itself wrote.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    holder = {"host": "h" * 255, "pid": 2**22, "label": "é" * (MAX_LABEL_BYTES // 2)}
+    reader, ttl_ms = Permits("rwlock", MAX_PERMITS, 1), 366 * 86_400_000
+    token = "0123456789abcdef" + "f" * 32  # a waiting process's token: prefix and 128 random bits
+    assert (await store.try_acquire("worst", token, ttl_ms, holder, permits=reader)).holds(token)
+    assert await store.renew([("worst", token, ttl_ms, reader)]) == {("worst", token)}
+    writer_place = Permits("rwlock", MAX_PERMITS, MAX_PERMITS)
+    await store.try_acquire("worst", "w" + token[1:], ttl_ms, holder, enqueue=True, fair=True, permits=writer_place)
+    doc = await lock_collection.find_one({"_id": "worst"})
+    entry, place = doc["holders"][0], doc["queue"][0]
+    assert entry["holder"] == holder and entry.get("r"), entry
+    tokens = [f"{n:016x}{token[16:]}" for n in range(MAX_PERMITS)]
+    doc["holders"] = [{**entry, "o": each} for each in tokens]
+    doc["queue"] = []
+    doc["handedOffTo"] = " ".join(tokens)
+    doc["releasedOwners"] = doc["withdrawn"] = tokens[:64]
+    size = len(bson.encode(doc))
+    limit = 16 * 1024 * 1024
+    assert size < limit / 2, f"{size:,} bytes"
+    # What is left holds the queue: a waiting process's place at the same bounds.
+    place_size = len(bson.encode({"9999": place}))
+    assert (limit - size) // place_size > MAX_PERMITS, (size, place_size)

@@ -18,11 +18,13 @@ import sys
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock
@@ -33,7 +35,7 @@ from mongolock_async.store import LockStore
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.waiting import LOCAL_STREAK
-from tests.conftest import CommandCounter, set_fail_point
+from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
 
 PATIENT = {"retry_base": 3600.0, "retry_cap": 3600.0}
 """A waiter that never polls in a test's lifetime: only a release signal can wake it."""
@@ -315,21 +317,23 @@ async def test_the_place_queued_by_a_winning_attempt_is_covered_too(
         assert await first.release() is False
 
 
-async def test_no_release_is_missed_before_the_stream_starts(driver: str, private_server: EmbeddedMongo) -> None:
-    holder_client = make_client(driver, private_server.uri)
+async def test_no_release_is_missed_before_the_stream_starts(driver: str, fault_server: FaultServer) -> None:
+    holder_client = fault_server.client(driver, app_name=f"{fault_server.app_name}-holder")
     counter = CommandCounter()
-    waiter_client = make_client(driver, private_server.uri, event_listeners=[counter])
+    waiter_client = fault_server.client(driver, event_listeners=[counter])
+    locks = fault_server.collection
     try:
-        holder = AsyncMongoLock(holder_client[TEST_DATABASE]["locks"], "gap", ttl=60.0)
-        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE]["locks"], "gap", ttl=60.0, **PATIENT)
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "gap", ttl=60.0)
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "gap", ttl=60.0, **PATIENT)
         assert await holder.acquire()
-        # The stream opens a second after the failed attempt; the release falls in between.
+        # The waiter's stream opens a second after its failed attempt; the release falls in between.
         await set_fail_point(
-            holder_client[TEST_DATABASE]["locks"],
+            holder_client[TEST_DATABASE][locks],
             {"times": 1},
             failCommands=["aggregate"],
             blockConnection=True,
             blockTimeMS=1000,
+            appName=fault_server.app_name,
         )
         waiting = asyncio.create_task(waiter.acquire(timeout=20))
         while counter.count("aggregate") == 0:  # noqa: ASYNC110 - polls a command listener
@@ -345,13 +349,14 @@ async def test_no_release_is_missed_before_the_stream_starts(driver: str, privat
 
 
 async def test_no_hand_off_is_missed_when_the_stream_starts_past_it(
-    driver: str, private_server: EmbeddedMongo, monkeypatch: pytest.MonkeyPatch
+    driver: str, mongodb_uri: str, lock_collection: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # mongod answers a write with that write's own optime, but a server may answer with its latest
     # cluster time (the embedded one does, under concurrent writes): a stream started there begins
     # past a hand-off that followed the attempt. Here the stream starts after the hand-off.
-    holder_client = make_client(driver, private_server.uri)
-    waiter_client = make_client(driver, private_server.uri)
+    holder_client = make_client(driver, mongodb_uri)
+    waiter_client = make_client(driver, mongodb_uri)
+    locks = lock_collection.name
     asked: list[tuple[watcher_module.ReleaseWatcher, LockStore]] = []
     start_stream = watcher_module.ReleaseWatcher.cover_from
 
@@ -361,18 +366,18 @@ async def test_no_hand_off_is_missed_when_the_stream_starts_past_it(
 
     monkeypatch.setattr(watcher_module.ReleaseWatcher, "cover_from", start_nothing_yet)
     try:
-        holder = AsyncMongoLock(holder_client[TEST_DATABASE]["locks"], "late", ttl=60.0)
-        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE]["locks"], "late", ttl=60.0, **PATIENT)
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "late", ttl=60.0)
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "late", ttl=60.0, **PATIENT)
         assert await holder.acquire()
         waiting = asyncio.create_task(waiter.acquire(timeout=30))
         while not asked:  # noqa: ASYNC110 - waits for the waiter's place
             await asyncio.sleep(0.01)
         assert await holder.release()
-        handed = await holder_client[TEST_DATABASE]["locks"].find_one({"_id": "late"})
+        handed = await holder_client[TEST_DATABASE][locks].find_one({"_id": "late"})
         assert handed["owner"] is not None, "the release handed the lease to the waiter's place"
         watcher, store = asked[0]
         async with store.session() as session:
-            await waiter_client[TEST_DATABASE]["elsewhere"].insert_one({}, session=session)
+            await waiter_client[TEST_DATABASE][locks].insert_one({"_id": "a write after the hand-off"}, session=session)
             after_the_hand_off = session.operation_time
         monkeypatch.undo()
         assert start_stream(watcher, store, after_the_hand_off)
@@ -394,6 +399,7 @@ async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
         worker = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
             [sys.executable, str(QUEUE_WORKER), mongodb_uri, TEST_DATABASE, lock_collection.name, name, str(place_ttl)],
             cwd=QUEUE_WORKER.parent.parent,
+            env=child_environment(),
         )
         try:
             for _ in range(200):
@@ -460,11 +466,8 @@ async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_cou
     waiter = AsyncMongoLock(counted_collection, "busy", ttl=6.0, **PATIENT)
     assert await holder.acquire()
     waiting = asyncio.create_task(waiter.acquire(timeout=20))
-    # Placed, with the change stream open and the attempt it wakes done (the count stays put).
-    attempts_before = -1
-    while attempts_before != command_counter.count("findAndModify") or not command_counter.count("aggregate"):
-        attempts_before = command_counter.count("findAndModify")
-        await asyncio.sleep(0.3)
+    await command_counter.settled()
+    attempts_before = command_counter.count("findAndModify")
     renewals_before = command_counter.count("update")
     await asyncio.sleep(1.0)
     assert command_counter.count("update") - renewals_before >= 3, "the holder kept renewing"
@@ -478,7 +481,7 @@ async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_cou
 
 async def watch_then_break(
     driver: str,
-    server: EmbeddedMongo,
+    server: FaultServer,
     break_it: Any,
     *,
     reopens: bool = True,
@@ -487,17 +490,17 @@ async def watch_then_break(
     """A waiter of one process must still be woken by a release through the change stream after
     ``break_it`` broke it (the watcher reopens it: ``reopens``), or tried to."""
     counter = CommandCounter()
-    waiter_client = make_client(driver, server.uri, event_listeners=[counter], **(client_options or {}))
-    other_client = make_client(driver, server.uri)
+    waiter_client = server.client(driver, event_listeners=[counter], **(client_options or {}))
+    other_client = server.client(driver, app_name=f"{server.app_name}-other")
     try:
-        mine = waiter_client[TEST_DATABASE]["locks"]
-        theirs = other_client[TEST_DATABASE]["locks"]
+        mine = waiter_client[TEST_DATABASE][server.collection]
+        theirs = other_client[TEST_DATABASE][server.collection]
         holder = AsyncMongoLock(theirs, "first", ttl=60.0)
         assert await holder.acquire()
         waiting = asyncio.create_task(AsyncMongoLock(mine, "first", ttl=60.0, **PATIENT).acquire(timeout=30))
         await asyncio.sleep(0.5)
         assert counter.count("aggregate") == 1
-        await break_it(theirs)
+        await break_it(Breakage(theirs, server.admin[TEST_DATABASE][server.collection], server.app_name))
         for _ in range(100 if reopens else 0):
             if counter.count("aggregate") >= 2:
                 break
@@ -520,22 +523,35 @@ async def watch_then_break(
         assert await asyncio.wait_for(waiting, 10), "the reopened stream did not report the release"
         assert await waiter.release()
     finally:
-        await set_fail_point(other_client[TEST_DATABASE]["locks"], "off")
+        await set_fail_point(other_client[TEST_DATABASE][server.collection], "off")
         await close_client(waiter_client)
         await close_client(other_client)
+        server.admin[TEST_DATABASE].drop_collection(f"{server.collection}_renamed")
 
 
-async def drop_collection(collection: Any) -> None:
-    await collection.drop()
+@dataclass(frozen=True)
+class Breakage:
+    """What a way of breaking the waiter's change stream gets: a collection of another client, the
+    same collection for a user allowed to drop and rename it, and the waiter's appName."""
+
+    collection: Any
+    admin: Any
+    waiter: str
 
 
-async def rename_collection(collection: Any) -> None:
-    await collection.rename("locks_renamed")
+async def drop_collection(breakage: Breakage) -> None:
+    breakage.admin.drop()
+
+
+async def rename_collection(breakage: Breakage) -> None:
+    breakage.admin.rename(f"{breakage.admin.name}_renamed")
 
 
 def fail_get_more(**failure: Any) -> Any:
-    async def arm(collection: Any) -> None:
-        await set_fail_point(collection, {"times": 2}, failCommands=["getMore"], **failure)
+    async def arm(breakage: Breakage) -> None:
+        await set_fail_point(
+            breakage.collection, {"times": 2}, failCommands=["getMore"], appName=breakage.waiter, **failure
+        )
 
     return arm
 
@@ -552,24 +568,22 @@ def fail_get_more(**failure: Any) -> Any:
     ],
     ids=["invalidate-drop", "invalidate-rename", "cursor-killed", "interrupted", "resumable-twice", "network"],
 )
-async def test_the_watcher_survives(driver: str, private_server: EmbeddedMongo, break_it: Any) -> None:
-    await watch_then_break(driver, private_server, break_it)
+async def test_the_watcher_survives(driver: str, fault_server: FaultServer, break_it: Any) -> None:
+    await watch_then_break(driver, fault_server, break_it)
 
 
-async def test_the_watcher_works_within_the_clients_operation_timeout(
-    driver: str, private_server: EmbeddedMongo
-) -> None:
-    async def idle(collection: Any) -> None:
+async def test_the_watcher_works_within_the_clients_operation_timeout(driver: str, fault_server: FaultServer) -> None:
+    async def idle(breakage: Breakage) -> None:
         await asyncio.sleep(2.0)  # several getMores under a 0.6 s client timeout: none may fail
 
     # timeoutMS is shorter than the watcher's usual getMore wait: it waits less instead of failing.
-    await watch_then_break(driver, private_server, idle, reopens=False, client_options={"timeoutMS": 600})
+    await watch_then_break(driver, fault_server, idle, reopens=False, client_options={"timeoutMS": 600})
 
 
-async def test_without_a_stream_waiters_poll(driver: str, private_server: EmbeddedMongo) -> None:
-    client = make_client(driver, private_server.uri)
+async def test_without_a_stream_waiters_poll(driver: str, fault_server: FaultServer) -> None:
+    client = fault_server.client(driver)
     try:
-        collection = client[TEST_DATABASE]["locks"]
+        collection = client[TEST_DATABASE][fault_server.collection]
         await set_fail_point(collection, "alwaysOn", failCommands=["aggregate"], errorCode=40573)
         holder = AsyncMongoLock(collection, "polled", ttl=60.0)
         waiter = AsyncMongoLock(collection, "polled", ttl=60.0, retry_base=0.05, retry_cap=0.2)
@@ -580,7 +594,7 @@ async def test_without_a_stream_waiters_poll(driver: str, private_server: Embedd
         assert await asyncio.wait_for(waiting, 15)
         assert await waiter.release()
     finally:
-        await set_fail_point(client[TEST_DATABASE]["locks"], "off")
+        await set_fail_point(client[TEST_DATABASE][fault_server.collection], "off")
         await close_client(client)
 
 
@@ -603,7 +617,9 @@ async def test_without_change_streams_waiters_use_backoff(driver: str, caplog: p
             await close_client(client)
 
 
-async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: str) -> None:
+async def test_a_closed_client_leaves_nothing_behind(
+    driver: str, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     gc.collect()
     # Earlier tests' clients may still be alive (a raised error's traceback keeps its test's frame
     # until the cycle is collected): this test judges only the entries it adds.
@@ -620,7 +636,7 @@ async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: s
     assert await holder.release()
     assert await asyncio.wait_for(waiting, 10)
     assert await waiter.release()
-    await collection.drop()
+    mongolock_admin_client[TEST_DATABASE].drop_collection(collection.name)  # the test's user may not drop
     await close_client(client)
     del client, collection, holder, waiter, waiting
     for _ in range(50):  # the stream notices the closed client
@@ -634,24 +650,24 @@ async def test_a_closed_client_leaves_nothing_behind(driver: str, mongodb_uri: s
     assert len(watcher_module._watchers) <= watched_before
 
 
-async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(private_collection: Any) -> None:
-    holder = AsyncMongoLock(private_collection, "x", ttl=30.0)
+async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(fault_collection: Any) -> None:
+    holder = AsyncMongoLock(fault_collection, "x", ttl=30.0)
     assert await holder.acquire()
-    first = AsyncMongoLock(private_collection, "x", ttl=30.0, **PATIENT)
-    second = AsyncMongoLock(private_collection, "x", ttl=30.0, **PATIENT)
+    first = AsyncMongoLock(fault_collection, "x", ttl=30.0, **PATIENT)
+    second = AsyncMongoLock(fault_collection, "x", ttl=30.0, **PATIENT)
     waiting = [asyncio.create_task(first.acquire(timeout=0.8)), asyncio.create_task(second.acquire(timeout=0.8))]
     await asyncio.sleep(0.3)  # both queued: the first's place, with a follower for the second
     # The release names the first waiter, but reaches the server only after both have given up.
     await set_fail_point(
-        private_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1500
+        fault_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1500
     )
     releasing = asyncio.create_task(holder.release())
     assert await asyncio.gather(*waiting) == [False, False]
     assert await releasing
     await asyncio.sleep(0.3)  # the pass-on
-    doc = await private_collection.find_one({"_id": "x"})
+    doc = await fault_collection.find_one({"_id": "x"})
     assert doc["owner"] is None, f"the lease went to a place nobody waits on: {doc}"
-    newcomer = AsyncMongoLock(private_collection, "x", ttl=30.0)
+    newcomer = AsyncMongoLock(fault_collection, "x", ttl=30.0)
     assert await newcomer.acquire(blocking=False)
     assert await newcomer.release()
 

@@ -1,9 +1,14 @@
-"""Initiate the MongoDB deployments of replica-set.yml or sharded.yml once their containers run.
+"""Initiate the MongoDB deployments of replica-set.yml, sharded.yml or access-control.yml once their
+containers run.
 
-    python .ci/mongodb/initiate.py replica-set|sharded
+    python .ci/mongodb/initiate.py replica-set|sharded|access-control
 
 Waits (up to two minutes) for each member, initiates each replica set, waits for its primary, and
-for the sharded cluster adds both shards through the mongos. Needs only pymongo.
+for the sharded cluster adds both shards through the mongos. For access-control (a member started
+with a keyfile, so it enforces roles; run this on the same host, where MongoDB's localhost exception
+lets the first user be created) it also creates the roles docs/deploying.md gives, from
+mongolock_async.privileges (so this needs the package installed), and a user for each: see
+``create_test_users``. Otherwise it needs only pymongo.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 DEADLINE = time.monotonic() + 120
 ALREADY_INITIALIZED = 23
+UNAUTHORIZED, USER_EXISTS = 13, 51003
 
 
 def client(port: int, **options: Any) -> MongoClient[dict[str, Any]]:
@@ -53,9 +59,63 @@ def initiate(port: int, name: str, host: str, **config: Any) -> None:
     print(f"{name}: primary {host}", flush=True)
 
 
+# What the access-controlled test run uses: the administrator creates, shards and drops the test
+# collections and the roles (MONGOLOCK_TEST_ADMIN_URI); the application's and the operator's users
+# have the documented roles and nothing else (MONGODB_URI). Passwords of a throwaway CI server.
+ADMIN = ("mongolock-admin", "admin-password")
+USERS = {"mongolock-app": ("app-password", "mongolockUser"), "mongolock-ops": ("ops-password", "mongolockOperator")}
+# The databases the suite's lock and command tests use (tests/conftest.py's TEST_DATABASE, test_cli's
+# and the command's default), each test in a fresh collection: the roles grant docs/deploying.md's
+# privileges on every collection of these databases (collection ""), where an application's role
+# names its one lock collection.
+TEST_DATABASES = ("mongolock_tests", "mongolock_cli", "mongolock")
+
+
+def create_test_users(admin: MongoClient[dict[str, Any]]) -> None:
+    """Create (or recreate) the roles mongolockUser and mongolockOperator as docs/deploying.md
+    defines them, over ``TEST_DATABASES``, and the users of ``USERS`` with them."""
+    from mongolock_async.privileges import lock_privileges, operator_privileges
+
+    lock = [privilege for database in TEST_DATABASES for privilege in lock_privileges(database, "")]
+    operator = [privilege for database in TEST_DATABASES for privilege in operator_privileges(database, "")]
+    database = admin.admin
+    for user in USERS:
+        if database.command("usersInfo", user)["users"]:
+            database.command("dropUser", user)
+    for role in ("mongolockOperator", "mongolockUser"):
+        if database.command("rolesInfo", role)["roles"]:
+            database.command("dropRole", role)
+    database.command("createRole", "mongolockUser", privileges=lock, roles=[])
+    database.command(
+        "createRole", "mongolockOperator", privileges=operator, roles=[{"role": "mongolockUser", "db": "admin"}]
+    )
+    for user, (password, role) in USERS.items():
+        database.command("createUser", user, pwd=password, roles=[{"role": role, "db": "admin"}])
+    print("users:", ", ".join(f"{user} ({role})" for user, (_, role) in USERS.items()), flush=True)
+
+
+def access_control() -> None:
+    """The keyfile member: initiate it and create the administrator through the localhost
+    exception, then the roles and users as the administrator."""
+    initiate(27017, "rs0", "localhost:27017")
+    with client(27017) as member:
+        try:
+            member.admin.command("createUser", ADMIN[0], pwd=ADMIN[1], roles=["root"])
+        except OperationFailure as error:
+            # A second run: the user exists (51003), or the localhost exception closed with the
+            # first user (13, Unauthorized).
+            if error.code not in (UNAUTHORIZED, USER_EXISTS):
+                raise
+    with client(27017, username=ADMIN[0], password=ADMIN[1], authSource="admin") as admin:
+        create_test_users(admin)
+
+
 def main(topology: str) -> None:
     if topology == "replica-set":
         initiate(27017, "rs0", "localhost:27017")
+        return
+    if topology == "access-control":
+        access_control()
         return
     initiate(27019, "config", "config:27019", configsvr=True)
     initiate(27018, "shard1", "shard1:27018")
@@ -68,6 +128,6 @@ def main(topology: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in ("replica-set", "sharded"):
+    if len(sys.argv) != 2 or sys.argv[1] not in ("replica-set", "sharded", "access-control"):
         raise SystemExit(__doc__)
     main(sys.argv[1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
 DRIVERS = ("pymongo", "motor")
 TEST_DATABASE = "mongolock_tests"
@@ -34,3 +34,9 @@ async def shard(collection: Any) -> None:
     admin = collection.database.client.admin
     await admin.command("enableSharding", collection.database.name)
     await admin.command("shardCollection", collection.full_name, key={"_id": "hashed"})
+
+
+def shard_blocking(client: MongoClient[dict[str, Any]], database: str, collection: str) -> None:
+    """``shard``, with a blocking client (of a user allowed to shard: the test user may not be)."""
+    client.admin.command("enableSharding", database)
+    client.admin.command("shardCollection", f"{database}.{collection}", key={"_id": "hashed"})

@@ -10,6 +10,9 @@ collection. Registered automatically (a ``pytest11`` entry point) when the packa
 - ``mongolock_client``: an async client of that driver, closed after the test.
 - ``mongolock_collection``: a fresh, uniquely named collection for locks, dropped after the test;
   with ``MONGOLOCK_TEST_SHARDED=1`` (against a mongos) sharded on ``{_id: "hashed"}``.
+- ``mongolock_admin_client`` (session): a blocking PyMongo client that shards and drops those
+  collections: of ``MONGOLOCK_TEST_ADMIN_URI`` if set, so that the user of ``MONGODB_URI`` needs
+  no more than the lock's own privileges, else of the session's server.
 
 The async fixtures are pytest-asyncio fixtures (``pip install pytest-asyncio``), so they work in
 its strict mode as well as in auto mode.
@@ -25,8 +28,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
-from .clients import TEST_DATABASE, close_client, make_client, shard
+from .clients import TEST_DATABASE, close_client, make_client, shard_blocking
 from .selection import ServerChoice, select_server
 
 
@@ -59,6 +63,16 @@ def mongolock_uri(mongolock_server: ServerChoice) -> str:
     return mongolock_server.uri
 
 
+@pytest.fixture(scope="session")
+def mongolock_admin_client(mongolock_uri: str) -> Iterator[MongoClient[dict[str, Any]]]:
+    """A blocking client for creating, sharding and dropping test collections:
+    ``MONGOLOCK_TEST_ADMIN_URI`` if set, else the session's server."""
+    uri = os.environ.get("MONGOLOCK_TEST_ADMIN_URI") or mongolock_uri
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(uri, serverSelectionTimeoutMS=10_000) as client:
+        yield client
+
+
 @pytest.fixture(params=DRIVERS)
 def mongolock_driver(request: pytest.FixtureRequest) -> str:
     """The driver a test runs with: every test that uses it runs once per installed driver."""
@@ -78,12 +92,14 @@ if _installed("pytest_asyncio"):
             await close_client(client)
 
     @pytest_asyncio.fixture
-    async def mongolock_collection(mongolock_client: Any) -> AsyncIterator[Any]:
+    async def mongolock_collection(
+        mongolock_client: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
+    ) -> AsyncIterator[Any]:
         """A fresh, uniquely named collection for locks, dropped after the test."""
         collection = mongolock_client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:12]}"]
         if os.environ.get("MONGOLOCK_TEST_SHARDED") == "1":
-            await shard(collection)
+            shard_blocking(mongolock_admin_client, TEST_DATABASE, collection.name)
         try:
             yield collection
         finally:
-            await collection.drop()
+            mongolock_admin_client[TEST_DATABASE].drop_collection(collection.name)
