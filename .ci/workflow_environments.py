@@ -14,10 +14,9 @@ variables, against an embedded server of this run, with only what the environmen
   whole selection, as users with the roles the workflow gives them (``create_test_users`` of
   .ci/mongodb/initiate.py, on an embedded server with authentication, which enforces those roles
   for reads, writes and collection commands, though not the changeStream action), with PyMongo
-  only (both drivers send the library's same commands) and two workers. Its tests share one
-  embedded server (the workflow's share one mongod), which under that load can miss the deadlines
-  of a timing test: a test that failed is run again alone, and the step passes only if each then
-  passes (a refused privilege fails alone too). Both runs are printed.
+  only (both drivers send the library's same commands) and two workers, which share one embedded
+  server (the workflow's share one mongod). A test that fails there fails the step: a test that
+  misses its deadlines under that load is a test to fix, not to run again.
 
 Steps whose environment here is the same (the matrix's server versions differ only in what this
 cannot run) run once.
@@ -40,13 +39,11 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree
 
 import yaml
 from pymongo import MongoClient
@@ -198,29 +195,9 @@ def execute(run: Run, extra: list[str]) -> int:
             print(f"   here: {adaptation}", flush=True)
         print("   " + " ".join(shlex.quote(word) for word in command[1:]), flush=True)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory() as scratch:
-            report = Path(scratch) / "report.xml"
-            code = subprocess.call([*command, f"--junit-xml={report}"], cwd=ROOT, env=env)
-            print(f"   exit {code} in {time.monotonic() - started:.0f} s", flush=True)
-            failed = _failed_tests(report) if code == 1 and report.exists() else []
-        if failed and run.restricts_privileges:
-            # Several workers share the one embedded server here (the workflow's share mongod): a
-            # test whose timing it upset passes alone, where a privilege refused fails again.
-            print(f"   {len(failed)} failed with the embedded server shared; alone, one by one:", flush=True)
-            alone = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *failed]
-            code = subprocess.call(alone, cwd=ROOT, env=env)
-            print(f"   exit {code}: {'each passed alone' if code == 0 else 'failed alone too'}", flush=True)
+        code = subprocess.call(command, cwd=ROOT, env=env)
+        print(f"   exit {code} in {time.monotonic() - started:.0f} s", flush=True)
         return code
-
-
-def _failed_tests(report: Path) -> list[str]:
-    """The node ids of the tests that failed or errored, from pytest's JUnit XML ``report``."""
-    failed = []
-    for case in ElementTree.parse(report).iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            module = case.get("classname", "").replace(".", "/")
-            failed.append(f"{module}.py::{case.get('name')}")
-    return failed
 
 
 def main() -> int:

@@ -55,7 +55,8 @@ class AsyncMongoLock:
     - ``ttl``: lease length in seconds (default 30). Expiry is set and judged by the server's clock.
     - ``blocking``/``timeout``: defaults for [`acquire`][mongolock_async.AsyncMongoLock.acquire] and
       ``async with`` (``timeout=None`` waits forever).
-    - ``label``: free text shown to operators as the holder (with host and pid).
+    - ``label``: free text shown to operators as the holder (with host and pid), at most 128 bytes
+      of UTF-8.
     - ``write_concern``: for every write; ``majority`` by default so an acknowledged acquisition
       survives a primary failover.
     - ``heartbeat``: ``True`` renews the lease every ``ttl / 3`` while held; a number sets the
@@ -593,9 +594,14 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+_MAX_HOST_BYTES = 255
+"""The longest DNS name: a semaphore's document holds a host per holder, up to 10,000 of them."""
+
+
 @functools.cache
 def _hostname() -> str:
-    return socket.gethostname()
+    # Cut at a character boundary: gethostname can return a longer name than DNS allows.
+    return socket.gethostname().encode()[:_MAX_HOST_BYTES].decode(errors="ignore")
 
 
 def _standalone(client: Any) -> bool:

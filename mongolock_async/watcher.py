@@ -27,6 +27,7 @@ from typing import Any
 from pymongo.errors import InvalidOperation, PyMongoError
 
 from ._backoff import Backoff
+from ._diagnosis import retrying_cannot_fix
 from ._weak import PerLoop, WeakIdentityMap
 from .documents import PERMIT_KINDS
 from .queues import LocalQueue, queues_on
@@ -38,6 +39,7 @@ LINGER = 10.0
 """Seconds a stream stays open after the last waiter of its collection left."""
 _MAX_AWAIT_MS = 1000
 _REOPEN_BASE, _REOPEN_CAP = 0.5, 30.0
+_UNAUTHORIZED = 13
 
 
 class ReleaseWatcher:
@@ -53,6 +55,7 @@ class ReleaseWatcher:
         self._start_at: Any = None
         self._failing_until = 0.0
         self._reopen = Backoff(_REOPEN_BASE, _REOPEN_CAP)
+        self._refusal_reported = False
 
     @property
     def running(self) -> bool:
@@ -121,8 +124,18 @@ class ReleaseWatcher:
                 except PyMongoError as error:
                     delay = self._reopen.next_delay() + _REOPEN_BASE
                     self._failing_until = time.monotonic() + delay
-                    logger.debug(
-                        "change stream on %s failed (%s); waiters poll for %.1f s", self._full_name, error, delay
+                    # Once per watcher at WARNING what retrying cannot fix (a role without the
+                    # changeStream action): every wait then costs polling, which an operator should know.
+                    refused = retrying_cannot_fix(error) or getattr(error, "code", None) == _UNAUTHORIZED
+                    level = logging.WARNING if refused and not self._refusal_reported else logging.DEBUG
+                    self._refusal_reported = self._refusal_reported or refused
+                    logger.log(
+                        level,
+                        "change stream on %s failed (%s); waiters poll for %.1f s%s",
+                        self._full_name,
+                        error,
+                        delay,
+                        " (give the user the changeStream action on the lock collection)" if refused else "",
                     )
                     self._wake_all()
                     if not self._has_waiters():
