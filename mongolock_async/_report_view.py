@@ -12,6 +12,7 @@ from typing import Any
 
 from .documents import JOB_KIND, JobRun, LockReport, LockState, Place
 from .jobs import JobState
+from .operations import status_of
 
 # Fencing tokens, owner tokens and full times are in `inspect` and --json: the table fits a terminal.
 COLUMNS = ("NAME", "STATE", "HOLDER", "TIME", "WAITING")
@@ -19,18 +20,7 @@ COLUMNS = ("NAME", "STATE", "HOLDER", "TIME", "WAITING")
 
 def state_of(report: LockReport) -> str:
     """held, released, released by force, expired, free (never taken), or unreadable."""
-    state = report.state
-    if state is None:
-        return "unreadable"
-    if report.remaining_ms is not None:
-        return "held"
-    if state.owner is not None:
-        return "expired"
-    if state.released_at is None:
-        return "free"
-    if state.forced_release_at is not None and state.forced_release_at == state.released_at:
-        return "released by force"
-    return "released"
+    return status_of(report)
 
 
 def as_dict(report: LockReport) -> dict[str, Any]:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
+import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -25,7 +28,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
-from . import __version__, _validate
+from . import __version__, _validate, operations
 from . import _report_view as view
 from ._commandline import (
     EXIT_FAILED,
@@ -36,8 +39,10 @@ from ._commandline import (
     connect,
     explain,
 )
+from ._view_queries import collection_exists
 from .documents import LockReport, Permit
-from .store import ForcedRelease, LockStore
+from .operations import LockInfo
+from .store import ForcedRelease, store_for
 
 DEFAULT_DATABASE = "mongolock"
 DEFAULT_COLLECTION = "locks"
@@ -187,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 def _run(argv: Sequence[str] | None) -> int:
     arguments = build_parser().parse_args(argv)
+    # What a forced release broke is this command's own output; without a handler, Python would
+    # also print the library's audit record on stderr, where only failures go.
+    logging.getLogger("mongolock_async.audit").addHandler(logging.NullHandler())
     try:
         if arguments.command == "demo":
             from .demo import run_demo
@@ -251,43 +259,43 @@ async def _operate(arguments: argparse.Namespace) -> int:
             raise UserError(f"invalid lock name: {error}", EXIT_USAGE) from None
     client = connect(arguments.uri)
     try:
-        store = await _lock_store(client, arguments)
+        collection = await _lock_collection(client, arguments)
         if arguments.command == "list":
-            return await _list(store, arguments)
+            return await _list(collection, arguments)
         if arguments.command == "inspect":
-            report = await _report_of(store, arguments.name)
+            report = (await _info_of(collection, arguments.name)).report
             if arguments.json:
                 view.print_json(view.as_dict(report))
             else:
                 view.print_detail(report)
             return 0
-        return await _force_release(store, arguments)
+        return await _force_release(collection, arguments)
     except PyMongoError as error:
         raise await explain(error, arguments.uri, client) from None
     finally:
         await client.close()
 
 
-async def _lock_store(client: AsyncMongoClient[dict[str, Any]], arguments: argparse.Namespace) -> LockStore:
-    database = client[arguments.db]
-    if arguments.collection not in await database.list_collection_names():
+async def _lock_collection(client: AsyncMongoClient[dict[str, Any]], arguments: argparse.Namespace) -> Any:
+    """The lock collection the arguments name, or a ``UserError`` (exit 4) if it does not exist."""
+    collection = client[arguments.db][arguments.collection]
+    if not await collection_exists(store_for(collection, WriteConcern(w="majority"))):
         raise UserError(
             f"no collection {arguments.db}.{arguments.collection} (check --db and --collection)", EXIT_MISSING
         )
-    return LockStore(database[arguments.collection], WriteConcern(w="majority"))
+    return collection
 
 
-async def _report_of(store: LockStore, name: str) -> LockReport:
-    reports = await store.report([name])
-    if not reports:
-        raise UserError(f"no lock named {name!r} in {store.full_name}", EXIT_MISSING)
-    return reports[0]
+async def _info_of(collection: Any, name: str) -> LockInfo:
+    info = await operations.inspect_lock(collection, name)
+    if info is None:
+        raise UserError(f"no lock named {name!r} in {collection.full_name}", EXIT_MISSING)
+    return info
 
 
-async def _list(store: LockStore, arguments: argparse.Namespace) -> int:
-    reports = await store.report(prefix=arguments.prefix or None)
-    if arguments.held:
-        reports = [report for report in reports if report.remaining_ms is not None]
+async def _list(collection: Any, arguments: argparse.Namespace) -> int:
+    locks = await operations.list_locks(collection, prefix=arguments.prefix or None, held=arguments.held)
+    reports = [info.report for info in locks]
     if arguments.json:
         view.print_json([view.as_dict(report) for report in reports])
     elif reports:
@@ -298,11 +306,20 @@ async def _list(store: LockStore, arguments: argparse.Namespace) -> int:
     return 0
 
 
-async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int:
+def _operator() -> str:
+    """Who runs this command, for the log of a forced release: user and machine."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (some containers)
+        user = f"uid {os.getuid()}"
+    return f"mongolock release --force ({user} on {socket.gethostname()})"
+
+
+async def _force_release(collection: Any, arguments: argparse.Namespace) -> int:
     """Break the named lease (or a semaphore's permits) after confirmation. With ``--json``, prints
     ``{"name", "released", "broken"}``: ``broken`` is the broken lease (owner, holder, fencing token)
     or null; for a semaphore, a list of the broken permits."""
-    report = await _report_of(store, arguments.name)
+    report = (await _info_of(collection, arguments.name)).report
     semaphore = report.state is not None and report.state.limit is not None
     if arguments.holder is not None and not semaphore:
         raise UserError(f"--holder is for semaphores; {arguments.name!r} is a lock", EXIT_USAGE)
@@ -347,7 +364,9 @@ async def _force_release(store: LockStore, arguments: argparse.Namespace) -> int
             print("Left as it was.")
             return EXIT_FAILED
     try:
-        broken = await store.force_release(arguments.name, holder=None if chosen is None else chosen.token)
+        broken = await operations.force_release(
+            collection, arguments.name, holder=None if chosen is None else chosen.token, by=_operator()
+        )
     except ValueError as error:  # the holders changed since the report: several now match
         raise UserError(str(error), EXIT_USAGE) from None
     except LookupError as error:

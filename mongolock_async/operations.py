@@ -1,0 +1,375 @@
+"""What ``mongolock list``, ``inspect`` and ``release --force`` show and do, as typed functions of
+a lock collection: for a health endpoint, an admin page or a script, without shelling out. The
+command, ``mongolock watch`` and the dashboard are built on them.
+
+```python
+from mongolock_async.operations import list_locks
+
+for lock in await list_locks(collection, held=True):
+    print(lock.name, lock.summary, [holder.describe() for holder in lock.holders])
+```
+
+Every function checks its arguments before any I/O (``TypeError``/``ValueError`` naming the
+argument) and reads with read concern ``majority``, judging leases on the server's clock. Reading
+needs MongoDB's ``find`` action on the collection (the built-in ``read`` role has it);
+:func:`force_release` also needs ``update``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo.write_concern import WriteConcern
+
+from . import _validate
+from ._collection import AsyncCollectionLike
+from .documents import JOB_KIND, LockReport, LockState
+from .errors import LockDataError
+from .jobs import JobState
+from .store import ForcedRelease, LockStore, store_for
+
+__all__ = [
+    "ForcedRelease",
+    "Holder",
+    "LockInfo",
+    "Waiter",
+    "force_release",
+    "inspect_lock",
+    "list_locks",
+    "lock_info",
+    "report_at",
+]
+
+audit = logging.getLogger("mongolock_async.audit")
+"""Where every forced release is logged, at WARNING."""
+_MAJORITY = WriteConcern(w="majority")
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a lease (a lock's, or one permit of a semaphore, read-write lock or election)."""
+
+    owner: str | None
+    """Its owner token (what ``release --force --holder`` selects by); None where it was not stored."""
+    host: str | None
+    pid: int | None
+    label: str | None
+    fencing_token: int | None
+    """The token of its lease (an election's term)."""
+    acquired_at: datetime | None
+    renewed_at: datetime | None
+    expires_at: datetime | None
+    """When its lease ends on the server's clock, unless renewed."""
+    ttl_ms: int | None
+    weight: int = 1
+    """1, or a read-write lock's whole limit for its writer."""
+    role: str = "holder"
+    """``holder``, ``reader``, ``writer`` or ``leader``."""
+
+    def describe(self) -> str:
+        """Who it is in a few words: ``label (host pid N)``, or ``host pid N``."""
+        where = f"{self.host or '?'} pid {'?' if self.pid is None else self.pid}"
+        return f"{self.label} ({where})" if self.label else where
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A process waiting in a lock's queue (one place per process, however many of its tasks wait)."""
+
+    token: str
+    """The owner token the lease will be handed to."""
+    host: str | None
+    pid: int | None
+    label: str | None
+    weight: int
+    role: str
+    """``waiter``, ``reader``, ``writer`` (a read-write lock's) or ``candidate`` (an election's)."""
+    queued_at: datetime | None
+    """Server time of the place's last write (it is refreshed while its process waits)."""
+    expires_at: datetime
+    """When the place stops counting unless refreshed (its process died or gave up)."""
+
+    def describe(self) -> str:
+        """Who it is in a few words, as :meth:`Holder.describe`."""
+        where = f"{self.host or '?'} pid {'?' if self.pid is None else self.pid}"
+        return f"{self.label} ({where})" if self.label else where
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """One lock, semaphore, read-write lock, election or job, as ``mongolock inspect`` shows it,
+    judged on the server's clock at ``server_time``."""
+
+    name: str
+    kind: str
+    """``lock``, ``semaphore``, ``rwlock``, ``election`` or ``job`` (``lock`` for an unreadable one)."""
+    status: str
+    """``held`` (a live lease or permit), ``released``, ``released by force``, ``expired`` (its
+    holder never released it), ``free`` (never taken) or ``unreadable`` (see ``error``)."""
+    holders: tuple[Holder, ...]
+    """The live holders: a lock's one, a semaphore's permits, a read-write lock's readers or writer,
+    an election's leader."""
+    waiting: tuple[Waiter, ...]
+    """The places queued, oldest first, as stored (each counts until its ``expires_at``)."""
+    fencing_token: int | None
+    """The latest fencing token handed out for the name."""
+    limit: int | None
+    """A semaphore's permits (a read-write lock's most readers); None for a lock, job or election."""
+    ttl_ms: int | None
+    last_holder: Holder | None
+    """A lock's or job's stored holder while nobody holds it: who held it last."""
+    released_at: datetime | None
+    """When it was last released (None while held: the stored time is the previous lease's)."""
+    server_time: datetime | None
+    """The server's clock when this was read."""
+    report: LockReport
+    """Everything read, as the command's own output is made from it."""
+    job: JobState | None = None
+    """A job's schedule and runs (None for other kinds)."""
+    error: LockDataError | None = None
+    """Why an unreadable document could not be read (``mongolock release --force`` repairs it)."""
+
+    @property
+    def held(self) -> bool:
+        """Whether a lease or permit is live."""
+        return bool(self.holders)
+
+    @property
+    def time_left(self) -> timedelta | None:
+        """Until the last live lease or permit ends, unless renewed; None when none is live."""
+        remaining = self.report.remaining_ms
+        return None if remaining is None or not self.holders else timedelta(milliseconds=remaining)
+
+    @property
+    def summary(self) -> str:
+        """The state in a word or two, as ``mongolock list`` shows it: ``held``, ``2/3 held``,
+        ``read by 2``, ``written``, ``led``, ``running``, ``released``, ``force-released``,
+        ``expired``, ``free`` or ``unreadable``."""
+        if self.kind == "election" and self.holders:
+            return "led"
+        if self.kind == "rwlock" and self.holders:
+            return "written" if self.holders[0].role == "writer" else f"read by {len(self.holders)}"
+        if self.limit is not None and self.holders:
+            return f"{len(self.holders)}/{self.limit} held"
+        if self.job is not None and self.job.running is not None:
+            return "running"
+        return "force-released" if self.status == "released by force" else self.status
+
+
+def status_of(report: LockReport) -> str:
+    """held, released, released by force, expired, free (never taken), or unreadable."""
+    state = report.state
+    if state is None:
+        return "unreadable"
+    if report.remaining_ms is not None:
+        return "held"
+    if state.owner is not None:
+        return "expired"
+    if state.released_at is None:
+        return "free"
+    if state.forced_release_at is not None and state.forced_release_at == state.released_at:
+        return "released by force"
+    return "released"
+
+
+def lock_info(report: LockReport) -> LockInfo:
+    """A report (``LockStore.report``, :func:`report_at`) as a :class:`LockInfo`."""
+    state = report.state
+    if state is None:
+        name = report.name if isinstance(report.name, str) else repr(report.name)
+        return LockInfo(
+            name=name, kind="lock", status="unreadable", holders=(), waiting=(), fencing_token=None, limit=None,
+            ttl_ms=None, last_holder=None, released_at=None, server_time=report.server_time, report=report,
+            error=report.error,
+        )  # fmt: skip
+    held = report.remaining_ms is not None
+    if state.limit is not None:
+        holders = tuple(
+            _holder(
+                permit.holder, permit.token, permit.fencing_token, permit.acquired_at, permit.renewed_at,
+                permit.expires_at, permit.ttl_ms, permit.weight, _holder_role(state, permit.weight),
+            )
+            for permit in report.live_permits
+        )  # fmt: skip
+        last = None
+    else:
+        stored = _holder(
+            state.holder, state.owner, state.fencing_token, state.acquired_at, state.renewed_at, state.expires_at,
+            state.ttl_ms, 1, "holder",
+        )  # fmt: skip
+        holders, last = ((stored,), None) if held else ((), stored if state.holder else None)
+    waiting = tuple(
+        Waiter(
+            token=place.token,
+            host=_text(place.holder.get("host")),
+            pid=_integer(place.holder.get("pid")),
+            label=_text(place.holder.get("label")),
+            weight=place.weight,
+            role=_waiter_role(state, place.weight),
+            queued_at=place.refreshed_at,
+            expires_at=place.expires_at,
+        )
+        for place in state.queue
+    )
+    job = JobState.from_report(report) if state.kind == JOB_KIND and report.server_time is not None else None
+    return LockInfo(
+        name=state.name,
+        kind=state.kind,
+        status=status_of(report),
+        holders=holders,
+        waiting=waiting,
+        fencing_token=state.fencing_token,
+        limit=state.limit if state.kind != "election" else None,
+        ttl_ms=state.ttl_ms,
+        last_holder=last,
+        released_at=None if held else state.released_at,
+        server_time=report.server_time,
+        report=report,
+        job=job,
+    )
+
+
+def report_at(document: Mapping[str, Any], server_time: datetime) -> LockReport:
+    """A lock document as ``LockStore.report`` would report it at ``server_time`` (a time on the
+    server's clock): for a view that gets documents from a change stream and keeps the server's
+    time itself. A corrupt document is reported with its error, as there."""
+    try:
+        state = LockState.from_document(document)
+    except LockDataError as error:
+        return LockReport(name=document.get("_id"), state=None, remaining_ms=None, error=error)
+    if state.limit is not None:
+        left = {
+            permit.token: _milliseconds(permit.expires_at - server_time)
+            for permit in state.permits
+            if permit.expires_at > server_time
+        }
+        longest = max(left.values(), default=None)
+        return LockReport(state.name, state, longest, permits_left_ms=left, server_time=server_time)
+    live = state.owner is not None and state.expires_at is not None and state.expires_at > server_time
+    remaining = _milliseconds(state.expires_at - server_time) if live and state.expires_at is not None else None
+    return LockReport(state.name, state, remaining, server_time=server_time)
+
+
+async def list_locks(
+    collection: AsyncCollectionLike, *, prefix: str | None = None, held: bool = False
+) -> list[LockInfo]:
+    """Every lock document of ``collection`` (or those whose name starts with ``prefix``), by name;
+    with ``held``, only those with a live lease or permit. A corrupt document is listed with
+    status ``unreadable`` and its ``error``; the others are listed as usual."""
+    store = _store(collection)
+    if prefix is not None and not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str or None, not {type(prefix).__name__}")
+    _validate.flag(held, "held")
+    infos = [lock_info(report) for report in await store.report(prefix=prefix or None)]
+    return [info for info in infos if info.held] if held else infos
+
+
+async def inspect_lock(collection: AsyncCollectionLike, name: str) -> LockInfo | None:
+    """The lock (or semaphore, read-write lock, election, job) ``name``; None if it has no document."""
+    store = _store(collection)
+    _validate.lock_name(name)
+    reports = await store.report([name])
+    return lock_info(reports[0]) if reports else None
+
+
+async def force_release(
+    collection: AsyncCollectionLike, name: str, *, holder: str | None = None, by: str | None = None
+) -> ForcedRelease | None:
+    """Break whatever lease ``name`` has, whoever owns it (``mongolock release --force``); return
+    what was broken, or None if nothing was live (and nothing needed repair).
+
+    On a semaphore, read-write lock or election it breaks every live holder, or with ``holder``
+    the one whose owner token is ``holder`` (or the only one that starts with it). The broken
+    holder still believes it holds the lease until its own deadline: fence what it protects. Each
+    break is logged at WARNING on the ``mongolock_async.audit`` logger, with ``by`` (who asked, for
+    the record: a user name, an address).
+
+    :raises TypeError: an argument has the wrong type (before any I/O).
+    :raises ValueError: ``name`` or ``holder`` is empty or too long (before any I/O), or several
+        live holders' owner tokens start with ``holder``.
+    :raises LookupError: ``holder`` selects no live holder, or ``name`` has no document.
+    """
+    store = _store(collection)
+    _validate.lock_name(name)
+    if holder is not None and not isinstance(holder, str):
+        raise TypeError(f"holder must be a str (an owner token, or its start) or None, not {type(holder).__name__}")
+    if by is not None and not isinstance(by, str):
+        raise TypeError(f"by must be a str or None, not {type(by).__name__}")
+    broken = await store.force_release(name, holder=holder)
+    if broken is not None:
+        who = (
+            "; ".join(
+                f"{_describe(entry_holder)} (owner {owner}, fencing token {token})"
+                for owner, entry_holder, token in broken.permits
+            )
+            or f"{_describe(broken.holder)} (owner {broken.owner}, fencing token {broken.fencing_token})"
+        )
+        audit.warning("forced release of %r in %s by %s: broke %s", name, store.full_name, by or "an API call", who)
+    return broken
+
+
+def _store(collection: object) -> LockStore:
+    return store_for(_validate.async_collection(collection), _MAJORITY)
+
+
+def _holder(
+    who: Mapping[str, Any],
+    owner: str | None,
+    fence: int | None,
+    acquired_at: datetime | None,
+    renewed_at: datetime | None,
+    expires_at: datetime | None,
+    ttl_ms: int | None,
+    weight: int,
+    role: str,
+) -> Holder:
+    return Holder(
+        owner=owner,
+        host=_text(who.get("host")),
+        pid=_integer(who.get("pid")),
+        label=_text(who.get("label")),
+        fencing_token=fence,
+        acquired_at=acquired_at,
+        renewed_at=renewed_at,
+        expires_at=expires_at,
+        ttl_ms=ttl_ms,
+        weight=weight,
+        role=role,
+    )
+
+
+def _holder_role(state: LockState, weight: int) -> str:
+    if state.kind == "election":
+        return "leader"
+    if state.kind == "rwlock":
+        return "writer" if weight == state.limit else "reader"
+    return "holder"
+
+
+def _waiter_role(state: LockState, weight: int) -> str:
+    if state.kind == "election":
+        return "candidate"
+    if state.kind == "rwlock":
+        return "writer" if weight == state.limit else "reader"
+    return "waiter"
+
+
+def _describe(who: Mapping[str, Any]) -> str:
+    label, where = who.get("label"), f"{who.get('host', '?')} pid {who.get('pid', '?')}"
+    return f"{label} ({where})" if label else (where if who else "an unlabelled holder")
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _integer(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _milliseconds(span: timedelta) -> int:
+    return int(span.total_seconds() * 1000)
