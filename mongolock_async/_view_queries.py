@@ -8,6 +8,7 @@ Kept apart from ``store.py`` while that module is split into a package; it belon
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from pymongo.errors import OperationFailure
@@ -69,3 +70,13 @@ def change_streams_unsupported(error: BaseException) -> bool:
 def change_streams_refused(error: BaseException) -> bool:
     """Whether ``error`` says this user may not open a change stream (no ``changeStream`` action)."""
     return isinstance(error, OperationFailure) and error.code == UNAUTHORIZED
+
+
+async def server_time(store: LockStore) -> datetime:
+    """The server's clock now: ``hello``'s ``localTime`` (a read of nothing, allowed to every user;
+    on a mongos, the mongos's clock, which is also the one its ``$$NOW`` reads)."""
+    reply = await store.client.admin.command("hello")
+    moment = reply.get("localTime")
+    if not isinstance(moment, datetime):
+        return datetime.now(UTC)  # a server that does not say: this machine's clock, for a view only
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

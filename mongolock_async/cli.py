@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import logging
 import os
@@ -21,7 +22,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from pymongo import AsyncMongoClient
@@ -45,6 +46,19 @@ from .operations import LockInfo
 from .store import ForcedRelease, store_for
 
 DEFAULT_DATABASE = "mongolock"
+
+
+def _server_class() -> Any:
+    """uvicorn's server, with this command's own Ctrl-C and SIGTERM handling: uvicorn's would
+    raise the signal again once it stopped, and the command would end as interrupted (130)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server
 DEFAULT_COLLECTION = "locks"
 
 
@@ -130,7 +144,47 @@ def build_parser() -> argparse.ArgumentParser:
         "Default: every holder",
     )
     _add_check_parser(commands, connection, output)
+    _add_view_parsers(commands, connection, output)
     return parser
+
+
+def _add_view_parsers(commands: Any, connection: argparse.ArgumentParser, output: argparse.ArgumentParser) -> None:
+    views = argparse.ArgumentParser(add_help=False)
+    views.add_argument("--prefix", default="", help="only locks whose name starts with this")
+    views.add_argument(
+        "--poll-interval",
+        type=float,
+        default=2.0,
+        help="seconds between reads where there is no change stream (a standalone server; default 2)",
+    )
+    watch = commands.add_parser(
+        "watch",
+        parents=[connection, output, views],
+        help="a live view of the locks: holders, time left, waiters, events (Ctrl-C stops)",
+        description="Every lock, semaphore, read-write lock, election and job with its holders, time left, waiting "
+        "processes and fencing token or term, and the events (acquired, handed off, released, expired, lost, forced) "
+        "as they happen, from one change stream (reading every --poll-interval seconds where there is none). On a "
+        "terminal with rich installed, a live screen; else (or with --plain or --json) one line per event, after one "
+        "'held' line per holder at the start. It only reads. Ctrl-C or SIGTERM stops it (exit 0).",
+    )
+    watch.add_argument("--held", action="store_true", help="on the screen, only locks whose lease is live")
+    watch.add_argument("--plain", action="store_true", help="one line per event even on a terminal")
+    dashboard = commands.add_parser(
+        "dashboard",
+        parents=[connection, views],
+        help="serve the live dashboard page (needs uvicorn: the dashboard or fastapi extra)",
+        description="Serves the dashboard of the lock collection: the same view as watch, live, with a timeline of "
+        "the last minutes per lock. Read-only unless --allow-release. Binds to 127.0.0.1 unless --host says "
+        "otherwise: the page has no authentication of its own. Ctrl-C or SIGTERM stops it (exit 0).",
+    )
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    dashboard.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free one)")
+    dashboard.add_argument("--title", default="locks", help="the page's heading")
+    dashboard.add_argument(
+        "--allow-release",
+        action="store_true",
+        help="show a button that breaks a lease (confirmed in the page, logged at WARNING); off by default",
+    )
 
 
 def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output: argparse.ArgumentParser) -> None:
@@ -206,6 +260,10 @@ def _run(argv: Sequence[str] | None) -> int:
             from ._check_run import run
 
             code = run(arguments)
+        elif arguments.command == "watch":
+            code = asyncio.run(_watch(arguments))
+        elif arguments.command == "dashboard":
+            code = asyncio.run(_dashboard(arguments))
         else:
             code = asyncio.run(_operate(arguments))
     except UserError as error:
@@ -304,6 +362,117 @@ async def _list(collection: Any, arguments: argparse.Namespace) -> int:
         held = " held" if arguments.held else ""
         print(f"no locks{held}" + (f" named {arguments.prefix}*" if arguments.prefix else ""))
     return 0
+
+
+def _view_options(arguments: argparse.Namespace) -> None:
+    try:
+        _validate.seconds(arguments.poll_interval, "--poll-interval", minimum=0.05)
+    except (TypeError, ValueError) as error:
+        raise UserError(str(error), EXIT_USAGE) from None
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM call ``stop`` (and end the command with exit 0) while inside."""
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signal_number, stop)
+    try:
+        yield
+    finally:
+        for signal_number in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signal_number)
+
+
+async def _watch(arguments: argparse.Namespace) -> int:
+    from . import _watch_view
+    from .live import LockWatch
+
+    _view_options(arguments)
+    screen = not (arguments.json or arguments.plain) and sys.stdout.isatty() and _rich_installed()
+    client = connect(arguments.uri)
+    stop = asyncio.Event()
+    try:
+        with _stopped_by_signals(stop.set):
+            collection = await _lock_collection(client, arguments)
+            async with LockWatch(
+                collection, prefix=arguments.prefix, poll_interval=arguments.poll_interval
+            ) as watch:
+                if screen:
+                    await _watch_view.show_screen(watch, stop, held_only=arguments.held)
+                else:
+                    view._utf8_stdout()
+
+                    def write(line: str) -> None:
+                        print(line, flush=True)
+
+                    await _watch_view.show_lines(watch, stop, as_json=arguments.json, write=write)
+        return 0
+    except PyMongoError as error:
+        raise await explain(error, arguments.uri, client) from None
+    finally:
+        await client.close()
+
+
+def _rich_installed() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+async def _dashboard(arguments: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ImportError:
+        raise UserError(
+            "mongolock dashboard needs uvicorn: install the dashboard extra (from a checkout: "
+            "pip install '.[dashboard]')",
+            EXIT_USAGE,
+        ) from None
+    from .dashboard import Dashboard
+
+    _view_options(arguments)
+    client = connect(arguments.uri)
+    try:
+        collection = await _lock_collection(client, arguments)
+        dashboard = Dashboard(
+            collection,
+            prefix=arguments.prefix,
+            allow_release=arguments.allow_release,
+            title=arguments.title,
+            poll_interval=arguments.poll_interval,
+        )
+        config = uvicorn.Config(
+            dashboard, host=arguments.host, port=arguments.port, log_level="warning", lifespan="on",
+            timeout_graceful_shutdown=3,
+        )  # fmt: skip
+        server = _server_class()(config)
+
+        def stop() -> None:
+            server.should_exit = True
+            dashboard.close_pages()  # the server waits for open responses: the pages' event streams
+
+        with _stopped_by_signals(stop):
+            serving = asyncio.ensure_future(server.serve())
+            while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn has no event for it
+                await asyncio.sleep(0.05)
+            if server.started:
+                host, port = server.servers[0].sockets[0].getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                mode = "release allowed (--allow-release)" if arguments.allow_release else "read-only"
+                print(f"mongolock: dashboard of {collection.full_name} at http://{shown}:{port}/ ({mode}); "
+                      "stop with Ctrl-C", flush=True)  # fmt: skip
+            await serving
+        if not server.started:
+            where = f"{arguments.host}:{arguments.port}"
+            raise UserError(f"could not listen on {where} (in use? try --port 0)", EXIT_FAILED)
+        return 0
+    except PyMongoError as error:
+        raise await explain(error, arguments.uri, client) from None
+    finally:
+        await client.close()
 
 
 def _operator() -> str:

@@ -8,10 +8,14 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
+from . import operations
 from ._collection import AsyncCollectionLike
+from .dashboard import Dashboard
 from .election import AsyncMongoElection
 from .jobs import AsyncMongoJob, JobState, run_once
+from .live import LockWatch
 from .lock import AsyncMongoLock
+from .operations import ForcedRelease, LockInfo
 from .rwlock import AsyncMongoRWLock
 from .semaphore import AsyncMongoSemaphore
 
@@ -149,3 +153,31 @@ class LockManager:
             if lock_only not in overrides:
                 options.pop(lock_only, None)
         return options
+
+    async def list_locks(self, *, prefix: str | None = None, held: bool = False) -> list[LockInfo]:
+        """Every lock of the collection (or those whose name starts with ``prefix``; with ``held``,
+        only live ones), as ``mongolock list`` shows them; see
+        [`list_locks`][mongolock_async.operations.list_locks]."""
+        return await operations.list_locks(self._collection, prefix=prefix, held=held)
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        """The lock (semaphore, read-write lock, election, job) ``name`` as ``mongolock inspect``
+        shows it; None if it has no document. See [`inspect_lock`][mongolock_async.operations.inspect_lock]."""
+        return await operations.inspect_lock(self._collection, name)
+
+    async def force_release(
+        self, name: str, *, holder: str | None = None, by: str | None = None
+    ) -> ForcedRelease | None:
+        """Break whatever lease ``name`` has (``mongolock release --force``), logged at WARNING on
+        ``mongolock_async.audit`` with ``by``; see [`force_release`][mongolock_async.operations.force_release]."""
+        return await operations.force_release(self._collection, name, holder=holder, by=by)
+
+    def watch(self, *, prefix: str = "", poll_interval: float = 2.0) -> LockWatch:
+        """A live view of the collection (``async with locks.watch() as view: async for update in
+        view: ...``); see [`LockWatch`][mongolock_async.live.LockWatch]."""
+        return LockWatch(self._collection, prefix=prefix, poll_interval=poll_interval)
+
+    def dashboard(self, *, prefix: str = "", allow_release: bool = False, title: str = "locks") -> Dashboard:
+        """The dashboard page of the collection, an ASGI app to mount (``app.mount("/locks",
+        locks.dashboard())``); see [`Dashboard`][mongolock_async.dashboard.Dashboard]."""
+        return Dashboard(self._collection, prefix=prefix, allow_release=allow_release, title=title)

@@ -233,14 +233,18 @@ def lock_info(report: LockReport) -> LockInfo:
     )
 
 
-def report_at(document: Mapping[str, Any], server_time: datetime) -> LockReport:
-    """A lock document as ``LockStore.report`` would report it at ``server_time`` (a time on the
-    server's clock): for a view that gets documents from a change stream and keeps the server's
-    time itself. A corrupt document is reported with its error, as there."""
-    try:
-        state = LockState.from_document(document)
-    except LockDataError as error:
-        return LockReport(name=document.get("_id"), state=None, remaining_ms=None, error=error)
+def report_at(document: Mapping[str, Any] | LockState, server_time: datetime) -> LockReport:
+    """A lock document (or its parsed state) as ``LockStore.report`` would report it at
+    ``server_time`` (a time on the server's clock): for a view that gets documents from a change
+    stream and keeps the server's time itself. A corrupt document is reported with its error, as
+    there."""
+    if isinstance(document, LockState):
+        state = document
+    else:
+        try:
+            state = LockState.from_document(document)
+        except LockDataError as error:
+            return LockReport(name=document.get("_id"), state=None, remaining_ms=None, error=error)
     if state.limit is not None:
         left = {
             permit.token: _milliseconds(permit.expires_at - server_time)

@@ -1,0 +1,233 @@
+"""How ``mongolock watch`` shows a :class:`~mongolock_async.live.LockWatch`: a live screen with
+``rich`` on a terminal, else one line (or one JSON object) per event.
+
+Names, labels and hosts are other people's text: on the screen they are plain ``rich`` text, never
+markup, and in lines their control characters are escaped, so a lock name can neither style the
+screen nor move the cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from .live import LockEvent, LockWatch, ViewUpdate, holder_dict
+from .operations import LockInfo
+
+EVENTS_SHOWN = 8
+"""Events kept under the table on the screen."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_BAR = 16
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (newlines, escapes) written as ``\\n``, ``\\x1b``..."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+async def show_lines(watch: LockWatch, stop: asyncio.Event, *, as_json: bool, write: Callable[[str], None]) -> None:
+    """One line per event until ``stop`` is set; first one ``held`` line per live holder."""
+    note: str | None = None
+    async for update in _until(watch, stop):
+        if update.note != note:
+            note = update.note
+            print(f"mongolock: {note}" if note else "mongolock: the change stream is back", file=sys.stderr, flush=True)
+        lines = held_lines(update, as_json=as_json) if update.first else []
+        lines += [event_line(event, as_json=as_json) for event in update.events]
+        for line in lines:
+            write(line)
+
+
+def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
+    """The state as the view opened: a ``held`` line per live holder."""
+    lines = []
+    for info in update.locks.values():
+        for holder in info.holders:
+            if as_json:
+                lines.append(
+                    json.dumps(
+                        {
+                            "at": _iso(update.server_time),
+                            "event": "held",
+                            "name": info.name,
+                            "kind": info.kind,
+                            "holder": holder_dict(holder),
+                            "previous": None,
+                            "fencing_token": holder.fencing_token,
+                            "waiting": len(info.waiting),
+                        },
+                        ensure_ascii=False,
+                    )
+                )
+                continue
+            left = "" if holder.expires_at is None else f", {_seconds(holder.expires_at, update.server_time)} left"
+            text = f"{holder.describe()} holds it{left}, {len(info.waiting)} waiting"
+            lines.append(_line(update.server_time, "held", info.name, text))
+    return lines
+
+
+def event_line(event: LockEvent, *, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(event.as_dict(), ensure_ascii=False)
+    return _line(event.at, event.event, event.name, event.describe())
+
+
+def _line(at: datetime, event: str, name: str, text: str) -> str:
+    return f"{_iso(at)}  {event:<10}  {printable(name)}  {printable(text)}"
+
+
+async def show_screen(watch: LockWatch, stop: asyncio.Event, *, held_only: bool) -> None:
+    """A live screen (the terminal's alternate screen, as ``htop``'s) until ``stop`` is set."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    events: deque[LockEvent] = deque(maxlen=EVENTS_SHOWN)
+    latest: list[ViewUpdate] = []
+
+    def frame() -> Any:
+        if not latest:
+            return ""
+        return screen(latest[-1], events, watch, console.width, console.height, held_only=held_only)
+
+    with Live(get_renderable=frame, console=console, screen=True, refresh_per_second=4, redirect_stderr=False):
+        async for update in _until(watch, stop):
+            events.extend(update.events)
+            latest[:] = [update]
+
+
+def screen(
+    update: ViewUpdate, events: Iterable[LockEvent], watch: LockWatch, width: int, height: int, *, held_only: bool
+) -> Any:
+    """One frame: a header, a row per lock (held ones first) that fits, and the last events."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    now = watch.server_now()
+    source = "change stream" if update.mode == "stream" else f"polling every {watch.poll_interval:g} s"
+    header = Text.assemble(
+        ("mongolock watch ", "bold"),
+        printable(watch.full_name),
+        (f"  prefix {printable(watch.prefix)}" if watch.prefix else ""),
+        f"  {source}  {now:%H:%M:%S} UTC  Ctrl-C stops",
+    )
+    parts: list[Any] = [header]
+    if update.note:
+        parts.append(Text(printable(update.note), style="yellow"))
+    locks = [info for info in update.locks.values() if info.held or not held_only]
+    locks.sort(key=lambda info: (not info.held, info.name))
+    shown_events = list(events)
+    room = max(1, height - len(parts) - 4 - (len(shown_events) + 2 if shown_events else 0))
+    table = Table(box=None, pad_edge=False, expand=False, header_style="bold")
+    longest = max((len(printable(info.name)) for info in locks), default=4)
+    # The name as wide as it is, up to a third of the screen (longer ones wrap, never cut).
+    third = max(12, width // 3)
+    table.add_column("NAME", overflow="fold", min_width=min(longest, third), max_width=third)
+    table.add_column("KIND", no_wrap=True)
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("HOLDER", overflow="ellipsis", no_wrap=True, max_width=max(12, width // 4))
+    table.add_column("TIME LEFT", no_wrap=True)
+    table.add_column("WAITING", justify="right", no_wrap=True)
+    table.add_column("TOKEN", justify="right", no_wrap=True)
+    for info in locks[: room if len(locks) <= room else room - 1]:
+        table.add_row(*_cells(info, now))
+    parts.append(table if locks else Text("no locks" + (" held" if held_only else "")))
+    if len(locks) > room:
+        parts.append(Text(f"... and {len(locks) - room + 1} more (narrow with --prefix or --held)", style="dim"))
+    if shown_events:
+        parts.append(Text("\nlast events", style="bold"))
+        for event in reversed(shown_events):
+            parts.append(
+                Text.assemble(
+                    (f"{event.at:%H:%M:%S.%f}"[:-3] + "  ", "dim"),
+                    (f"{event.event:<10}  ", _EVENT_STYLES.get(event.event, "")),
+                    printable(event.name),
+                    "  ",
+                    printable(event.describe()),
+                    overflow="ellipsis",
+                    no_wrap=True,
+                )
+            )
+    return Group(*parts)
+
+
+_EVENT_STYLES = {
+    "acquired": "green",
+    "handed off": "cyan",
+    "released": "",
+    "expired": "yellow",
+    "lost": "red",
+    "forced": "bold red",
+}
+
+
+def _cells(info: LockInfo, now: datetime) -> list[Any]:
+    from rich.text import Text
+
+    holders = info.holders
+    if len(holders) == 1:
+        holder = holders[0].describe()
+    elif holders:
+        holder = f"{len(holders)} {'readers' if info.kind == 'rwlock' else 'holders'}"
+    elif info.last_holder is not None:
+        holder = f"(was {info.last_holder.describe()})"
+    else:
+        holder = ""
+    ends = [h.expires_at for h in holders if h.expires_at is not None and h.expires_at > now]
+    time_left = Text("")
+    if ends:
+        end = max(ends)
+        ttl = max((h.ttl_ms or 0) for h in holders) / 1000 or None
+        left = (end - now).total_seconds()
+        filled = _BAR if not ttl else round(_BAR * min(1.0, left / ttl))
+        time_left = Text.assemble(("█" * filled, "green"), ("░" * (_BAR - filled), "dim"), f" {left:5.1f} s")
+    token = info.fencing_token
+    if holders and info.kind in ("semaphore", "rwlock", "election"):
+        token = max(h.fencing_token or 0 for h in holders)
+    state_style = {"held": "green", "expired": "yellow", "unreadable": "red"}.get(info.status, "")
+    return [
+        Text(printable(info.name)),
+        Text(info.kind),
+        Text(info.summary, style="green" if info.held else state_style),
+        Text(printable(holder)),
+        time_left,
+        Text(str(len(info.waiting)) if info.waiting else ""),
+        Text("" if token is None else str(token)),
+    ]
+
+
+async def _until(watch: LockWatch, stop: asyncio.Event) -> Any:
+    """The watch's updates until ``stop`` is set (then the iteration in flight is abandoned)."""
+    updates = watch.__aiter__()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            following = asyncio.ensure_future(updates.__anext__())
+            done, _ = await asyncio.wait({following, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if following not in done:
+                following.cancel()  # the generator must be left before it can be closed
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await following
+                return
+            try:
+                yield following.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        stopping.cancel()
+
+
+def _seconds(end: datetime, now: datetime) -> str:
+    return f"{max(0.0, (end - now).total_seconds()):.1f} s"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

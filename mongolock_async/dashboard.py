@@ -1,0 +1,701 @@
+"""A dashboard page of a lock collection, live: who holds what and for how long, who waits, the last
+events, and a timeline of the last minutes per lock. One HTML page with its script and style inline
+(nothing from the internet, no build step), fed by server-sent events from one
+:class:`~mongolock_async.live.LockWatch` shared by every open page.
+
+```python
+from fastapi import FastAPI
+from mongolock_async.dashboard import Dashboard
+
+app = FastAPI()
+app.mount("/locks", Dashboard(collection))  # the page at /locks/
+```
+
+[`Dashboard`][mongolock_async.dashboard.Dashboard] is a plain ASGI application: FastAPI and
+Starlette mount it, uvicorn serves it (``mongolock dashboard`` does, with the ``dashboard``
+extra), and :meth:`Dashboard.aiohttp_app` gives an aiohttp sub-application of it. It needs no
+web framework itself.
+
+It is read-only unless built with ``allow_release=True``: then each held lock has a button that
+breaks its lease (what ``mongolock release --force`` does) after the page asks for the lock's name
+to be typed, sending a token only the page has; the server checks the token, the origin and the
+typed name, and logs each release at WARNING (logger ``mongolock_async.audit``) with the client's
+address and user agent. Anyone who can load the page can use the button: mount it behind your
+application's authentication. The page shows names, labels and hosts as text, never as markup, and
+forbids every script but its own (Content-Security-Policy); the view sends MongoDB reads only, so
+a user with the built-in ``read`` role is enough (and ``update`` for releases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import html
+import json
+import logging
+import secrets
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from pymongo.errors import PyMongoError
+
+from . import _validate
+from ._backoff import Backoff
+from ._collection import AsyncCollectionLike
+from .live import LockEvent, LockWatch, ViewUpdate, lock_dict
+from .operations import LockInfo, force_release
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["Dashboard"]
+
+logger = logging.getLogger("mongolock_async.audit")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+EVENTS_KEPT = 200
+"""Events a page gets when it opens (the latest)."""
+KEEPALIVE = 15.0
+"""Seconds between comments on an idle event stream, so that proxies keep it open and a page that
+went away is noticed."""
+LINGER = 10.0
+"""Seconds the shared view stays open after the last page closed (a reload does not reopen it)."""
+_MAX_BODY = 16_384
+_SUBSCRIBER_BACKLOG = 256
+_TOKEN_HEADER = "x-mongolock-token"
+
+
+@dataclass(slots=True)
+class _Segment:
+    owner: str
+    who: str
+    role: str
+    fence: int | None
+    start: datetime
+    end: datetime | None = None
+    how: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner[:8],
+            "who": self.who,
+            "role": self.role,
+            "fence": self.fence,
+            "start": _iso(self.start),
+            "end": None if self.end is None else _iso(self.end),
+            "how": self.how,
+        }
+
+
+@dataclass(slots=True)
+class _LockHistory:
+    segments: list[_Segment] = field(default_factory=list)
+    waits: list[tuple[datetime, int]] = field(default_factory=list)
+
+
+class Timeline:
+    """Who held each lock when over the last ``window`` seconds: a segment per lease (from its
+    acquisition or hand-off to its release, hand-off, expiry, loss or break) and the number of
+    places waiting, each time it changed. Built from a view's updates; what the page draws."""
+
+    def __init__(self, window: float) -> None:
+        self.window = timedelta(seconds=window)
+        self._locks: dict[str, _LockHistory] = {}
+
+    def add(self, update: ViewUpdate) -> None:
+        """Take an update's events and states into the history."""
+        for event in update.events:
+            history = self._locks.setdefault(event.name, _LockHistory())
+            if event.event in ("released", "expired", "lost", "forced") and event.holder is not None:
+                self._close(history, event.holder.owner, event.at, event.event)
+            if event.event == "handed off" and event.previous is not None:
+                self._close(history, event.previous.owner, event.at, "handed off")
+            if event.event in ("acquired", "handed off") and event.holder is not None:
+                self._open(history, event.holder.owner, event, event.at)
+        for name in update.removed:
+            gone = self._locks.get(name)
+            if gone is not None:
+                for segment in gone.segments:
+                    if segment.end is None:
+                        segment.end, segment.how = update.server_time, "released"
+        for name in update.changed:
+            self._reconcile(name, update.locks[name], update.server_time)
+        self._forget(update.server_time - self.window)
+
+    def of(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The history of ``names`` as JSON-ready values (times in ISO 8601 UTC)."""
+        histories = {}
+        for name in names:
+            history = self._locks.get(name)
+            if history is not None:
+                histories[name] = {
+                    "segments": [segment.as_dict() for segment in history.segments],
+                    "waits": [[_iso(moment), count] for moment, count in history.waits],
+                }
+        return histories
+
+    def names(self) -> list[str]:
+        return list(self._locks)
+
+    def _reconcile(self, name: str, info: LockInfo, now: datetime) -> None:
+        """Make the open segments the live holders (an update without events: the first one, a
+        read after the stream was reopened), and record the waiting count if it changed."""
+        history = self._locks.setdefault(name, _LockHistory())
+        live = {holder.owner: holder for holder in info.holders if holder.owner is not None}
+        for segment in history.segments:
+            if segment.end is None and segment.owner not in live:
+                segment.end, segment.how = now, segment.how or "released"
+        open_owners = {segment.owner for segment in history.segments if segment.end is None}
+        for owner, holder in live.items():
+            if owner not in open_owners:
+                start = holder.acquired_at or now
+                history.segments.append(
+                    _Segment(owner, holder.describe(), holder.role, holder.fencing_token, max(start, now - self.window))
+                )
+        waiting = len(info.waiting)
+        if not history.waits or history.waits[-1][1] != waiting:
+            history.waits.append((now, waiting))
+
+    def _open(self, history: _LockHistory, owner: str | None, event: LockEvent, at: datetime) -> None:
+        if owner is None or event.holder is None:
+            return
+        if any(segment.owner == owner and segment.end is None for segment in history.segments):
+            return
+        holder = event.holder
+        history.segments.append(_Segment(owner, holder.describe(), holder.role, event.fencing_token, at))
+
+    @staticmethod
+    def _close(history: _LockHistory, owner: str | None, at: datetime, how: str) -> None:
+        for segment in history.segments:
+            if segment.owner == owner and segment.end is None:
+                segment.end, segment.how = max(at, segment.start), how
+
+    def _forget(self, before: datetime) -> None:
+        for name in list(self._locks):
+            history = self._locks[name]
+            history.segments = [s for s in history.segments if s.end is None or s.end >= before]
+            # The count in force at the window's start stays, as the first point.
+            kept = [point for point in history.waits if point[0] >= before]
+            earlier = [point for point in history.waits if point[0] < before]
+            history.waits = ([(before, earlier[-1][1])] if earlier else []) + kept
+            if not history.segments and all(count == 0 for _, count in history.waits):
+                del self._locks[name]
+
+
+class _Feed:
+    """One ``LockWatch`` for every open page: the state, the last events, the timeline, and a
+    queue of messages per page."""
+
+    def __init__(self, dashboard: Dashboard) -> None:
+        self._dashboard = dashboard
+        self._pages: set[asyncio.Queue[bytes | None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self.update: ViewUpdate | None = None
+        self.events: deque[LockEvent] = deque(maxlen=EVENTS_KEPT)
+        self.timeline = Timeline(dashboard.window)
+        self.error: str | None = None
+        self.watch: LockWatch | None = None
+        self._ready = asyncio.Event()
+
+    def subscribe(self) -> asyncio.Queue[bytes | None]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_SUBSCRIBER_BACKLOG)
+        self._pages.add(queue)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self._task is None or self._task.done():
+            self._ready.clear()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="mongolock-dashboard-feed")
+        elif self._ready.is_set():
+            queue.put_nowait(self.snapshot_message())
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self._pages.discard(queue)
+        if not self._pages and self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(LINGER, self._stop_if_idle)
+
+    def _stop_if_idle(self) -> None:
+        self._linger = None
+        if not self._pages and self._task is not None:
+            self._task.cancel()  # leaving its LockWatch closes the stream between two getMores
+            self._task = None
+            self.update = None
+
+    async def close(self) -> None:
+        for queue in list(self._pages):
+            _offer(queue, None)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def close_pages(self) -> None:
+        """End every page's event stream (a server that shuts down waits for them)."""
+        for queue in list(self._pages):
+            _offer(queue, None)
+
+    async def _run(self) -> None:
+        backoff = Backoff(0.5, 30.0)
+        while True:
+            try:
+                async with LockWatch(
+                    self._dashboard.collection,
+                    prefix=self._dashboard.prefix,
+                    poll_interval=self._dashboard.poll_interval,
+                ) as watch:
+                    self.watch, self.error = watch, None
+                    backoff.attempt = 0
+                    async for update in watch:
+                        self._take(update)
+            except PyMongoError as error:
+                self.error = f"cannot read the locks: {type(error).__name__}: {error}"
+                self._ready.set()
+                self._broadcast(_message({"type": "error", "text": self.error}))
+                if not self._pages:
+                    return
+                await asyncio.sleep(backoff.next_delay() + 0.5)
+            finally:
+                self.watch = None
+
+    def _take(self, update: ViewUpdate) -> None:
+        self.events.extend(update.events)
+        self.timeline.add(update)
+        first = update.first or self.update is None
+        self.update = update
+        if first:
+            self._ready.set()
+            self._broadcast(self.snapshot_message())
+            return
+        names = sorted(update.changed)
+        self._broadcast(
+            _message(
+                {
+                    "type": "update",
+                    "server_time": _iso(update.server_time),
+                    "mode": update.mode,
+                    "note": update.note,
+                    "locks": [lock_dict(update.locks[name]) for name in names],
+                    "removed": sorted(update.removed),
+                    "events": [event.as_dict() for event in update.events],
+                    "timeline": self.timeline.of(names),
+                }
+            )
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        update = self.update
+        if update is None:
+            return {"type": "error", "text": self.error or "starting"}
+        watch = self.watch
+        now = watch.server_now() if watch is not None else update.server_time
+        return {
+            "type": "snapshot",
+            "title": self._dashboard.title,
+            "collection": self._dashboard.full_name,
+            "prefix": self._dashboard.prefix,
+            "allow_release": self._dashboard.allow_release,
+            "server_time": _iso(now),
+            "window_s": self._dashboard.window,
+            "mode": update.mode,
+            "note": update.note,
+            "poll_interval_s": self._dashboard.poll_interval,
+            "locks": [lock_dict(info) for info in update.locks.values()],
+            "events": [event.as_dict() for event in self.events],
+            "timeline": self.timeline.of(update.locks.keys() | set(self.timeline.names())),
+        }
+
+    def snapshot_message(self) -> bytes:
+        return _message(self.snapshot())
+
+    def _broadcast(self, message: bytes) -> None:
+        for queue in list(self._pages):
+            if not _offer(queue, message):
+                # A page that reads nothing is dropped (it reconnects and gets a snapshot).
+                self._pages.discard(queue)
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.get_nowait()
+                _offer(queue, None)
+
+
+class Dashboard:
+    """The dashboard of ``collection`` (the locks whose name starts with ``prefix``), as an ASGI
+    application; :meth:`aiohttp_app` gives an aiohttp one.
+
+    :param allow_release: show a button that breaks a lease (default False: read-only). Releases
+        need a token from the page, the page's own origin, and the lock's name typed again; each is
+        logged at WARNING on ``mongolock_async.audit``.
+    :param title: shown in the page's heading (as text).
+    :param window: seconds of history the timeline keeps (default 600).
+    :param poll_interval: seconds between reads where there is no change stream (default 2).
+
+    Every argument is checked here, before any I/O. The view starts with the first page that
+    opens, and stops ten seconds after the last one closed; :meth:`aclose` stops it at once.
+    """
+
+    def __init__(
+        self,
+        collection: AsyncCollectionLike,
+        *,
+        prefix: str = "",
+        allow_release: bool = False,
+        title: str = "locks",
+        window: float = 600.0,
+        poll_interval: float = 2.0,
+    ) -> None:
+        self.collection = _validate.async_collection(collection)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        if not isinstance(title, str):
+            raise TypeError(f"title must be a str, not {type(title).__name__}")
+        self.prefix = prefix
+        self.allow_release = _validate.flag(allow_release, "allow_release")
+        self.title = title
+        self.window = _validate.seconds(window, "window", minimum=10.0)
+        self.poll_interval = _validate.seconds(poll_interval, "poll_interval", minimum=0.05)
+        self.full_name: str = collection.full_name
+        # Proves a release request came from this dashboard's page: a page of another origin
+        # cannot read it, and a request carrying it in a header is not a "simple" cross-origin
+        # request, so a browser asks first (a preflight this app never allows).
+        self._token = secrets.token_urlsafe(32)
+        self._feeds: dict[asyncio.AbstractEventLoop, _Feed] = {}
+
+    @property
+    def _feed(self) -> _Feed:
+        loop = asyncio.get_running_loop()
+        feed = self._feeds.get(loop)
+        if feed is None:
+            feed = self._feeds[loop] = _Feed(self)
+        return feed
+
+    async def aclose(self) -> None:
+        """End every page's event stream and stop the view."""
+        with contextlib.suppress(RuntimeError):
+            await self._feed.close()
+
+    def close_pages(self) -> None:
+        """End every page's event stream now (the pages reconnect on their own): what a server
+        that is shutting down needs, as it waits for open responses."""
+        for feed in self._feeds.values():
+            feed.close_pages()
+
+    # -- what both frameworks serve ---------------------------------------------------------------
+
+    def page(self) -> tuple[bytes, list[tuple[str, str]]]:
+        """The page (with a fresh nonce for its script and style) and its headers."""
+        nonce = secrets.token_urlsafe(16)
+        text = resources.files("mongolock_async").joinpath("dashboard.html").read_text(encoding="utf-8")
+        token = f'<meta name="mongolock-token" content="{self._token}">' if self.allow_release else ""
+        body = (
+            text.replace("{{NONCE}}", nonce)
+            .replace("{{TITLE}}", html.escape(self.title))
+            .replace("{{COLLECTION}}", html.escape(self.full_name))
+            .replace("{{TOKEN_META}}", token)
+        )
+        policy = (
+            f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; connect-src 'self'; "
+            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        )
+        headers = [
+            ("content-type", "text/html; charset=utf-8"),
+            ("content-security-policy", policy),
+            ("cache-control", "no-store"),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+        ]
+        return body.encode("utf-8"), headers
+
+    def state(self) -> dict[str, Any]:
+        """What a page gets first: every lock, the last events and the timeline (JSON-ready)."""
+        return self._feed.snapshot()
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        """The page's event stream: a snapshot, then an update per change, and a comment every
+        :data:`KEEPALIVE` seconds when idle. Ends when the dashboard is closed."""
+        feed = self._feed
+        queue = feed.subscribe()
+        try:
+            yield b"retry: 2000\n\n"
+            while True:
+                try:
+                    message = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if message is None:
+                    return
+                yield message
+        finally:
+            feed.unsubscribe(queue)
+
+    async def release(self, headers: Mapping[str, str], body: bytes, client: str) -> tuple[int, dict[str, Any]]:
+        """Answer a release request: (HTTP status, JSON body). ``headers`` by lowercase name."""
+        who = f"dashboard client {client} (user agent {headers.get('user-agent', '-')[:200]!r})"
+        if not self.allow_release:
+            logger.warning("refused a forced release from %s: releases are disabled on this dashboard", who)
+            return 403, {"error": "releases are disabled on this dashboard (allow_release=False)"}
+        if not hmac.compare_digest(headers.get(_TOKEN_HEADER, ""), self._token):
+            logger.warning("refused a forced release from %s: no valid token from the page", who)
+            return 403, {"error": "no valid token: send the request from the dashboard's page"}
+        origin, host = headers.get("origin"), headers.get("host")
+        if origin is not None and host is not None and origin.split("://", 1)[-1] != host:
+            logger.warning("refused a forced release from %s: origin %r is not this page's", who, origin)
+            return 403, {"error": "the request comes from another origin"}
+        if headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return 415, {"error": 'send JSON: {"name": ..., "confirm": ...}'}
+        try:
+            request = json.loads(body)
+            name, confirm = request["name"], request["confirm"]
+            _validate.lock_name(name)
+        except (ValueError, KeyError, TypeError) as error:
+            return 400, {"error": f"a bad request: {error}"}
+        if confirm != name:
+            return 400, {"error": "confirm by typing the lock's name exactly"}
+        if self.prefix and not name.startswith(self.prefix):
+            return 404, {"error": f"this dashboard shows only names starting with {self.prefix!r}"}
+        try:
+            broken = await force_release(self.collection, name, by=who)
+        except LookupError as error:
+            return 404, {"error": str(error)}
+        except PyMongoError as error:
+            return 502, {"error": f"MongoDB refused or failed: {type(error).__name__}: {error}"}
+        if broken is None:
+            return 200, {"name": name, "released": False, "broken": []}
+        permits = broken.permits or ((broken.owner or "", broken.holder, broken.fencing_token),)
+        return 200, {
+            "name": name,
+            "released": True,
+            "broken": [
+                {"owner": owner[:8], "holder": dict(holder), "fencing_token": token} for owner, holder, token in permits
+            ],
+        }
+
+    # -- ASGI ---------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets: not served
+        path, method = _route_path(scope), scope.get("method", "GET")
+        if path == "":
+            await _respond(send, 307, b"", [("location", scope.get("root_path", "") + "/")])
+        elif path == "/" and method in ("GET", "HEAD"):
+            body, headers = self.page()
+            await _respond(send, 200, b"" if method == "HEAD" else body, headers)
+        elif path == "/events" and method == "GET":
+            await self._stream(receive, send)
+        elif path == "/state.json" and method == "GET":
+            await self._ensure_started()
+            await _respond_json(send, 200, self.state())
+        elif path == "/release" and method == "POST":
+            request = await _read_body(receive)
+            if request is None:
+                await _respond_json(send, 413, {"error": "too large"})
+                return
+            fields = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+            status, answer = await self.release(fields, request, _client(scope))
+            await _respond_json(send, status, answer)
+        elif path in ("/", "/events", "/state.json", "/release"):
+            await _respond(send, 405, b"method not allowed", [("content-type", "text/plain")])
+        else:
+            await _respond(send, 404, b"not found", [("content-type", "text/plain")])
+
+    async def _ensure_started(self) -> None:
+        """For a read without a page open: start the view, wait for its first state (at most 10 s)."""
+        feed = self._feed
+        queue = feed.subscribe()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(feed._ready.wait(), 10.0)
+        finally:
+            feed.unsubscribe(queue)
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-store"),
+                    (b"x-accel-buffering", b"no"),  # nginx: pass each event on at once
+                ],
+            }
+        )
+        disconnected = asyncio.ensure_future(_disconnect(receive))
+        events = self.events()
+        try:
+            while True:
+                following = asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait({following, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+                if following not in done:
+                    following.cancel()  # the generator must be left before it can be closed
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await following
+                    return
+                try:
+                    chunk = following.result()
+                except StopAsyncIteration:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the page went away mid-write
+        finally:
+            disconnected.cancel()
+            await events.aclose()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- aiohttp ------------------------------------------------------------------------------------
+
+    def aiohttp_app(self) -> web.Application:
+        """An aiohttp application of this dashboard, to add as a sub-application:
+        ``app.add_subapp("/locks/", dashboard.aiohttp_app())`` (the page at ``/locks/``)."""
+        try:
+            from aiohttp import web
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                "Dashboard.aiohttp_app needs aiohttp: install the aiohttp extra (from a checkout: "
+                "pip install '.[aiohttp]')"
+            ) from error
+
+        async def page(request: web.Request) -> web.Response:
+            body, headers = self.page()
+            return web.Response(body=body, headers=dict(headers))
+
+        async def events(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store"}
+            )
+            await response.prepare(request)
+            stream = self.events()
+            try:
+                async for chunk in stream:
+                    await response.write(chunk)
+            except (ConnectionResetError, OSError):
+                pass  # the page went away
+            finally:
+                await stream.aclose()
+            return response
+
+        async def state(request: web.Request) -> web.Response:
+            await self._ensure_started()
+            return web.json_response(self.state())
+
+        async def release(request: web.Request) -> web.Response:
+            body = await request.content.read(_MAX_BODY + 1)
+            if len(body) > _MAX_BODY:
+                return web.json_response({"error": "too large"}, status=413)
+            headers = {key.lower(): value for key, value in request.headers.items()}
+            client = f"{request.remote or '?'}"
+            status, answer = await self.release(headers, body, client)
+            return web.json_response(answer, status=status)
+
+        async def stop(app: web.Application) -> None:
+            self.close_pages()
+
+        async def cleanup(app: web.Application) -> None:
+            await self.aclose()
+
+        app = web.Application()
+        app.router.add_get("/", page)
+        app.router.add_get("/events", events)
+        app.router.add_get("/state.json", state)
+        app.router.add_post("/release", release)
+        app.on_shutdown.append(stop)
+        app.on_cleanup.append(cleanup)
+        return app
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below where the app is mounted (Starlette's ``Mount`` keeps the full path and sets
+    ``root_path``; a server with a root path of its own may strip it already)."""
+    path: str = scope.get("path", "/")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :]
+    return path
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[str, str]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(key.encode("latin-1"), value.encode("latin-1")) for key, value in headers]
+            + [(b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _respond_json(send: Send, status: int, payload: Mapping[str, Any]) -> None:
+    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    await _respond(send, status, body, [("content-type", "application/json"), ("cache-control", "no-store")])
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return body
+        body += bytes(message.get("body", b""))
+        if len(body) > _MAX_BODY:
+            return None
+        if not message.get("more_body"):
+            return body
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    address = f"{client[0]}:{client[1]}" if client else "?"
+    user = scope.get("user")
+    name = getattr(user, "display_name", None) if user is not None else None
+    return f"{address} user {name}" if name else address
+
+
+def _message(payload: Mapping[str, Any]) -> bytes:
+    # json.dumps escapes newlines, so one data line carries the whole message.
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _offer(queue: asyncio.Queue[bytes | None], message: bytes | None) -> bool:
+    try:
+        queue.put_nowait(message)
+    except asyncio.QueueFull:
+        return False
+    return True
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
