@@ -11,7 +11,7 @@ $(PYTHON):
 
 ## Every development tool (the dev extra): tests, lint, docs, benchmarks.
 $(STAMP): pyproject.toml | $(PYTHON)
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
 ## What the demo needs and no more: the embedded server, and rich for its live view on a terminal.
@@ -22,11 +22,15 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 
 ## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
 ## and the package check). The job tests run processes under a shifted wall clock: Debian's
-## faketime, installed here when missing (as root; elsewhere those tests say what to install).
+## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
+## browser). Both are installed here when missing (as root; elsewhere those tests say what to install).
 test: $(STAMP)
 	@command -v faketime >/dev/null || apt-get install -y -q faketime >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q faketime >/dev/null 2>&1) || \
 		echo "note: could not install faketime (Debian's faketime package); the job tests that need it will fail"
+	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
+		echo "note: could not install chromium (Debian's chromium package); the dashboard's browser tests will fail"
 	$(PYTHON) -m pytest -n 4
 
 ## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),

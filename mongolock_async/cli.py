@@ -434,6 +434,11 @@ async def _dashboard(arguments: argparse.Namespace) -> int:
     from .dashboard import Dashboard
 
     _view_options(arguments)
+    # The page's releases (and refusals) are the audit record an operator reads: on stderr, with
+    # the time, where ``mongolock release --force`` prints what it broke as its own output instead.
+    audit = logging.StreamHandler(sys.stderr)
+    audit.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("mongolock_async.audit").addHandler(audit)
     client = connect(arguments.uri)
     try:
         collection = await _lock_collection(client, arguments)
