@@ -53,6 +53,7 @@ from mongolock_async.store import (
     LockStore,
     Permits,
     PlaceRequest,
+    permit_release,
 )
 from mongolock_async.store import permits as permit_queries
 from mongolock_async.testing import EmbeddedMongo
@@ -86,7 +87,7 @@ async def uncontended(uri: str, cycles: int) -> None:
             )
             await collection.find_one_and_update(
                 {"_id": "raw", "holders.o": owner},
-                permit_queries.release_pipeline(owner, None, PERMITS, fair=False, successor_first=True),
+                permit_release.release_pipeline(owner, None, PERMITS, fair=False, successor_first=True),
                 return_document=ReturnDocument.AFTER,
             )
 

@@ -16,7 +16,7 @@ from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
 from mongolock_async.store import LockStore, Permits, PlaceRequest
-from mongolock_async.store.permits import release_pipeline
+from mongolock_async.store.permit_release import release_pipeline
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, most_at_once, run_workers
 

@@ -23,8 +23,7 @@ from .._weak import WeakIdentityMap
 from ..documents import JOB_KIND, PERMIT_KINDS, Leadership, LockReport, LockState
 from . import jobs, reports, sending, streams
 from .expressions import _refresh_place, _stamp
-from .kinds import Permits, PlaceRequest, Renewal, of_kind, queries_for
-from .permits import PermitQueries
+from .kinds import PermitQueries, Permits, PlaceRequest, Renewal, of_kind, queries_for
 
 T = TypeVar("T")
 

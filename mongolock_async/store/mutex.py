@@ -294,35 +294,3 @@ def force_release_pipeline(stamp: str, *, repair: bool) -> list[dict[str, Any]]:
 FORCE_SANE: dict[str, Any] = {
     "$and": [_LEASE_FIELDS_SANE, {"$or": [_type_in("$kind", "missing", "null"), {"$eq": ["$kind", "job"]}]}]
 }
-
-
-class MutexQueries:
-    """The queries of a lock's document, as ``kinds.queries_for`` hands them out (the permits' have
-    the same methods)."""
-
-    kind = "lock"
-
-    def acquire(self, place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
-        return acquire_pipeline(place, enqueue=enqueue, fair=fair)
-
-    def release(
-        self, name: str, owner: str, successor: PlaceRequest | None, *, fair: bool, successor_first: bool
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The filter and pipeline of ``owner``'s release (see ``LockStore.release``)."""
-        query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}, {"recentReleases.o": owner}]}
-        return query, release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
-
-    def leave(self, tokens: Sequence[str], *, fair: bool) -> list[dict[str, Any]]:
-        return release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
-
-    def renewal(self, name: str, owner: str, ttl_ms: int, stamp: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The filter and update that renew ``owner``'s live lease on ``name``."""
-        return {"_id": name, "owner": owner}, _renewal(ttl_ms, stamp)
-
-    def guard(self, name: str, owner: str, fence: int) -> tuple[dict[str, Any], Any]:
-        """The filter of ``owner``'s lease with its fencing token, and whether it is live."""
-        return {"_id": name, "owner": owner, "fence": fence}, _LEASE_LIVE
-
-    def held(self, name: str, owner: str | None) -> tuple[dict[str, Any], Any]:
-        """The match of ``name``'s document held (by ``owner``), and whether its lease is live."""
-        return {"_id": name, "owner": {"$type": "string"} if owner is None else owner}, _LEASE_LIVE
