@@ -44,7 +44,8 @@ from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoLock
 from mongolock_async._process import die_with_parent
-from mongolock_async.store import PlaceRequest, _acquire_pipeline, _release_pipeline
+from mongolock_async.store import PlaceRequest
+from mongolock_async.store.mutex import acquire_pipeline, release_pipeline
 from mongolock_async.testing.clients import close_client, make_client
 
 WORKER = Path(__file__).resolve().with_name("hot_lock_worker.py")
@@ -81,13 +82,13 @@ async def uncontended_against_raw(uri: str, cycles: int) -> None:
             owner = secrets.token_hex(24)
             await collection.find_one_and_update(
                 {"_id": "raw"},
-                _acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=True, fair=False),
+                acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=True, fair=False),
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
             await collection.find_one_and_update(
                 {"_id": "raw", "owner": owner},
-                _release_pipeline(owner, None, fair=False, successor_first=True),
+                release_pipeline(owner, None, fair=False, successor_first=True),
                 return_document=ReturnDocument.AFTER,
             )
 

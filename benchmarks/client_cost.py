@@ -182,14 +182,14 @@ async def layers(
 
     async def sent() -> None:
         owner = uuid.uuid4().hex
-        await store.send(store.try_acquire("sent", owner, 30_000, holder, enqueue=True), bound=30.0)
-        await store.send(store.release("sent", owner), bound=30.0)
+        await store.try_acquire("sent", owner, 30_000, holder, enqueue=True, bound=30.0)
+        await store.release("sent", owner, bound=30.0)
 
     steps = {
         "replay (database.command)": replay,
         "+ a task and timer per request": shielded,
         "store methods (pipeline values, reply parsing)": store_methods,
-        "store methods through store.send": sent,
+        "store methods with their bound": sent,
         "library (async with)": library,
     }
     cpu: dict[str, list[float]] = {name: [] for name in steps}

@@ -53,9 +53,9 @@ from mongolock_async.store import (
     LockStore,
     Permits,
     PlaceRequest,
-    semaphore_acquire_pipeline,
-    semaphore_release_pipeline,
+    permit_release,
 )
+from mongolock_async.store import permits as permit_queries
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
@@ -81,13 +81,13 @@ async def uncontended(uri: str, cycles: int) -> None:
             place = PlaceRequest(owner, 30_000, holder)
             await collection.find_one_and_update(
                 {"_id": "raw"},
-                semaphore_acquire_pipeline(place, PERMITS, enqueue=True, fair=False),
+                permit_queries.acquire_pipeline(place, PERMITS, enqueue=True, fair=False),
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
             await collection.find_one_and_update(
                 {"_id": "raw", "holders.o": owner},
-                semaphore_release_pipeline(owner, None, PERMITS, fair=False, successor_first=True),
+                permit_release.release_pipeline(owner, None, PERMITS, fair=False, successor_first=True),
                 return_document=ReturnDocument.AFTER,
             )
 

@@ -7,7 +7,8 @@
 
 from ._collection import AsyncCollectionLike
 from ._version import __version__
-from .election import AsyncMongoElection, Leadership
+from .documents import Leadership
+from .election import AsyncMongoElection
 from .errors import (
     LockAlreadyHeldError,
     LockDataError,

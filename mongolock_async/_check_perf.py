@@ -28,7 +28,8 @@ from ._check import (
 from .errors import LockTimeoutError
 from .keeper import RENEWAL_CHUNK
 from .lock import AsyncMongoLock
-from .probe import DeploymentProbe
+from .store import Renewal
+from .store.probe import DeploymentProbe
 
 HAND_OFF_BOUND = 10.0
 """Seconds a waiter on another connection is given to be woken by a release."""
@@ -291,7 +292,7 @@ async def renewal_times(
 
     async def library() -> None:
         for chunk in chunks:
-            await probe.store.renew([(name, owner, _SEED_TTL_MS, None) for name, owner in chunk])
+            await probe.store.renew([Renewal(name, owner, _SEED_TTL_MS) for name, owner in chunk])
 
     async def raw() -> None:
         for chunk in chunks:

@@ -65,8 +65,8 @@ from ._diagnosis import cause_of
 from ._report_view import _utf8_stdout, print_json
 from ._shield import RequestTimeout
 from .lease import default_safety_margin
-from .probe import DeploymentProbe, is_refusal, new_scratch_prefix
 from .store import LockStore
+from .store.probe import DeploymentProbe, is_refusal, new_scratch_prefix
 
 CLOCK_SAMPLES = 5
 """Reads of each server's clock; the one with the shortest round trip counts."""
@@ -538,10 +538,10 @@ async def _durability(probe: DeploymentProbe, options: CheckOptions, facts: _Fac
             for store, samples in ((probe.store, majority), (w1, single)):
                 owner = secrets.token_hex(16)
                 started = time.perf_counter()
-                state = await store.send(store.try_acquire(name, owner, ttl_ms, holder), bound=WRITE_BOUND)
+                state = await store.try_acquire(name, owner, ttl_ms, holder, bound=WRITE_BOUND)
                 samples.append(time.perf_counter() - started)
                 started = time.perf_counter()
-                await store.send(store.release(name, owner), bound=WRITE_BOUND)
+                await store.release(name, owner, bound=WRITE_BOUND)
                 samples.append(time.perf_counter() - started)
                 if state.owner != owner:
                     raise RuntimeError(f"the scratch lock {name!r} was not taken by its only user")
@@ -609,8 +609,8 @@ async def _stable_api(options: CheckOptions, facts: _Facts, scratch: Scratch, cl
         if facts.can_write:
             owner = secrets.token_hex(16)
             name = scratch.prefix + "stable-api"
-            await store.send(store.try_acquire(name, owner, round(options.ttl * 1000), holder_of_check()), bound=30)
-            await store.send(store.release(name, owner), bound=30)
+            await store.try_acquire(name, owner, round(options.ttl * 1000), holder_of_check(), bound=30)
+            await store.release(name, owner, bound=30)
             what = "acquire and release"
         else:
             await store.report([scratch.prefix + "stable-api"])

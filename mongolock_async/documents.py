@@ -229,6 +229,23 @@ class LockState(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Leadership:
+    """Who leads an election, as the server saw it when asked."""
+
+    name: str
+    term: int
+    """The leader's term: its fencing token, above every term before it."""
+    holder: Mapping[str, Any]
+    """``label``, ``host`` and ``pid`` of the leading candidate."""
+    since: datetime | None
+    """Server time at which this term began (None on a document written by hand)."""
+    time_left: float
+    """Seconds until the leadership expires on the server's clock unless renewed."""
+    candidates: int
+    """Processes waiting to lead next (each process's candidates wait behind one place)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LockReport:
     """A lock document with the server's view of its remaining lease, for operators.
 

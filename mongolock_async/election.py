@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from ._collection import AsyncCollectionLike
+from .documents import Leadership
 from .errors import LockLostError, LockTimeoutError
 from .hooks import LockHooks
 from .lease import logger
 from .lock import AsyncMongoLock, OnLost
-from .store import LockStore, Permits, of_kind
+from .store import LockStore, Permits
 
 _LEADERSHIP = Permits("election", 1)
 # An observer reads the document again at least this often even when its stream is quiet (a
@@ -27,23 +26,6 @@ _IDLE_READ = 60.0
 # Read this long after a leadership's time is up on the server's clock, so that it has expired.
 _EXPIRY_SLACK = 0.05
 _MAX_AWAIT_MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Leadership:
-    """Who leads an election, as the server saw it when asked."""
-
-    name: str
-    term: int
-    """The leader's term: its fencing token, above every term before it."""
-    holder: Mapping[str, Any]
-    """``label``, ``host`` and ``pid`` of the leading candidate."""
-    since: datetime | None
-    """Server time at which this term began (None on a document written by hand)."""
-    time_left: float
-    """Seconds until the leadership expires on the server's clock unless renewed."""
-    candidates: int
-    """Processes waiting to lead next (each process's candidates wait behind one place)."""
 
 
 class AsyncMongoElection(AsyncMongoLock):
@@ -154,39 +136,16 @@ class AsyncMongoElection(AsyncMongoLock):
         lease = self._lease
         if lease is None or not lease.believed_held:
             return await self.release()
-        state = await self._store.send(self._store.read(self._name), bound=lease.deadline - time.monotonic())
-        place = next((place for place in (state.queue if state else ()) if place.holder.get("label") == to), None)
-        if place is None:
+        bound = lease.deadline - time.monotonic()
+        if not await self._store.put_candidate_first(self._name, lease.owner, to, permits=_LEADERSHIP, bound=bound):
             raise LookupError(f"no candidate labelled {to!r} waits in election {self._name!r}")
-        await self._store.send(
-            self._store.put_place_first(self._name, lease.owner, place.token, permits=_LEADERSHIP),
-            bound=lease.deadline - time.monotonic(),
-        )
         return await self.release()
 
     async def leader(self) -> Leadership | None:
         """Who leads ``name`` now, judged on the server's clock; None if nobody does. Does not
         campaign. Read with read concern ``majority``; the answer can be out of date on arrival.
         Raises [`LockDataError`][mongolock_async.LockDataError] if the name is not an election's."""
-        reports = await self._store.send(self._store.report([self._name]), bound=self._ttl)
-        if not reports:
-            return None
-        report = reports[0]
-        if report.state is None:
-            assert report.error is not None  # a document that could not be read
-            raise report.error
-        state = of_kind(report.state, _LEADERSHIP)
-        if not report.live_permits:
-            return None
-        permit = report.live_permits[0]
-        return Leadership(
-            name=self._name,
-            term=permit.fencing_token,
-            holder=permit.holder,
-            since=permit.acquired_at,
-            time_left=report.permits_left_ms[permit.token] / 1000,
-            candidates=len(state.queue),
-        )
+        return await self._store.leadership(self._name, bound=self._ttl)
 
     async def changes(self) -> AsyncGenerator[Leadership | None, None]:
         """Who leads now, then every change: a new term (a new leader, or the same one elected

@@ -24,7 +24,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -393,13 +393,20 @@ class _RunLock(AsyncMongoLock):
         """Whether the finish request recorded ``outcome``."""
         self._error: dict[str, str] | None = None
 
-    def _try_request(self, owner: str, ttl_ms: int) -> Coroutine[Any, Any, LockState]:
-        async def start() -> LockState:
-            state = await self._store.start_job(self._name, owner, ttl_ms, self._holder(), self._job_schedule.server)
-            self.decision, self.taken = state, state.owner == owner
-            return state
-
-        return start()
+    async def _try_request(
+        self, owner: str, ttl_ms: int, *, on_cancelled: Callable[[LockState], Awaitable[None]]
+    ) -> LockState:
+        state = await self._store.start_job(
+            self._name,
+            owner,
+            ttl_ms,
+            self._holder(),
+            self._job_schedule.server,
+            bound=self._ttl,
+            on_cancelled=on_cancelled,
+        )
+        self.decision, self.taken = state, state.owner == owner
+        return state
 
     async def _hand_over(self, owner: str, *, until: float) -> bool:
         """Finish the run: record ``outcome`` and end the lease (see ``LockStore.finish_job``);
@@ -407,14 +414,12 @@ class _RunLock(AsyncMongoLock):
         backoff = Backoff(0.05, 1.0)
         while True:
             try:
-                self.recorded = await self._store.send(
-                    self._store.finish_job(
-                        self._name,
-                        owner,
-                        outcome=self.outcome,
-                        error=self._error,
-                        hold_at_least_ms=self._job_schedule.hold_at_least_ms,
-                    ),
+                self.recorded = await self._store.finish_job(
+                    self._name,
+                    owner,
+                    outcome=self.outcome,
+                    error=self._error,
+                    hold_at_least_ms=self._job_schedule.hold_at_least_ms,
                     bound=until - time.monotonic(),
                 )
                 return self.recorded
@@ -437,7 +442,7 @@ class _RunLock(AsyncMongoLock):
 
     async def read_state(self) -> JobState | None:
         """The job's state as its document shows it now (see ``AsyncMongoJob.state``)."""
-        reports = await self._store.send(self._store.report([self._name]), bound=self._ttl)
+        reports = await self._store.report([self._name], bound=self._ttl)
         if not reports:
             return None
         report = reports[0]

@@ -29,7 +29,7 @@ from ._shield import wait_for_event
 from ._weak import PerLoop
 from .lease import Lease, logger
 from .queues import LocalQueue, PlaceState
-from .store import LockStore
+from .store import LockStore, Renewal
 
 RENEWAL_CHUNK = 100
 """Leases renewed per request (see benchmarks/README.md for the measurement behind it)."""
@@ -138,8 +138,8 @@ class LeaseKeeper:
         earliest = min(lease.deadline for lease in leases)
         sent_at = time.monotonic()
         try:
-            renewed = await store.send(
-                store.renew([(lease.name, lease.owner, _ms(lease.ttl), lease.permits) for lease in leases]),
+            renewed = await store.renew(
+                [Renewal(lease.name, lease.owner, _ms(lease.ttl), lease.permits) for lease in leases],
                 bound=earliest - sent_at,
             )
         except PyMongoError as error:
@@ -173,8 +173,8 @@ class LeaseKeeper:
             return
         sent_at = time.monotonic()
         try:
-            alive = await store.send(
-                store.refresh_places([(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places]),
+            alive = await store.refresh_places(
+                [(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places],
                 bound=min(_place_interval(queue) for queue, _, _ in places),
             )
         except PyMongoError:

@@ -10,7 +10,7 @@ import secrets
 import socket
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -269,10 +269,20 @@ class AsyncMongoLock:
     async def _hand_over(self, owner: str, *, until: float) -> bool:
         return await hand_over(self._store, self._name, owner, fair=self._fair, until=until, permits=self._permits)
 
-    def _try_request(self, owner: str, ttl_ms: int) -> Coroutine[Any, Any, LockState]:
-        """The request of a non-blocking acquire for ``owner``."""
-        holder = self._holder()
-        return self._store.try_acquire(self._name, owner, ttl_ms, holder, fair=self._fair, permits=self._permits)
+    async def _try_request(
+        self, owner: str, ttl_ms: int, *, on_cancelled: Callable[[LockState], Awaitable[None]]
+    ) -> LockState:
+        """The request of a non-blocking acquire for ``owner``, bounded by the TTL."""
+        return await self._store.try_acquire(
+            self._name,
+            owner,
+            ttl_ms,
+            self._holder(),
+            fair=self._fair,
+            permits=self._permits,
+            bound=self._ttl,
+            on_cancelled=on_cancelled,
+        )
 
     async def _try_once(self) -> Grant | None:
         """One acquire request, without queueing."""
@@ -285,9 +295,7 @@ class AsyncMongoLock:
 
         sent_at = time.monotonic()
         try:
-            state = await self._store.send(
-                self._try_request(owner, ttl_ms), bound=self._ttl, on_cancelled=hand_on_if_taken
-            )
+            state = await self._try_request(owner, ttl_ms, on_cancelled=hand_on_if_taken)
         except ServerSelectionTimeoutError as error:
             # Never sent (see waiting._attempt): nothing to undo, and not a busy lock.
             raise ServerUnreachableError(self._name, cause_of(error), time.monotonic() - sent_at) from error
@@ -360,9 +368,8 @@ class AsyncMongoLock:
             raise LockNotOwnedError(self._name)
         interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
         sent_at = time.monotonic()
-        extended = await self._store.send(
-            self._store.extend(self._name, lease.owner, _ms(new_ttl), permits=self._permits),
-            bound=lease.server_expiry_floor - sent_at,
+        extended = await self._store.extend(
+            self._name, lease.owner, _ms(new_ttl), permits=self._permits, bound=lease.server_expiry_floor - sent_at
         )
         if not extended:
             lease.mark_lost("extend found the lease expired or held by another owner")
@@ -378,16 +385,15 @@ class AsyncMongoLock:
         Advisory: the answer can be out of date by the time it arrives. It is read with read
         concern ``majority``, so it never shows an acquisition a failover could still roll back.
         """
-        return await self._store.send(self._store.is_held(self._name, permits=self._permits), bound=self._ttl)
+        return await self._store.is_held(self._name, permits=self._permits, bound=self._ttl)
 
     async def owned(self) -> bool:
         """Whether this handle holds the lease: live on the server and before the local deadline."""
         lease = self._lease
         if lease is None or not lease.believed_held:
             return False
-        held = await self._store.send(
-            self._store.is_held(self._name, lease.owner, permits=self._permits), bound=lease.deadline - time.monotonic()
-        )
+        bound = lease.deadline - time.monotonic()
+        held = await self._store.is_held(self._name, lease.owner, permits=self._permits, bound=bound)
         return held and lease.believed_held
 
     async def guard_transaction(self, session: Any) -> None:
@@ -441,8 +447,12 @@ class AsyncMongoLock:
                 f"lock {self._name!r}: guard_transaction needs a replica set or a sharded cluster; "
                 "this server is a standalone, without multi-document transactions"
             )
-        live = await self._store.send(
-            self._store.guard_transaction(self._name, lease.owner, lease.fencing_token, session, permits=self._permits),
+        live = await self._store.guard_transaction(
+            self._name,
+            lease.owner,
+            lease.fencing_token,
+            session,
+            permits=self._permits,
             bound=lease.deadline - time.monotonic(),
         )
         if not live:

@@ -183,9 +183,7 @@ async def _attempt(
     ends = (give_up_at, _unreachable_at(queue, request))
     left = min([request.ttl, *(moment - sent_at for moment in ends if moment is not None)])
     try:
-        state, operation_time = await request.store.send(
-            _send_attempt(request, place, with_session=with_session), bound=left
-        )
+        state, operation_time = await _send_attempt(request, place, with_session=with_session, bound=left)
     except asyncio.CancelledError:
         # The request ran to its end, but this task is gone: what it wrote is withdrawn (or
         # claimed by the next waiter) on the way out of wait_for_lease.
@@ -310,21 +308,19 @@ def _warn_retrying(name: str, error: Exception) -> None:
     _last_warning, _retries_unreported = now, 0
 
 
-async def _send_attempt(request: AcquireRequest, place: PlaceRequest, *, with_session: bool) -> tuple[LockState, Any]:
-    """One acquire request; in a session when the change stream must start at its operationTime."""
+async def _send_attempt(
+    request: AcquireRequest, place: PlaceRequest, *, with_session: bool, bound: float
+) -> tuple[LockState, Any]:
+    """One acquire request, and its ``operationTime`` when it is sent in a session (where the change
+    stream must start at it); None without."""
     store = request.store
     arguments = (request.name, place.token, place.ttl_ms, place.holder)
-    options: dict[str, Any] = {
-        "enqueue": True,
-        "fair": request.fair,
-        "follower": place.follower,
-        "permits": request.permits,
-    }
-    if not with_session:
-        return await store.try_acquire(*arguments, **options), None
-    async with store.session() as session:
-        state = await store.try_acquire(*arguments, session=session, **options)
-        return state, session.operation_time
+    options: dict[str, Any] = {"enqueue": True, "fair": request.fair, "follower": place.follower}
+    if with_session:
+        return await store.try_acquire(
+            *arguments, **options, permits=request.permits, operation_time=True, bound=bound
+        )
+    return await store.try_acquire(*arguments, **options, permits=request.permits, bound=bound), None
 
 
 def _sleep_without_news(
@@ -397,15 +393,13 @@ async def _hand_over_once(
         queue.on_release_sent()
     sent_at = time.monotonic()
     try:
-        state = await store.send(
-            store.release(
-                name,
-                owner,
-                successor=successor,
-                fair=fair,
-                successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
-                permits=permits,
-            ),
+        state = await store.release(
+            name,
+            owner,
+            successor=successor,
+            fair=fair,
+            successor_first=queue is not None and queue.local_streak < LOCAL_STREAK,
+            permits=permits,
             bound=until - sent_at,
         )
     finally:
@@ -456,7 +450,7 @@ async def withdraw(
     backoff = Backoff(_RETRY_BASE, _RETRY_CAP)
     while True:
         try:
-            await store.send(store.leave(name, tokens, fair=fair, permits=permits), bound=until - time.monotonic())
+            await store.leave(name, tokens, fair=fair, permits=permits, bound=until - time.monotonic())
             return
         except PyMongoError as error:
             delay = backoff.next_delay()

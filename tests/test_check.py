@@ -33,7 +33,7 @@ from mongolock_async._check import (
 )
 from mongolock_async._check_run import Scratch, options_from, run_checks
 from mongolock_async.privileges import lock_privileges, operator_privileges
-from mongolock_async.probe import DeploymentProbe
+from mongolock_async.store.probe import DeploymentProbe
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter, child_environment

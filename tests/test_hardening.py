@@ -33,9 +33,8 @@ from mongolock_async import (
     ensure_idle_cleanup_index,
 )
 from mongolock_async import lock as lock_module
-from mongolock_async import store as store_module
 from mongolock_async.documents import LockState
-from mongolock_async.store import LockStore, Permits, oldest_wire_version, store_for
+from mongolock_async.store import LockStore, Permits, oldest_wire_version, sending, store_for
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
@@ -490,8 +489,8 @@ async def test_a_server_older_than_5_0_is_refused_before_the_first_lock_request(
     counted_collection: Any, command_counter: CommandCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The embedded server speaks a recent wire version; pretend 5.0 were newer than it.
-    monkeypatch.setattr(store_module, "_MIN_WIRE_VERSION", 99)
-    monkeypatch.setattr(store_module, "_checked_clients", store_module.WeakIdentityMap())
+    monkeypatch.setattr(sending, "_MIN_WIRE_VERSION", 99)
+    monkeypatch.setattr(sending, "_checked_clients", sending.WeakIdentityMap())
     with pytest.raises(ServerTooOldError, match=r"5\.0 or newer"):
         await AsyncMongoLock(counted_collection, "old", ttl=5.0).acquire()
     assert command_counter.count("findAndModify") == 0

@@ -15,7 +15,8 @@ from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoRWLock, AsyncMongoSemaphore, LockDataError, LockLostError, RWLockHandle
-from mongolock_async.store import LockStore, Permits, PlaceRequest, semaphore_release_pipeline
+from mongolock_async.store import LockStore, Permits, PlaceRequest
+from mongolock_async.store.permit_release import release_pipeline
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, most_at_once, run_workers
 
@@ -395,7 +396,7 @@ def test_a_release_grows_nothing_place_by_place(fair: bool, leaving: bool) -> No
     # MAX_PERMITS): appending them one by one to an array or a string inside $reduce copies the
     # accumulator each time, quadratic in the places (the benchmark's 1,000 against 10 places).
     for successor in (None, PlaceRequest("s", 1_000, {}, weight=1)):
-        pipeline = semaphore_release_pipeline(
+        pipeline = release_pipeline(
             None if leaving else "w",
             successor,
             WRITER,

@@ -15,7 +15,7 @@ from pymongo.write_concern import WriteConcern
 from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
 from mongolock_async._validate import MAX_LABEL_BYTES
 from mongolock_async.documents import MAX_PERMITS
-from mongolock_async.store import LockStore, Permits
+from mongolock_async.store import LockStore, Permits, Renewal
 from tests.conftest import CommandCounter, child_environment
 
 BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -138,7 +138,7 @@ async def test_a_document_at_its_worst_stays_far_below_mongodbs_limit(lock_colle
     reader, ttl_ms = Permits("rwlock", MAX_PERMITS, 1), 366 * 86_400_000
     token = "0123456789abcdef" + "f" * 32  # a waiting process's token: prefix and 128 random bits
     assert (await store.try_acquire("worst", token, ttl_ms, holder, permits=reader)).holds(token)
-    assert await store.renew([("worst", token, ttl_ms, reader)]) == {("worst", token)}
+    assert await store.renew([Renewal("worst", token, ttl_ms, reader)]) == {("worst", token)}
     writer_place = Permits("rwlock", MAX_PERMITS, MAX_PERMITS)
     await store.try_acquire("worst", "w" + token[1:], ttl_ms, holder, enqueue=True, fair=True, permits=writer_place)
     doc = await lock_collection.find_one({"_id": "worst"})

@@ -28,10 +28,9 @@ from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock
-from mongolock_async import store as store_module
 from mongolock_async import watcher as watcher_module
 from mongolock_async.queues import PlaceState, Turn, existing_queue
-from mongolock_async.store import LockStore
+from mongolock_async.store import LockStore, expressions, mutex
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.waiting import LOCAL_STREAK
@@ -178,14 +177,14 @@ async def test_a_hand_off_to_another_process_reaches_only_that_process(
 def server_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[datetime | None], None]]:
     """Set what every acquire and release sees as the server's time (None: its real clock). The
     pipelines are cached per shape, so they are built again with it, and after the test."""
-    real = store_module.SERVER_NOW
+    real = expressions.SERVER_NOW
 
     def clear() -> None:
-        store_module._acquire_stages.cache_clear()
-        store_module._release_stages.cache_clear()
+        mutex._acquire_stages.cache_clear()
+        mutex._release_stages.cache_clear()
 
     def set_clock(moment: datetime | None) -> None:
-        monkeypatch.setattr(store_module, "SERVER_NOW", real if moment is None else {"$literal": moment})
+        monkeypatch.setattr(expressions, "SERVER_NOW", real if moment is None else {"$literal": moment})
         clear()
 
     yield set_clock

@@ -1,4 +1,4 @@
-"""Part of the store: every command and query ``mongolock check`` sends to judge a deployment.
+"""Every command and query ``mongolock check`` sends to judge a deployment.
 
 The store's rule holds here too: nothing outside the store builds a query. ``store.py`` holds the
 locks' own requests, and the check sends those through ``LockStore``; this module holds what only
@@ -27,16 +27,12 @@ from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from .store import (
-    _DECIDING_FIELDS,
-    SERVER_NOW,
-    LockStore,
-    PlaceRequest,
-    _acquire_pipeline,
-    _array_or_empty,
-    _maybe_await,
-    _release_pipeline,
-)
+from .expressions import SERVER_NOW, _array_or_empty
+from .kinds import PlaceRequest
+from .lockstore import LockStore
+from .mutex import acquire_pipeline, release_pipeline
+from .sending import _DECIDING_FIELDS
+from .sending import maybe_await as _maybe_await
 
 SCRATCH_PREFIX = "mongolock-check-"
 """How every scratch lock name of ``mongolock check`` starts (then a random part and ``:``)."""
@@ -313,7 +309,7 @@ class DeploymentProbe:
             {
                 "findAndModify": self.collection.name,
                 "query": {"_id": name},
-                "update": _acquire_pipeline(PlaceRequest(owner, ttl_ms, holder), enqueue=True, fair=False),
+                "update": acquire_pipeline(PlaceRequest(owner, ttl_ms, holder), enqueue=True, fair=False),
                 "upsert": True,
                 **common,
             }
@@ -322,7 +318,7 @@ class DeploymentProbe:
             {
                 "findAndModify": self.collection.name,
                 "query": {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}]},
-                "update": _release_pipeline(owner, None, fair=False, successor_first=True),
+                "update": release_pipeline(owner, None, fair=False, successor_first=True),
                 **common,
             }
         )

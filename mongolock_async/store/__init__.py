@@ -1,0 +1,39 @@
+"""Every MongoDB query the library sends, and nothing else.
+
+- ``lockstore``: ``LockStore`` (one method per request) and ``store_for``.
+- ``kinds``: what a request asks for (``PlaceRequest``, ``Permits``, ``Renewal``), which queries
+  serve each kind of document (``queries_for``), and ``of_kind``.
+- ``expressions``: what every kind's pipelines share (the server's clock, a request's values, lease
+  and fence checks, the queue of places).
+- ``mutex``: a lock's document. ``permits``: a semaphore's, a read-write lock's, an election's.
+  ``jobs``: a job's.
+- ``sending``: every request bounded and finished whatever happens to its caller; the
+  ``findAndModify`` of acquires and releases; the version check; which errors a retry may fix.
+- ``streams``: change streams and sessions. ``reports``: reads for operators and observers, and
+  the break-glass release. ``probe``: what ``mongolock check`` sends to judge a deployment.
+"""
+
+from .expressions import MAX_TTL_MS, SERVER_NOW
+from .jobs import JobSchedule
+from .kinds import Permits, PlaceRequest, Renewal, of_kind, queries_for
+from .lockstore import IDLE_CLEANUP_INDEX, LockStore, store_for
+from .reports import ForcedRelease
+from .sending import NO_SERVER_WARNING_AFTER, is_transient, oldest_wire_version
+
+__all__ = [
+    "IDLE_CLEANUP_INDEX",
+    "MAX_TTL_MS",
+    "NO_SERVER_WARNING_AFTER",
+    "SERVER_NOW",
+    "ForcedRelease",
+    "JobSchedule",
+    "LockStore",
+    "Permits",
+    "PlaceRequest",
+    "Renewal",
+    "is_transient",
+    "of_kind",
+    "oldest_wire_version",
+    "queries_for",
+    "store_for",
+]

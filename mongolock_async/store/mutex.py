@@ -1,0 +1,296 @@
+"""The queries of a lock's document (a mutex): acquire, release and hand-off, withdrawal, renewal,
+the transaction guard, the reads' liveness test, and the break-glass release.
+
+One document per lock name:
+
+```text
+{_id: <name>, owner: <token> | null, expiresAt: <server date>, fence: <int64>, ttlMs: <int>,
+ holder: {host, pid, label}, acquiredAt, renewedAt, releasedAt, releasedOwner, recentReleases,
+ handedOffAt, handedOffTo, queue: [{t: <token>, ttlMs, holder, at: <server date>, exp: <server date>}, ...],
+ renewal: <tick>, withdrawn: [<token>, ...]}
+```
+
+Release clears ``owner`` instead of deleting the document, so ``fence`` survives. A release hands
+the lease straight to the next place in the same write, so a hand-off costs no extra request and no
+race. Every pipeline first checks that the fields it relies on have the types this library writes
+(``_sane``); on a document edited into another shape it changes nothing, and the caller raises
+``LockDataError`` from ``LockState`` parsing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import expressions
+from .expressions import (
+    _FENCE_OK,
+    _LEASE_FIELDS_SANE,
+    _LEASE_LIVE,
+    _NEXT_FENCE,
+    _NOW,
+    _TEMPORARY,
+    MAX_TTL_MS,
+    _array_or_empty,
+    _first_or_null,
+    _live_places,
+    _new_place,
+    _not_before,
+    _remember_withdrawals,
+    _server_plus,
+    _tokens,
+    _type_in,
+    _values,
+    _with_place,
+    _withdrawn,
+    _without,
+)
+
+if TYPE_CHECKING:
+    from .kinds import PlaceRequest
+
+_SANE: dict[str, Any] = {"$and": [_LEASE_FIELDS_SANE, _type_in("$kind", "missing", "null")]}
+"""A lock's document (a job's has the same lease fields: see ``_JOB_SANE``)."""
+_LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]}
+
+
+def _follow_up(handee: str) -> dict[str, Any]:
+    """The place for the follower recorded in ``handee`` (a place expression), as a 0- or 1-element array."""
+    ttl = f"{handee}.nttl"
+    well_formed = {
+        "$and": [
+            {"$eq": [{"$type": f"{handee}.n"}, "string"]},
+            {"$in": [{"$type": ttl}, ["int", "long"]]},
+            {"$gte": [ttl, 1]},
+            {"$lte": [ttl, MAX_TTL_MS]},
+        ]
+    }
+    # The follower's place counts as written when the handee's was (the hand-off's $$NOW can be older).
+    place = {
+        "t": f"{handee}.n",
+        "ttlMs": ttl,
+        "holder": f"{handee}.holder",
+        "at": _not_before(f"{handee}.at", _NOW),
+        "exp": _server_plus(_NOW, ttl),
+    }
+    return {"$cond": [well_formed, [place], {"$literal": []}]}
+
+
+# Releases of a lock a document remembers at most (see ``LockStore.release``): each is forgotten
+# once the lease it ended would have expired, and this bounds the list on a name handed on faster
+# than that.
+_LOCK_RELEASES_REMEMBERED = 256
+
+
+def _remember_release() -> dict[str, Any]:
+    """``recentReleases`` after a release of the lease (``$owner`` until ``$expiresAt``, as the
+    document had them), without the releases whose leases would have expired by now; unchanged
+    unless the release ended our live lease (``$_own``)."""
+    still_resendable = {
+        "$filter": {"input": _array_or_empty("$recentReleases"), "cond": {"$gt": ["$$this.until", _NOW]}}
+    }
+    remembered = {"$concatArrays": [still_resendable, [{"o": "$owner", "until": "$expiresAt"}]]}
+    return {"$cond": ["$_own", {"$slice": [remembered, -_LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
+
+
+def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
+    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder)}
+    if place.follower is not None:
+        follower = place.follower
+        values.update(next=follower.token, nextTtl=follower.ttl_ms, nextHolder=dict(follower.holder))
+    return [_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair, follower=place.follower is not None)]
+
+
+@functools.cache
+def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[str, Any], ...]:
+    me = "$_v.me"
+    my_place = _new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
+    my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
+    got_it = {"$or": ["$_claim", "$_take"]}
+    waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
+    taken_queue: Any = _without("$_q", me)
+    if follower:
+        follower_place = _new_place("$_v.next", "$_v.nextTtl", "$_v.nextHolder")
+        taken_queue = {"$concatArrays": [_without(taken_queue, "$_v.next"), [follower_place]]}
+    return (
+        {"$set": {"_now": expressions.SERVER_NOW}},
+        {"$set": {"_sane": _SANE, "_q": _live_places()}},
+        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _withdrawn(me)}},
+        # Places ahead of ours: all live places if we have none yet.
+        {
+            "$set": {
+                "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0
+            }
+        },
+        {
+            "$set": {
+                "_claim": {"$and": ["$_live", "$_mine", {"$not": ["$_gone"]}]},
+                "_take": {"$and": ["$_sane", {"$not": ["$_live"]}, {"$eq": ["$_ahead", 0]}, {"$not": ["$_gone"]}]},
+            }
+        },
+        {
+            "$set": {
+                "owner": {"$cond": [got_it, me, "$owner"]},
+                "expiresAt": {"$cond": [got_it, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
+                "fence": {"$cond": ["$_take", _NEXT_FENCE, "$fence"]},
+                "ttlMs": {"$cond": [got_it, "$_v.ttl", "$ttlMs"]},
+                "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
+                "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
+                "renewedAt": {"$cond": [got_it, _NOW, "$renewedAt"]},
+                "queue": {
+                    "$cond": [
+                        {"$not": ["$_sane"]},
+                        "$queue",
+                        {"$cond": [got_it, taken_queue, {"$cond": ["$_gone", "$_q", waiting_queue]}]},
+                    ]
+                },
+            }
+        },
+        {"$unset": _TEMPORARY},
+    )
+
+
+def release_pipeline(
+    owner: str | None,
+    successor: PlaceRequest | None,
+    *,
+    fair: bool,
+    successor_first: bool,
+    leaving: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Release ``owner``'s lease and hand it on. With ``leaving`` instead (a process withdrawing its
+    places), the places are removed, and the lease is handed on only if it was handed to one of them."""
+    values: dict[str, Any] = {"me": owner, "leaving": list(leaving)}
+    if successor is not None:
+        values.update(successor=successor.token, successorTtl=successor.ttl_ms, successorHolder=dict(successor.holder))
+        if successor.follower is not None:
+            values.update(next=successor.follower.token, nextTtl=successor.follower.ttl_ms)
+    shape = {
+        "successor": successor is not None,
+        "follower": successor is not None and successor.follower is not None,
+        "fair": fair,
+        "successor_first": successor_first,
+        "leaving": bool(leaving),
+    }
+    return [_values(**values), *_release_stages(**shape)]
+
+
+@functools.cache
+def _release_stages(
+    *, successor: bool, follower: bool, fair: bool, successor_first: bool, leaving: bool
+) -> tuple[dict[str, Any], ...]:
+    mine = {"$in": ["$owner", "$_v.leaving"]} if leaving else {"$eq": ["$owner", "$_v.me"]}
+    # Candidates for the lease: live places (ours removed), with the successor queued last.
+    candidates: Any = "$_q"
+    handee: Any
+    if not successor:
+        handee = _first_or_null("$_q")
+    else:
+        next_place = ("$_v.next", "$_v.nextTtl") if follower else None
+        successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
+        candidates = _with_place("$_q", "$_v.successor", successor_place)
+        others = _without("$_q", "$_v.successor")
+        if fair:
+            handee = _first_or_null(candidates)
+        elif successor_first:
+            handee = successor_place
+        else:
+            handee = {"$ifNull": [{"$first": [others]}, successor_place]}
+    # The handee leaves the queue; its follower (if any) joins it last.
+    remaining = {"$concatArrays": [_without(_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
+    live_places: Any = _live_places(excluding="$_v.me")
+    if leaving:
+        live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
+    successor_token = "$_v.successor" if successor else None
+    return (
+        {"$set": {"_now": expressions.SERVER_NOW}},
+        {"$set": {"_sane": _SANE, "_q": live_places}},
+        {"$set": {"_own": {"$and": [_LIVE, mine]}, "_c": candidates}},
+        {"$set": {"_h": {"$cond": ["$_own", handee, None]}}},
+        {
+            "$set": {
+                "_handed": {"$ne": ["$_h", None]},
+                "_remote": {"$and": [{"$ne": ["$_h", None]}, {"$ne": ["$_h.t", successor_token]}]},
+            }
+        },
+        {
+            "$set": {
+                "owner": {"$cond": ["$_own", {"$cond": ["$_handed", "$_h.t", None]}, "$owner"]},
+                "expiresAt": {
+                    "$cond": [
+                        "$_own",
+                        {"$cond": ["$_handed", _server_plus(_not_before("$_h.at", _NOW), "$_h.ttlMs"), _NOW]},
+                        "$expiresAt",
+                    ]
+                },
+                "fence": {"$cond": ["$_handed", _NEXT_FENCE, "$fence"]},
+                "ttlMs": {"$cond": ["$_handed", "$_h.ttlMs", "$ttlMs"]},
+                "holder": {"$cond": ["$_handed", "$_h.holder", "$holder"]},
+                "acquiredAt": {"$cond": ["$_handed", _NOW, "$acquiredAt"]},
+                "renewedAt": {"$cond": ["$_handed", _NOW, "$renewedAt"]},
+                "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
+                # The change stream looks for this field: a new owner token on every hand-off,
+                # where two in one millisecond write the same handedOffAt, which a change event
+                # then leaves out of updatedFields as unchanged.
+                "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
+                "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
+                # A withdrawal passes on a lease handed to a place that gave up: no release of
+                # that token is ever sent again.
+                "recentReleases": "$recentReleases" if leaving else _remember_release(),
+                "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
+                "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
+            }
+        },
+        {"$unset": _TEMPORARY},
+    )
+
+
+def _renewal(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
+    """A new expiry ``ttl_ms`` from now, for a document already matched by name and owner, if its
+    lease is still live; else no change at all (so the write does not count as modified)."""
+    live = "$_live"
+    return [
+        {"$set": {"_live": _LEASE_LIVE}},
+        {
+            "$set": {
+                "expiresAt": {"$cond": [live, _server_plus(expressions.SERVER_NOW, ttl_ms), "$expiresAt"]},
+                "ttlMs": {"$cond": [live, ttl_ms, "$ttlMs"]},
+                "renewedAt": {"$cond": [live, expressions.SERVER_NOW, "$renewedAt"]},
+                "renewal": {"$cond": [live, {"$literal": stamp}, "$renewal"]},
+            }
+        },
+        {"$unset": "_live"},
+    ]
+
+
+def force_release_pipeline(stamp: str, *, repair: bool) -> list[dict[str, Any]]:
+    """Break the live lease of a lock's (or a job's) document, recording it in ``forcedRelease``
+    with ``stamp``; with ``repair``, also reset a document whose lease fields were corrupted
+    (``fence`` is kept when it is a valid token, else restarted from the server clock's floor)."""
+    now = expressions.SERVER_NOW
+    broken = "$_break"
+    breaks: Any = {"$or": [{"$not": [FORCE_SANE]}, _LEASE_LIVE]} if repair else _LEASE_LIVE
+    record = {"by": stamp, "at": now, "owner": "$owner", "holder": "$holder", "fence": "$fence"}
+    return [
+        {"$set": {"_break": breaks}},
+        {
+            "$set": {
+                "forcedRelease": {"$cond": [broken, record, "$forcedRelease"]},
+                "owner": {"$cond": [broken, None, "$owner"]},
+                "expiresAt": {"$cond": [broken, now, "$expiresAt"]},
+                "releasedAt": {"$cond": [broken, now, "$releasedAt"]},
+                "fence": {"$cond": [{"$or": [{"$not": [broken]}, _FENCE_OK]}, "$fence", {"$literal": 0}]},
+                "queue": {"$cond": [{"$or": [{"$not": [broken]}, {"$isArray": "$queue"}]}, "$queue", []]},
+            }
+        },
+        {"$unset": "_break"},
+    ]
+
+
+# A lock's or a job's lease fields in the shapes written here: a job's lease is a lock's (its record
+# stays when its lease is broken: the run shows as lost).
+FORCE_SANE: dict[str, Any] = {
+    "$and": [_LEASE_FIELDS_SANE, {"$or": [_type_in("$kind", "missing", "null"), {"$eq": ["$kind", "job"]}]}]
+}

@@ -1,0 +1,322 @@
+"""The release of a permit (a semaphore's, a read-write lock's, an election's): the weight it
+frees goes to the longest run of the oldest places that fits, in the same write; and a withdrawal
+of places, which passes on a permit handed to one of them meanwhile.
+
+Work per release is linear in the places queued: the places that fit are counted with one
+``$reduce`` over numbers, and the strings and arrays are built once, not appended to place by place.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..documents import MAX_PERMITS
+from . import expressions
+from .expressions import (
+    _NEXT_FENCE_IF_SANE,
+    _NOW,
+    _TEMPORARY,
+    _array_or_empty,
+    _live_places,
+    _new_place,
+    _not_before,
+    _remember_withdrawals,
+    _stamp,
+    _tokens,
+    _values,
+    _with_place,
+    _without,
+)
+from .permits import (
+    _LIVE_HOLDERS,
+    _holder_tokens,
+    _latest_expiry,
+    _new_permit,
+    _permits_sane,
+    _weight,
+    _weight_of,
+)
+
+if TYPE_CHECKING:
+    from .kinds import Permits, PlaceRequest
+
+
+def release_pipeline(
+    owner: str | None,
+    successor: PlaceRequest | None,
+    permits: Permits,
+    *,
+    fair: bool,
+    successor_first: bool,
+    leaving: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Return ``owner``'s permit and hand the weight it frees on, as ``_release_pipeline`` does a
+    lock's lease; with ``leaving``, withdraw those places, and hand on a permit handed to one of
+    them meanwhile."""
+    values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": _stamp(), "kind": permits.kind}
+    if successor is not None:
+        values.update(
+            successor=successor.token,
+            successorTtl=successor.ttl_ms,
+            successorHolder=dict(successor.holder),
+            successorWeight=successor.weight,
+        )
+    shape = {"successor": successor is not None, "fair": fair, "successor_first": successor_first}
+    return [_values(**values), *_release_stages(**shape, leaving=bool(leaving))]
+
+
+# Released owner tokens a document remembers, so that a release sent again after a lost reply
+# recognises its own success among the releases of other holders meanwhile.
+_RELEASES_REMEMBERED = 64
+
+
+# A release's server work must grow linearly with the places queued (a read-write lock's writer
+# hands the lock to every reader queued before the next writer, up to MAX_PERMITS of them), so
+# nothing below grows a string or an array inside $reduce: $concat and $concatArrays copy their
+# inputs (ExpressionConcat/ExpressionConcatArrays::evaluate build a new value each time,
+# src/mongo/db/pipeline/expression.cpp), which there made the work quadratic in the places.
+
+# Tokens joined per run in a round of ``_joined``, and its rounds: _JOIN_RUN ** _JOIN_ROUNDS >
+# MAX_PERMITS, the most places one release can hand to (each weighs at least 1).
+_JOIN_RUN = 22
+_JOIN_ROUNDS = math.ceil(math.log(MAX_PERMITS + 1, _JOIN_RUN))
+
+
+def _joined(tokens: Any) -> dict[str, Any]:
+    """``tokens`` in one string, separated by spaces. Each round joins every run of ``_JOIN_RUN``
+    neighbours into one string, so a token is copied at most ``_JOIN_RUN`` times per round and
+    ``_JOIN_ROUNDS`` rounds make one string: work linear in the tokens, where appending each to
+    one growing string copied every earlier one again."""
+    joined: Any = "$$t"
+    for _ in range(_JOIN_ROUNDS):
+        run = {
+            "$reduce": {
+                "input": {"$slice": ["$$a", "$$i", _JOIN_RUN]},
+                "initialValue": "",
+                "in": {"$cond": [{"$eq": ["$$value", ""]}, "$$this", {"$concat": ["$$value", " ", "$$this"]}]},
+            }
+        }
+        runs = {"$map": {"input": {"$range": [0, {"$size": "$$a"}, _JOIN_RUN]}, "as": "i", "in": run}}
+        joined = {"$let": {"vars": {"a": joined}, "in": runs}}
+    return {"$let": {"vars": {"t": tokens}, "in": {"$ifNull": [{"$first": [joined]}, ""]}}}
+
+
+def _fitting_count(places: Any, room: Any) -> dict[str, Any]:
+    """How many of ``places``, from the first, fit in ``room`` together (the longest such run).
+    Only numbers are carried from one place to the next."""
+    fits = {"$and": ["$$value.open", {"$lte": [_weight("$$this"), "$$value.left"]}]}
+    run = {
+        "$reduce": {
+            "input": places,
+            "initialValue": {"left": room, "n": 0, "open": True},
+            "in": {
+                "$cond": [
+                    fits,
+                    {
+                        "left": {"$subtract": ["$$value.left", _weight("$$this")]},
+                        "n": {"$add": ["$$value.n", 1]},
+                        "open": True,
+                    },
+                    {"left": "$$value.left", "n": "$$value.n", "open": False},
+                ]
+            },
+        }
+    }
+    return {"$let": {"vars": {"run": run}, "in": "$$run.n"}}
+
+
+def _position_in_order(index: Any, successor_at: Any, size: Any, *, successor_first: bool) -> dict[str, Any]:
+    """Where the candidate at ``index`` of ``_c`` stands in the order of hand-offs, which moves the
+    successor (at ``successor_at`` in ``_c``, or -1) to the front or to the back."""
+    moved: Any
+    if successor_first:
+        moved, before, after = 0, {"$add": [index, 1]}, index
+    else:
+        moved, before, after = {"$subtract": [size, 1]}, index, {"$subtract": [index, 1]}
+    return {
+        "$cond": [
+            {"$lt": [successor_at, 0]},
+            index,
+            {
+                "$cond": [
+                    {"$eq": [index, successor_at]},
+                    moved,
+                    {"$cond": [{"$lt": [index, successor_at]}, before, after]},
+                ]
+            },
+        ]
+    }
+
+
+@functools.cache
+def _release_stages(
+    *, successor: bool, fair: bool, successor_first: bool, leaving: bool
+) -> tuple[dict[str, Any], ...]:
+    gone: Any = {"$in": ["$$this.o", "$_v.leaving"]} if leaving else {"$eq": ["$$this.o", "$_v.me"]}
+    # Candidates for the freed weight: live places (ours removed), with the successor (a waiting
+    # task of this process) rewritten where it stands or queued last; never a token that holds a
+    # permit already (the successor's own attempt may have taken one), nor one that held a permit
+    # and returned it, or gave up waiting: a release that was delayed past those would hand a
+    # permit to nobody, which then stayed idle for its whole TTL.
+    candidates: Any = "$_q"
+    if successor:
+        successor_place = {
+            **_new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder"),
+            "w": "$_v.successorWeight",
+        }
+        candidates = _with_place("$_q", "$_v.successor", successor_place)
+    candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
+    order: Any = "$_c"
+    # Where the successor stands in _c (-1: nowhere, or not moved), for the remaining queue below.
+    successor_at: Any = -1
+    if successor and not fair:
+        mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
+        others = _without("$_c", "$_v.successor")
+        order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
+        successor_at = {"$indexOfArray": [_tokens("$_c"), "$_v.successor"]}
+    # The queue after the hand-off, in _c's order: the candidates whose place in the hand-off order
+    # is past the ones handed (the first _r.k of that order). Where the handed ones are the first of
+    # _c too (the successor not moved), a slice; else the rest picked by index.
+    size_c = {"$size": "$_c"}
+    handed = "$_r.k"
+    position = _position_in_order("$$i", "$$m", size_c, successor_first=successor_first)
+    picked = {
+        "$map": {
+            "input": {"$filter": {"input": {"$range": [0, size_c]}, "as": "i", "cond": {"$gte": [position, handed]}}},
+            "as": "i",
+            "in": {"$arrayElemAt": ["$_c", "$$i"]},
+        }
+    }
+    natural = 0 if successor_first else {"$subtract": [size_c, 1]}
+    in_place = {"$or": [{"$lt": ["$$m", 0]}, {"$eq": ["$$m", natural]}]}
+    remaining_queue = {
+        "$let": {
+            "vars": {"m": successor_at},
+            "in": {
+                "$cond": [
+                    {"$eq": [handed, 0]},
+                    "$_c",
+                    {"$cond": [in_place, {"$slice": ["$_c", handed, {"$max": [size_c, 1]}]}, picked]},
+                ]
+            },
+        }
+    }
+    live_places: Any = _live_places(excluding="$_v.me")
+    if leaving:
+        live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
+    successor_token = "$_v.successor" if successor else None
+    handed_permits = {
+        "$map": {
+            "input": {"$range": [0, {"$size": "$_hand"}]},
+            "as": "i",
+            "in": {
+                "$let": {
+                    "vars": {"h": {"$arrayElemAt": ["$_hand", "$$i"]}},
+                    "in": _new_permit(
+                        "$$h.t",
+                        "$$h.ttlMs",
+                        "$$h.holder",
+                        {"$add": ["$_nf", "$$i"]},
+                        _weight("$$h"),
+                        start=_not_before("$$h.at", _NOW),
+                    ),
+                }
+            },
+        }
+    }
+    remote = {"$filter": {"input": _tokens("$_r.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    room = {"$subtract": ["$limit", _weight_of("$_rest")]}
+    fitting = {"$cond": ["$_own", _fitting_count("$$o", room), 0]}
+    handed_off = {
+        "$let": {
+            "vars": {"o": order},
+            "in": {"$let": {"vars": {"k": fitting}, "in": {"k": "$$k", "hand": {"$slice": ["$$o", "$$k"]}}}},
+        }
+    }
+    # Served in turn, waiters all queue behind the oldest place; when the weight freed does not fit
+    # it (readers leaving before a waiting writer), nobody could come in, and waking every waiting
+    # process would only send an attempt from each to the one document, delaying the release that
+    # will hand the writer its turn.
+    nobody_blocks: Any = {"$eq": [{"$size": "$_c"}, 0]} if fair else True
+    return (
+        {"$set": {"_now": expressions.SERVER_NOW}},
+        {"$set": {"_sane": {"$and": [_permits_sane("$_v.kind"), {"$eq": ["$kind", "$_v.kind"]}]}}},
+        {
+            "$set": {
+                "_q": live_places,
+                "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]},
+                "_nf": _NEXT_FENCE_IF_SANE,
+            }
+        },
+        {
+            "$set": {
+                "_own": {"$gt": [{"$size": {"$filter": {"input": "$_hs", "cond": gone}}}, 0]},
+                "_rest": {"$filter": {"input": "$_hs", "cond": {"$not": [gone]}}},
+            }
+        },
+        {
+            "$set": {
+                "_held": {
+                    "$concatArrays": [
+                        _holder_tokens("$_rest"),
+                        _array_or_empty("$releasedOwners"),
+                        _array_or_empty("$withdrawn"),
+                    ]
+                }
+            }
+        },
+        {"$set": {"_c": candidates}},
+        # The freed weight goes to the oldest places that fit under the stored limit (a lowered
+        # limit revokes nobody; the weight above it is not handed on): _r.k of them, _r.hand.
+        # (No more stages than needed: each one costs the embedded test server a copy of the
+        # whole document, temporaries and all.)
+        {"$set": {"_r": handed_off}},
+        {"$set": {"_hand": "$_r.hand", "_handed": {"$gt": ["$_r.k", 0]}, "_remote": remote}},
+        {
+            "$set": {
+                "holders": {
+                    "$cond": ["$_own", {"$concatArrays": ["$_rest", handed_permits]}, "$holders"],
+                },
+                "fence": {"$cond": ["$_handed", {"$add": ["$_nf", {"$size": "$_hand"}, -1]}, "$fence"]},
+                "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _NOW, "$handedOffAt"]},
+                # The change stream looks for the tokens of the places handed to, in one string: a
+                # change event reports a changed array element by element ("handedOffTo.0"), which a
+                # filter on the field would miss; a string is reported whole. Written when another
+                # process's place got a permit, naming every place that got one (the releaser's
+                # successor too): a process that finds its token alone there takes the document's
+                # fence as its permit's, which holds only when one permit was handed.
+                "handedOffTo": {
+                    "$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined(_tokens("$_hand")), "$handedOffTo"]
+                },
+                # What the change stream wakes other processes' waiters with: a value new on every
+                # release that frees a permit without handing it on, and that a waiter could take.
+                "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}, nobody_blocks]}, "$_v.stamp", "$freed"]},
+                "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
+                "releasedOwners": {
+                    "$cond": [
+                        {"$and": ["$_own", not leaving]},
+                        {
+                            "$slice": [
+                                {"$concatArrays": [{"$ifNull": ["$releasedOwners", []]}, ["$_v.me"]]},
+                                -_RELEASES_REMEMBERED,
+                            ]
+                        },
+                        "$releasedOwners",
+                    ]
+                },
+                "queue": {
+                    "$cond": [
+                        {"$not": ["$_sane"]},
+                        "$queue",
+                        {"$cond": ["$_own", remaining_queue, "$_q"]},
+                    ]
+                },
+            }
+        },
+        {"$set": {"expiresAt": {"$cond": ["$_own", _latest_expiry(_NOW), "$expiresAt"]}}},
+        {"$unset": _TEMPORARY},
+    )
