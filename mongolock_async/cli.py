@@ -40,7 +40,6 @@ from ._commandline import (
     connect,
     explain,
 )
-from ._view_queries import collection_exists
 from .documents import LockReport, Permit
 from .operations import LockInfo
 from .store import ForcedRelease, store_for
@@ -337,7 +336,7 @@ async def _operate(arguments: argparse.Namespace) -> int:
 async def _lock_collection(client: AsyncMongoClient[dict[str, Any]], arguments: argparse.Namespace) -> Any:
     """The lock collection the arguments name, or a ``UserError`` (exit 4) if it does not exist."""
     collection = client[arguments.db][arguments.collection]
-    if not await collection_exists(store_for(collection, WriteConcern(w="majority"))):
+    if not await store_for(collection, WriteConcern(w="majority")).collection_exists():
         raise UserError(
             f"no collection {arguments.db}.{arguments.collection} (check --db and --collection)", EXIT_MISSING
         )

@@ -47,16 +47,10 @@ from pymongo.write_concern import WriteConcern
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
-from ._view_queries import (
-    change_streams_refused,
-    change_streams_unsupported,
-    server_time,
-    watch_every_write,
-)
 from .documents import LockReport, LockState, Permit
 from .errors import LockDataError
 from .operations import Holder, LockInfo, lock_info, report_at
-from .store import LockStore, store_for
+from .store import LockStore, change_streams_refused, change_streams_unsupported, store_for
 
 __all__ = ["EventKind", "LockEvent", "LockWatch", "ViewUpdate", "derive_events"]
 
@@ -392,7 +386,7 @@ class LockWatch:
         there is no change stream for this user."""
         stream = None
         try:
-            stream = await watch_every_write(self._store, prefix=self.prefix, max_await_ms=self._max_await_ms)
+            stream = await self._store.watch_every_write(prefix=self.prefix, max_await_ms=self._max_await_ms)
         except PyMongoError as error:
             if change_streams_unsupported(error):
                 self._poll_because(f"no change streams on this deployment (a standalone server): reading every "
@@ -403,7 +397,7 @@ class LockWatch:
             else:
                 raise
         try:
-            moment = await server_time(self._store)
+            moment = await self._store.server_time()
         except BaseException:
             if stream is not None:
                 await _close(stream)

@@ -10,7 +10,9 @@
 - ``sending``: every request bounded and finished whatever happens to its caller; the
   ``findAndModify`` of acquires and releases; the version check; which errors a retry may fix.
 - ``streams``: change streams and sessions. ``reports``: reads for operators and observers, and
-  the break-glass release. ``probe``: what ``mongolock check`` sends to judge a deployment.
+  the break-glass release. ``views``: what the live views (``mongolock watch``, the dashboard)
+  send: the change stream of every write, the server's clock, whether the collection exists.
+  ``probe``: what ``mongolock check`` sends to judge a deployment.
 """
 
 from .expressions import MAX_TTL_MS, SERVER_NOW
@@ -19,6 +21,7 @@ from .kinds import Permits, PlaceRequest, Renewal, of_kind, queries_for
 from .lockstore import IDLE_CLEANUP_INDEX, LockStore, store_for
 from .reports import ForcedRelease
 from .sending import NO_SERVER_WARNING_AFTER, is_transient, oldest_wire_version
+from .views import change_streams_refused, change_streams_unsupported
 
 __all__ = [
     "IDLE_CLEANUP_INDEX",
@@ -31,6 +34,8 @@ __all__ = [
     "Permits",
     "PlaceRequest",
     "Renewal",
+    "change_streams_refused",
+    "change_streams_unsupported",
     "is_transient",
     "of_kind",
     "oldest_wire_version",

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar, overload
 
 from bson.codec_options import DatetimeConversion
@@ -21,7 +21,7 @@ from pymongo.write_concern import WriteConcern
 
 from .._weak import WeakIdentityMap
 from ..documents import JOB_KIND, PERMIT_KINDS, Leadership, LockReport, LockState
-from . import jobs, reports, sending, streams
+from . import jobs, reports, sending, streams, views
 from .expressions import _refresh_place, _stamp
 from .kinds import PermitQueries, Permits, PlaceRequest, Renewal, of_kind, queries_for
 
@@ -550,3 +550,18 @@ class LockStore:
     async def watch_name(self, name: str, *, max_await_ms: int) -> Any:
         """A change stream of every write to ``name``'s document (see ``streams.watch_name``)."""
         return await streams.watch_name(self._collection, name, max_await_ms=max_await_ms)
+
+    # -- the operators' live views ----------------------------------------------------------------
+
+    async def collection_exists(self) -> bool:
+        """Whether the lock collection exists (see ``views.collection_exists``)."""
+        return await views.collection_exists(self._collection)
+
+    async def watch_every_write(self, *, prefix: str, max_await_ms: int) -> Any:
+        """An open change stream of every write to the documents whose name starts with ``prefix``,
+        each with the document as it is now, majority-committed (see ``views.watch_every_write``)."""
+        return await views.watch_every_write(self._majority_reads, prefix=prefix, max_await_ms=max_await_ms)
+
+    async def server_time(self) -> datetime:
+        """The server's clock now (see ``views.server_time``)."""
+        return await views.server_time(self.client)

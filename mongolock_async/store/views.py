@@ -1,9 +1,11 @@
-"""Part of the store: the queries of the operators' views (``mongolock watch``, the dashboard and
-``mongolock list``) that ``store.py`` does not send itself. Every query here reads; none writes, so
-the views work for a user with MongoDB's built-in ``read`` role (``find`` and ``changeStream``).
+"""The operators' live views (``mongolock watch``, the dashboard, ``LockWatch``): the change stream
+of every write to the lock documents, the server's clock they time expiries on, whether the lock
+collection exists, and how to tell a deployment without change streams (or a user without the
+right to open one) from any other refusal.
 
-Kept apart from ``store.py`` while that module is split into a package; it belongs in the store's
-``streams`` and ``reports`` modules, and reaches into ``LockStore`` as a module of the store may.
+Every query here reads; none writes, so the views work for a user with MongoDB's built-in ``read``
+role (``find``, ``listCollections`` and ``changeStream``). What the views show of each document is
+read with ``reports``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from pymongo.errors import OperationFailure
 
-from .store import LockStore, _maybe_await
+from .sending import maybe_await
 
 CHANGE_STREAMS_UNSUPPORTED = (40573, 20)
 """Codes of a refused ``$changeStream`` where the deployment has no change streams: 40573 on a
@@ -23,16 +25,16 @@ standalone mongod (mongodb/mongo's jstests assert it as ``notReplicaSetErrorCode
 UNAUTHORIZED = 13
 
 
-async def collection_exists(store: LockStore) -> bool:
-    """Whether the store's collection exists (``listCollections`` on its database, by name)."""
-    database = store._collection.database
-    names = await database.list_collection_names(filter={"name": store._collection.name})
-    return store._collection.name in names
+async def collection_exists(collection: Any) -> bool:
+    """Whether ``collection`` exists (``listCollections`` on its database, by name)."""
+    names = await collection.database.list_collection_names(filter={"name": collection.name})
+    return collection.name in names
 
 
-async def watch_every_write(store: LockStore, *, prefix: str, max_await_ms: int, resume_after: Any = None) -> Any:
-    """Open a change stream of every write to the lock documents whose name starts with ``prefix``
-    (every document for an empty prefix), each event with the document as it is now.
+async def watch_every_write(reads: Any, *, prefix: str, max_await_ms: int) -> Any:
+    """Open a change stream on ``reads`` (the collection with read concern majority) of every write
+    to the lock documents whose name starts with ``prefix`` (every document for an empty prefix),
+    each event with the document as it is now.
 
     ``fullDocument: "updateLookup"`` gives an update's event "the current majority-committed
     document or null if it no longer exists" (MongoDB's ``$changeStream`` reference): the viewer
@@ -51,11 +53,7 @@ async def watch_every_write(store: LockStore, *, prefix: str, max_await_ms: int,
     if prefix:
         documents["documentKey._id"] = {"$gte": prefix, "$lt": prefix + "\U0010ffff"}
     pipeline = [{"$match": {"$or": [documents, {"operationType": {"$nin": writes}}]}}]
-    stream = await _maybe_await(
-        store._majority_reads.watch(
-            pipeline, full_document="updateLookup", max_await_time_ms=max_await_ms, resume_after=resume_after
-        )
-    )
+    stream = await maybe_await(reads.watch(pipeline, full_document="updateLookup", max_await_time_ms=max_await_ms))
     # PyMongo's stream is open once awaited; Motor's opens on first use, or on entering it: open now,
     # so that a read after this returns sees nothing the stream will not report.
     await stream.__aenter__()
@@ -72,10 +70,10 @@ def change_streams_refused(error: BaseException) -> bool:
     return isinstance(error, OperationFailure) and error.code == UNAUTHORIZED
 
 
-async def server_time(store: LockStore) -> datetime:
+async def server_time(client: Any) -> datetime:
     """The server's clock now: ``hello``'s ``localTime`` (a read of nothing, allowed to every user;
     on a mongos, the mongos's clock, which is also the one its ``$$NOW`` reads)."""
-    reply = await store.client.admin.command("hello")
+    reply = await client.admin.command("hello")
     moment = reply.get("localTime")
     if not isinstance(moment, datetime):
         return datetime.now(UTC)  # a server that does not say: this machine's clock, for a view only
