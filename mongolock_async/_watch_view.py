@@ -25,6 +25,7 @@ EVENTS_SHOWN = 8
 """Events kept under the table on the screen."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _BAR = 16
+"""Characters of a time-left bar (half on a screen narrower than 100 columns)."""
 
 
 def printable(text: str) -> str:
@@ -126,19 +127,27 @@ def screen(
     locks.sort(key=lambda info: (not info.held, info.name))
     shown_events = list(events)
     room = max(1, height - len(parts) - 4 - (len(shown_events) + 2 if shown_events else 0))
-    table = Table(box=None, pad_edge=False, expand=False, header_style="bold")
-    longest = max((len(printable(info.name)) for info in locks), default=4)
-    # The name as wide as it is, up to a third of the screen (longer ones wrap, never cut).
-    third = max(12, width // 3)
-    table.add_column("NAME", overflow="fold", min_width=min(longest, third), max_width=third)
-    table.add_column("KIND", no_wrap=True)
-    table.add_column("STATE", no_wrap=True)
-    table.add_column("HOLDER", overflow="ellipsis", no_wrap=True, max_width=max(12, width // 4))
-    table.add_column("TIME LEFT", no_wrap=True)
-    table.add_column("WAITING", justify="right", no_wrap=True)
-    table.add_column("TOKEN", justify="right", no_wrap=True)
-    for info in locks[: room if len(locks) <= room else room - 1]:
-        table.add_row(*_cells(info, now))
+    bar = _BAR if width >= 100 else _BAR // 2
+    rows = [_cells(info, now, bar) for info in locks[: room if len(locks) <= room else room - 1]]
+    headers = ["NAME", "KIND", "STATE", "HOLDER", "TIME LEFT", "WAITING", "TOKEN"]
+    widest = [max([len(header)] + [row[index].cell_len for row in rows]) for index, header in enumerate(headers)]
+    # The columns get what they need, but the name (a longer one wraps, never cut) and the holder
+    # (shortened with an ellipsis) share what is left, half each unless one needs less: the time
+    # left and a fencing token (16 digits or so: a cut one would read as another number) are never cut.
+    room_left = width - (sum(widest[1:3]) + sum(widest[4:]) + len(headers) - 1)  # a space between columns
+    holder = min(widest[3], max(10, room_left // 2))
+    name = min(widest[0], max(8, room_left - holder))
+    holder = min(widest[3], max(6, room_left - name))
+    table = Table(box=None, pad_edge=False, expand=False, header_style="bold", padding=(0, 1, 0, 0))
+    table.add_column(headers[0], overflow="fold", width=name)
+    table.add_column(headers[1], no_wrap=True)
+    table.add_column(headers[2], no_wrap=True)
+    table.add_column(headers[3], overflow="ellipsis", no_wrap=True, width=holder)
+    table.add_column(headers[4], no_wrap=True)
+    table.add_column(headers[5], justify="right", no_wrap=True)
+    table.add_column(headers[6], justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
     parts.append(table if locks else Text("no locks" + (" held" if held_only else "")))
     if len(locks) > room:
         parts.append(Text(f"... and {len(locks) - room + 1} more (narrow with --prefix or --held)", style="dim"))
@@ -169,7 +178,7 @@ _EVENT_STYLES = {
 }
 
 
-def _cells(info: LockInfo, now: datetime) -> list[Any]:
+def _cells(info: LockInfo, now: datetime, bar: int) -> list[Any]:
     from rich.text import Text
 
     holders = info.holders
@@ -187,8 +196,8 @@ def _cells(info: LockInfo, now: datetime) -> list[Any]:
         end = max(ends)
         ttl = max((h.ttl_ms or 0) for h in holders) / 1000 or None
         left = (end - now).total_seconds()
-        filled = _BAR if not ttl else round(_BAR * min(1.0, left / ttl))
-        time_left = Text.assemble(("█" * filled, "green"), ("░" * (_BAR - filled), "dim"), f" {left:5.1f} s")
+        filled = bar if not ttl else round(bar * min(1.0, left / ttl))
+        time_left = Text.assemble(("█" * filled, "green"), ("░" * (bar - filled), "dim"), f" {left:5.1f} s")
     token = info.fencing_token
     if holders and info.kind in ("semaphore", "rwlock", "election"):
         token = max(h.fencing_token or 0 for h in holders)

@@ -20,12 +20,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyte
-from pymongo import AsyncMongoClient
+import pytest
+from pymongo import AsyncMongoClient, MongoClient
 
 from mongolock_async import AsyncMongoLock
 from mongolock_async._watch_view import event_line, printable
 from mongolock_async.live import LockEvent
 from mongolock_async.operations import Holder
+from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import child_environment
 
 COLUMNS, LINES = 120, 30
@@ -84,6 +86,14 @@ def on_a_terminal(arguments: list[str]) -> Iterator[Terminal]:
         terminal.close()
 
 
+@pytest.fixture
+def scratch_collection(mongolock_admin_client: MongoClient[dict[str, Any]]) -> Iterator[str]:
+    """The name of a collection of the test database, dropped after the test."""
+    name = f"watched_{uuid.uuid4().hex[:8]}"
+    yield name
+    mongolock_admin_client[TEST_DATABASE].drop_collection(name)
+
+
 def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
@@ -92,7 +102,7 @@ async def hold(uri: str, collection: str, name: str, label: str, *, ttl: float =
     """Take ``name`` and leave it held, as a process still running elsewhere would."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
     try:
-        lock = AsyncMongoLock(client.mongolock[collection], name, ttl=ttl, label=label)
+        lock = AsyncMongoLock(client[TEST_DATABASE][collection], name, ttl=ttl, label=label)
         assert await lock.acquire(blocking=False)
         lock._forget_lease()
         return lock
@@ -105,15 +115,15 @@ async def release_by_force(uri: str, collection: str, name: str) -> None:
 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
     try:
-        assert await force_release(client.mongolock[collection], name) is not None
+        assert await force_release(client[TEST_DATABASE][collection], name) is not None
     finally:
         await client.close()
 
 
-def test_the_screen_shows_holders_and_events_as_they_happen(mongodb_uri: str) -> None:
-    collection = f"watched_{uuid.uuid4().hex[:8]}"
+def test_the_screen_shows_holders_and_events_as_they_happen(mongodb_uri: str, scratch_collection: str) -> None:
+    collection = scratch_collection
     run(hold(mongodb_uri, collection, "stock:tea", "shop-1"))
-    where = ["--uri", mongodb_uri, "--collection", collection]
+    where = ["--uri", mongodb_uri, "--db", TEST_DATABASE, "--collection", collection]
     with on_a_terminal(where) as terminal:
         screen = terminal.wait_for(lambda text: "stock:tea" in text and "shop-1" in text)
         assert "change stream" in screen.splitlines()[0]
@@ -141,11 +151,12 @@ def test_the_screen_shows_holders_and_events_as_they_happen(mongodb_uri: str) ->
     assert b"Traceback" not in terminal.raw
 
 
-def test_piped_it_prints_one_json_object_per_event(mongodb_uri: str) -> None:
-    collection = f"piped_{uuid.uuid4().hex[:8]}"
+def test_piped_it_prints_one_json_object_per_event(mongodb_uri: str, scratch_collection: str) -> None:
+    collection = scratch_collection
     run(hold(mongodb_uri, collection, "report", "nightly"))
     watch = subprocess.Popen(
-        [sys.executable, "-m", "mongolock_async", "watch", "--json", "--uri", mongodb_uri, "--collection", collection],
+        [sys.executable, "-m", "mongolock_async", "watch", "--json", "--uri", mongodb_uri, "--db", TEST_DATABASE,
+         "--collection", collection],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
     )  # fmt: skip
     assert watch.stdout is not None
@@ -179,3 +190,33 @@ def time_now() -> Any:
     from datetime import UTC, datetime
 
     return datetime.now(UTC)
+
+
+async def test_narrow_screens_shorten_the_holder_never_a_token(pymongo_collection: Any) -> None:
+    import io
+
+    from rich.console import Console
+
+    from mongolock_async._watch_view import screen
+    from mongolock_async.live import LockWatch
+
+    held = [
+        AsyncMongoLock(pymongo_collection, "orders:nightly-export-of-every-region", ttl=30, label="x" * 40),
+        AsyncMongoLock(pymongo_collection, "stock:tea", ttl=30, label="shop-1"),
+    ]
+    for lock in held:
+        assert await lock.acquire()
+    try:
+        async with LockWatch(pymongo_collection) as watch:
+            update = await anext(aiter(watch))
+            tokens = [str(info.fencing_token) for info in update.locks.values()]
+            for width in (80, 100, 120, 160):
+                console = Console(file=io.StringIO(), width=width, height=30, record=True)
+                console.print(screen(update, [], watch, width, 30, held_only=False))
+                text = console.export_text()
+                assert all(len(line) <= width for line in text.splitlines()), text
+                assert all(token in text for token in tokens), f"a token was cut at {width} columns:\n{text}"
+                assert "stock:tea" in text and "█" in text, text
+    finally:
+        for lock in held:
+            await lock.release()
