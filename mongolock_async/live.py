@@ -506,6 +506,24 @@ def derive_events(old: LockState | None, new: LockState | None, at: datetime) ->
         # The release and the hand-off are one write: one event says both.
         handed = {id(event.previous) for event in events if event.event == "handed off"}
         events = [event for event in events if not (event.event == "released" and id(event.holder) in handed)]
+    if (
+        released
+        and not before
+        and not after
+        and old is not None
+        and new is not None
+        and new.limit is None
+        and new.fencing_token != old.fencing_token
+        and new.holder
+    ):
+        # A lock taken and given up between two looks (the acquire's event was looked up after the
+        # release, as under load): no lease in either state, but a new fencing token, and the
+        # document still names its holder.
+        holder = _stored_holder(new, owner=None)
+        events += [
+            LockEvent(at, "acquired", name, kind, holder, None, new.fencing_token),
+            LockEvent(at, "released", name, kind, holder, None, new.fencing_token),
+        ]
     return events
 
 
@@ -518,8 +536,13 @@ def _leases(state: LockState | None) -> list[tuple[str, datetime, Holder, int | 
                 for permit in state.permits]  # fmt: skip
     if state.owner is None or state.expires_at is None:
         return []
-    holder = Holder(
-        owner=state.owner,
+    return [(state.owner, state.expires_at, _stored_holder(state, owner=state.owner), state.fencing_token)]
+
+
+def _stored_holder(state: LockState, *, owner: str | None) -> Holder:
+    """The holder a lock's document names (its current one, or with no owner its last)."""
+    return Holder(
+        owner=owner,
         host=_text(state.holder.get("host")),
         pid=_integer(state.holder.get("pid")),
         label=_text(state.holder.get("label")),
@@ -529,7 +552,6 @@ def _leases(state: LockState | None) -> list[tuple[str, datetime, Holder, int | 
         expires_at=state.expires_at,
         ttl_ms=state.ttl_ms,
     )
-    return [(state.owner, state.expires_at, holder, state.fencing_token)]
 
 
 def _permit_holder(state: LockState, permit: Permit) -> Holder:

@@ -142,6 +142,22 @@ def test_a_writer_handing_to_readers_is_one_hand_off_each() -> None:
     ]
 
 
+def test_a_lock_taken_and_released_between_two_looks_is_told() -> None:
+    """Under load, the lookup of an acquire's event can already see the release: neither state has a
+    lease, but the fencing token moved and the document names who held it."""
+    then = datetime.now(UTC).replace(microsecond=0)
+    released = {"_id": "job", "owner": None, "expiresAt": then, "fence": 7, "ttlMs": 5000, "acquiredAt": then,
+                "releasedAt": then, "holder": {"host": "h", "pid": 1, "label": "first"}}  # fmt: skip
+    later = then + timedelta(seconds=1)
+    again = {**released, "fence": 8, "acquiredAt": later, "releasedAt": later, "holder": {"label": "second"}}
+    events = derive_events(LockState.from_document(released), LockState.from_document(again), later)
+    assert [(event.event, event.holder and event.holder.label, event.fencing_token) for event in events] == [
+        ("acquired", "second", 8),
+        ("released", "second", 8),
+    ]
+    assert derive_events(LockState.from_document(again), LockState.from_document(again), later) == []
+
+
 async def test_a_viewer_reads_one_stream_and_sends_no_write(
     pymongo_collection: Any, mongodb_uri: str, command_counter: CommandCounter
 ) -> None:
