@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test lint docs demo bench soak
+.PHONY: test lint docs screenshots demo bench soak
 
 $(PYTHON):
 	python3 -m venv $(VENV)
@@ -49,6 +49,14 @@ lint: $(STAMP)
 ## The documentation site, built with --strict into site/.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+## The pictures of docs/live.md (the dashboard in headless chromium, `mongolock watch` as SVG), made
+## again only when asked: `make docs` uses the committed ones and stays offline. Needs Debian's chromium.
+screenshots: $(STAMP)
+	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
+		echo "note: could not install chromium (Debian's chromium package); the screenshots need it"
+	$(PYTHON) docs/screenshots.py
 
 ## The demo, on an embedded MongoDB server it starts and stops itself.
 demo: $(DEMO_STAMP)
