@@ -63,6 +63,7 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/mongolock demo
 
 ## Benchmarks (not part of the tests): installs redis-py and Debian's redis-server for the peer.
+## Last, the SVG charts in benchmarks/charts/ (drawn from the figures bench.py and renewal.py wrote).
 bench: $(STAMP)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	command -v redis-server >/dev/null || (apt-get install -y -q redis-server || \
@@ -74,6 +75,8 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/semaphore.py
 	$(PYTHON) benchmarks/election.py
 	$(PYTHON) benchmarks/dead_places.py
+	$(PYTHON) benchmarks/view_cost.py
+	$(PYTHON) benchmarks/plots.py
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
 ## then 5 minutes of fenced writes by processes paused at random past their TTL.

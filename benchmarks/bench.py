@@ -12,7 +12,8 @@
     python benchmarks/bench.py [--uri URI] [--redis-server PATH] [--seconds 5] [--cycles 300]
 
 Without ``--uri``/``MONGODB_URI`` it starts the embedded server; Redis is started (and stopped) on a
-free port from ``redis-server``. It prints the environment first.
+free port from ``redis-server``. It prints the environment first, and writes the hot-lock and
+hand-off figures to benchmarks/charts/bench.json, which benchmarks/plots.py draws.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from mongolock_async.store.mutex import acquire_pipeline, release_pipeline
 from mongolock_async.testing.clients import close_client, make_client
 
 WORKER = Path(__file__).resolve().with_name("hot_lock_worker.py")
+CHARTS = Path(__file__).resolve().with_name("charts")
 ROUND_TRIPS = ("findAndModify", "update", "find", "aggregate", "killCursors", "insert", "delete")
 BACKENDS = ("mongolock", "mongolock-fair", "redis", "redis-fast")
 
@@ -119,17 +121,36 @@ class Run:
     def acquisitions(self) -> int:
         return sum(sum(result["counts"]) for result in self.results)
 
+    def round_trips(self) -> float:
+        """Server round trips per acquisition (for mongolock, not counting empty getMores)."""
+        acquisitions = max(1, self.acquisitions)
+        if self.redis_calls is not None:
+            return self.redis_calls / acquisitions
+        sent = sum(result["sent"].get(name, 0) for result in self.results for name in ROUND_TRIPS)
+        events = sum(result["events"] for result in self.results)
+        return (sent + events) / acquisitions
+
+    def figures(self) -> dict[str, Any]:
+        waits = sorted(wait for result in self.results for wait in result["waits"])
+        return {
+            "backend": self.backend,
+            "processes": self.processes,
+            "tasks": self.tasks,
+            "acquisitions_per_second": round(self.acquisitions / self.seconds, 1),
+            "round_trips_per_acquisition": round(self.round_trips(), 2),
+            "wait_p50_ms": round(_percentile(waits, 50) * 1000, 1),
+            "wait_p99_ms": round(_percentile(waits, 99) * 1000, 1),
+        }
+
     def row(self) -> str:
         counts = [count for result in self.results for count in result["counts"]]
         waits = sorted(wait for result in self.results for wait in result["waits"])
         acquisitions = max(1, self.acquisitions)
+        trips = self.round_trips()
         if self.redis_calls is not None:
-            trips, extra, created = self.redis_calls / acquisitions, "", "-"
+            extra, created = "", "-"
         else:
-            sent = sum(result["sent"].get(name, 0) for result in self.results for name in ROUND_TRIPS)
-            events = sum(result["events"] for result in self.results)
             empty = sum(result["empty_get_mores"] for result in self.results)
-            trips = (sent + events) / acquisitions
             extra = f" (+{empty / acquisitions:4.1f} empty)"
             created = str(sum(result["connections_created"] for result in self.results))
         return (
@@ -278,21 +299,21 @@ class RedisServer:
         shutil.rmtree(self._directory, ignore_errors=True)
 
 
-async def report_environment(uri: str, given_uri: str | None, redis: RedisServer) -> None:
+async def report_environment(uri: str, given_uri: str | None, redis: RedisServer) -> str:
     client = make_client("pymongo", uri)
     try:
         info = await client.admin.command("buildInfo")
     finally:
         await close_client(client)
-    print(
-        environment(
-            given_uri,
-            f"server reports {info.get('version')}",
-            f"motor {version('motor')}",
-            f"redis-py {version('redis')}",
-            f"redis-server {redis.version}",
-        )
+    line = environment(
+        given_uri,
+        f"server reports {info.get('version')}",
+        f"motor {version('motor')}",
+        f"redis-py {version('redis')}",
+        f"redis-server {redis.version}",
     )
+    print(line)
+    return line
 
 
 def main() -> None:
@@ -308,7 +329,7 @@ def main() -> None:
     redis = RedisServer(arguments.redis_server)
     try:
         with mongodb(arguments.uri) as uri:
-            asyncio.run(report_environment(uri, arguments.uri, redis))
+            where = asyncio.run(report_environment(uri, arguments.uri, redis))
         print("\n== uncontended ==")
         with mongodb(arguments.uri) as uri:
             asyncio.run(uncontended_against_raw(uri, arguments.cycles))
@@ -346,6 +367,15 @@ def main() -> None:
             motor_cycle = asyncio.run(driver_cycle(uri, "motor", arguments.cycles))
         print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
               f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
+        CHARTS.mkdir(exist_ok=True)
+        figures = {
+            "environment": where,
+            "seconds": arguments.seconds,
+            "hot_lock": [run.figures() for run in runs.values()],
+            "hand_off_ms": {name: [round(value * 1000, 2) for value in samples] for name, samples in latency.items()},
+        }
+        (CHARTS / "bench.json").write_text(json.dumps(figures, indent=1) + "\n")
+        print(f"\nthe figures are in {CHARTS / 'bench.json'} (benchmarks/plots.py draws them)")
     finally:
         redis.close()
 

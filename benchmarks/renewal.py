@@ -12,7 +12,8 @@
     python benchmarks/renewal.py [--uri URI] [--part {per-lease,chunks,keeper}]...
 
 Without ``--uri``/``MONGODB_URI`` every measurement gets a fresh embedded server (it slows down as
-writes accumulate). Prints the environment first.
+writes accumulate). Prints the environment first; part 1 also writes its figures to
+benchmarks/charts/renewal.json, which benchmarks/plots.py draws.
 
 The embedded server answers ``findAndModify`` (every acquire and release) by scanning the whole
 collection, even for an ``_id`` equality: sent one at a time, about 0.08 s per request at 5,000
@@ -24,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import statistics
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from _common import environment, mongodb  # benchmarks/ is the script's directory
@@ -41,6 +44,7 @@ from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import close_client, make_client
 
 SERVER_NOW = {"$toDate": {"$toLong": "$$NOW"}}
+CHARTS = Path(__file__).resolve().with_name("charts")
 
 
 async def held_leases(collection: Any, count: int) -> list[tuple[str, str, int]]:
@@ -203,7 +207,8 @@ def main() -> None:
     parser.add_argument("--keeper-leases", type=int, default=10_000, help="leases held in part 3")
     arguments = parser.parse_args()
     parts = arguments.part or PARTS
-    print(environment(arguments.uri))
+    where = environment(arguments.uri)
+    print(where)
     if "per-lease" in parts:
         print(f"\n== renewal per lease: chunks of {keeper.RENEWAL_CHUNK} (the keeper) vs one update_many, $in lists ==")
         results = {}
@@ -215,6 +220,13 @@ def main() -> None:
                   f"ms/lease | update_many/chunks {one_write / chunked:5.2f}x", flush=True)  # fmt: skip
         print(f"per-lease cost at 5,000 / at 100: chunks {results[5000][0] / results[100][0]:4.2f}x | "
               f"update_many {results[5000][1] / results[100][1]:4.2f}x")  # fmt: skip
+        CHARTS.mkdir(exist_ok=True)
+        rows = [
+            {"leases": count, "chunks_ms": round(chunked * 1000, 3), "update_many_ms": round(one_write * 1000, 3)}
+            for count, (chunked, one_write) in results.items()
+        ]
+        figures = {"environment": where, "chunk": keeper.RENEWAL_CHUNK, "per_lease": rows}
+        (CHARTS / "renewal.json").write_text(json.dumps(figures, indent=1) + "\n")
     if "chunks" in parts:
         print("\n== chunk sizes: time per lease; release of an unrelated lock, idle vs during a renewal ==")
         for count, chunk in [*((1000, size) for size in (25, 50, 100, 200, 500, 1000)), (5000, keeper.RENEWAL_CHUNK)]:

@@ -25,21 +25,18 @@ import argparse
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from pymongo import AsyncMongoClient, monitoring
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import environment, mongodb  # noqa: E402
-
-from mongolock_async import AsyncMongoLock  # noqa: E402
-from mongolock_async.dashboard import Dashboard  # noqa: E402
-from mongolock_async.live import LockWatch  # noqa: E402
+from mongolock_async import AsyncMongoLock
+from mongolock_async.dashboard import Dashboard
+from mongolock_async.live import LockWatch
 
 NAMES = 10
 
@@ -228,7 +225,7 @@ def report(result: dict[str, Any], baseline: dict[str, Any] | None, seconds: flo
     return line
 
 
-async def main(arguments: argparse.Namespace) -> None:
+async def measure(arguments: argparse.Namespace) -> dict[str, Any]:
     with mongodb(arguments.uri) as uri:
         print(environment(arguments.uri), flush=True)
         print(f"churn: {NAMES} names, {arguments.rate:g} acquire+release cycles/s for {arguments.seconds:g} s, "
@@ -240,8 +237,7 @@ async def main(arguments: argparse.Namespace) -> None:
             result = await run(uri, kind, count, arguments.seconds, arguments.rate, arguments.idle)
             results.append(result)
             print(report(result, baseline, arguments.seconds, arguments.idle), flush=True)
-        if arguments.json:
-            Path(arguments.json).write_text(json.dumps({"baseline": baseline, "runs": results}, indent=1) + "\n")
+        return {"baseline": baseline, "runs": results}
 
 
 if __name__ == "__main__":
@@ -251,4 +247,7 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=10.0, help="acquire+release cycles per second (default 10)")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of no writes after (default 10)")
     parser.add_argument("--json", help="also write the figures to this file")
-    asyncio.run(main(parser.parse_args()))
+    arguments = parser.parse_args()
+    figures = asyncio.run(measure(arguments))
+    if arguments.json:
+        Path(arguments.json).write_text(json.dumps(figures, indent=1) + "\n")

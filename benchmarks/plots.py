@@ -1,0 +1,272 @@
+"""The benchmarks as pictures: SVG line charts of the figures the scripts wrote into
+benchmarks/charts/ (``bench.json`` from bench.py, ``renewal.json`` from renewal.py's first part),
+drawn next to them. Nothing is measured here, and a chart whose figures are missing is skipped.
+
+    .venv/bin/python benchmarks/plots.py        # make bench runs it last
+
+- ``throughput.svg``: a hot lock's acquisitions per second against the number of tasks waiting
+  for it, in one process and over four, for this library and redis-py's asyncio lock.
+- ``handoff.svg``: the distribution of cross-process hand-off latency (one process leaves its
+  critical section, the other enters its own), as the share of hand-offs faster than each latency.
+- ``renewal.svg``: the heartbeat's renewal time per lease against the leases one process holds.
+
+No plotting library: a few SVG elements written as text, the same figures giving the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+CHARTS = Path(__file__).parent / "charts"
+COLOURS = ("#1d4ed8", "#0f766e", "#b91c1c", "#c2410c", "#6b7280", "#7c3aed")
+DASHES = ("", "6 3", "2 3", "8 3 2 3")
+FONT = "font-family=\"system-ui, -apple-system, 'Segoe UI', sans-serif\""
+
+
+@dataclass
+class Series:
+    name: str
+    points: list[tuple[float, float]]
+    colour: str
+    dash: str = ""
+    step: bool = False
+    """Drawn as a staircase (a distribution) rather than a line through markers."""
+
+
+@dataclass
+class Axis:
+    label: str
+    low: float
+    high: float
+    log: bool = False
+    ticks: list[float] = field(default_factory=list)
+    tick_text: Callable[[float], str] = lambda value: f"{value:g}"
+
+    def fraction(self, value: float) -> float:
+        if self.log:
+            return (math.log10(value) - math.log10(self.low)) / (math.log10(self.high) - math.log10(self.low))
+        return (value - self.low) / (self.high - self.low)
+
+
+@dataclass
+class Panel:
+    title: str
+    x: Axis
+    y: Axis
+    series: list[Series]
+
+
+def _number(value: float) -> str:
+    return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def chart(
+    title: str, subtitles: Sequence[str], panels: Sequence[Panel], *, panel_width: int = 420, height: int = 300
+) -> str:
+    """An SVG of ``panels`` side by side, under a title and lines of subtitle, with one legend per
+    panel below it."""
+    left, right, bottom = 62, 16, 46
+    top = 44 + 16 * len(subtitles) + 12
+    legend_rows = max(len(panel.series) for panel in panels)
+    width = len(panels) * (panel_width + left + right)
+    total_height = top + height + bottom + 18 * legend_rows + 8
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {total_height}" width="{width}" '
+        f'height="{total_height}" {FONT} font-size="12">',
+        f'<rect width="{width}" height="{total_height}" fill="#ffffff"/>',
+        f'<text x="12" y="22" font-size="15" font-weight="600" fill="#111827">{escape(title)}</text>',
+    ]
+    out += [
+        f'<text x="12" y="{40 + 16 * line}" fill="#6b7280">{escape(text)}</text>' for line, text in enumerate(subtitles)
+    ]
+    for index, panel in enumerate(panels):
+        x0 = index * (panel_width + left + right) + left
+        y0 = top
+
+        def px(value: float, panel: Panel = panel, x0: int = x0) -> str:
+            return _number(x0 + panel_width * panel.x.fraction(value))
+
+        def py(value: float, panel: Panel = panel, y0: int = y0) -> str:
+            return _number(y0 + height * (1 - panel.y.fraction(value)))
+
+        out.append(f'<text x="{x0}" y="{y0 - 6}" font-weight="600" fill="#111827">{escape(panel.title)}</text>')
+        out.append(f'<rect x="{x0}" y="{y0}" width="{panel_width}" height="{height}" fill="none" stroke="#d1d5db"/>')
+        for tick in panel.x.ticks:
+            out.append(f'<line x1="{px(tick)}" x2="{px(tick)}" y1="{y0}" y2="{y0 + height}" stroke="#eef0f3"/>')
+            out.append(f'<text x="{px(tick)}" y="{y0 + height + 16}" text-anchor="middle" fill="#374151">'
+                       f"{escape(panel.x.tick_text(tick))}</text>")  # fmt: skip
+        for tick in panel.y.ticks:
+            out.append(f'<line x1="{x0}" x2="{x0 + panel_width}" y1="{py(tick)}" y2="{py(tick)}" stroke="#eef0f3"/>')
+            out.append(f'<text x="{x0 - 6}" y="{_number(float(py(tick)) + 4)}" text-anchor="end" fill="#374151">'
+                       f"{escape(panel.y.tick_text(tick))}</text>")  # fmt: skip
+        out.append(f'<text x="{_number(x0 + panel_width / 2)}" y="{y0 + height + 34}" text-anchor="middle" '
+                   f'fill="#111827">{escape(panel.x.label)}</text>')  # fmt: skip
+        middle = _number(y0 + height / 2)
+        out.append(f'<text transform="translate({x0 - 46} {middle}) rotate(-90)" text-anchor="middle" '
+                   f'fill="#111827">{escape(panel.y.label)}</text>')  # fmt: skip
+        for series in panel.series:
+            if not series.points:
+                continue
+            dash = f' stroke-dasharray="{series.dash}"' if series.dash else ""
+            if series.step:
+                path = [f"M{px(series.points[0][0])} {py(0.0)}"]
+                previous_y = 0.0
+                for x, y in series.points:
+                    path.append(f"L{px(x)} {py(previous_y)} L{px(x)} {py(y)}")
+                    previous_y = y
+                out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{series.colour}" stroke-width="2"{dash}/>')
+                continue
+            line = " ".join(f"{px(x)},{py(y)}" for x, y in series.points)
+            out.append(f'<polyline points="{line}" fill="none" stroke="{series.colour}" stroke-width="2"{dash}/>')
+            for x, y in series.points:
+                out.append(f'<circle cx="{px(x)}" cy="{py(y)}" r="3" fill="{series.colour}"/>')
+        for row, series in enumerate(panel.series):
+            y = y0 + height + bottom + 14 + 18 * row
+            dash = f' stroke-dasharray="{series.dash}"' if series.dash else ""
+            out.append(f'<line x1="{x0}" x2="{x0 + 26}" y1="{y - 4}" y2="{y - 4}" stroke="{series.colour}" '
+                       f'stroke-width="2"{dash}/>')  # fmt: skip
+            out.append(f'<text x="{x0 + 32}" y="{y}" fill="#111827">{escape(series.name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _nice_top(value: float) -> float:
+    """A round number at or above ``value`` for an axis to end at."""
+    if value <= 0:
+        return 1.0
+    magnitude = 10 ** math.floor(math.log10(value))
+    for step in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if step * magnitude >= value:
+            return float(step * magnitude)
+    return float(10 * magnitude)
+
+
+def _linear_ticks(top: float, count: int = 5) -> list[float]:
+    return [top * index / count for index in range(count + 1)]
+
+
+def _machine(figures: dict[str, Any]) -> str:
+    """The run's date, cores and server, from its environment line."""
+    parts = [part.strip() for part in str(figures["environment"]).split("|")]
+    keep = [part for part in parts if part.startswith(("date", "server embedded", "server MongoDB")) or "cores" in part]
+    return ", ".join(keep)
+
+
+_BACKENDS = {
+    "mongolock": ("mongolock", COLOURS[0], ""),
+    "mongolock-fair": ("mongolock, fair=True", COLOURS[1], "6 3"),
+    "redis": ("redis-py (0.1 s polling)", COLOURS[2], ""),
+    "redis-fast": ("redis-py (5 ms polling)", COLOURS[3], "6 3"),
+    "baseline": ("previous release", COLOURS[4], "2 3"),
+}
+
+
+def throughput(figures: dict[str, Any]) -> str:
+    runs = figures["hot_lock"]
+    panels = []
+    top = _nice_top(max(run["acquisitions_per_second"] for run in runs) * 1.05)
+    for processes in sorted({run["processes"] for run in runs}):
+        series = []
+        for backend, (name, colour, dash) in _BACKENDS.items():
+            points = sorted(
+                (float(run["tasks"]), float(run["acquisitions_per_second"]))
+                for run in runs
+                if run["backend"] == backend and run["processes"] == processes
+            )
+            if points:
+                series.append(Series(name, points, colour, dash))
+        tasks = sorted({float(run["tasks"]) for run in runs})
+        panels.append(
+            Panel(
+                f"{processes} process{'es' if processes > 1 else ''}, one lock, 2 ms bodies",
+                Axis("tasks taking the lock in turn (log scale)", min(tasks) / 1.3, max(tasks) * 1.3, log=True,
+                     ticks=tasks, tick_text=lambda value: f"{value:g}"),
+                Axis("acquisitions per second", 0.0, top, ticks=_linear_ticks(top)),
+                series,
+            )
+        )
+    return chart(
+        "A hot lock: throughput against waiting tasks",
+        [f"benchmarks/bench.py, {figures['seconds']:g} s counted per point", _machine(figures)],
+        panels,
+    )
+
+
+def handoff(figures: dict[str, Any]) -> str:
+    samples: dict[str, list[float]] = figures["hand_off_ms"]
+    every = [value for values in samples.values() for value in values if value > 0]
+    low = 10 ** math.floor(math.log10(max(0.1, min(every))))
+    high = 10 ** math.ceil(math.log10(max(every)))
+    ticks = [10.0**power for power in range(round(math.log10(low)), round(math.log10(high)) + 1)]
+    series = []
+    for backend, (name, colour, dash) in _BACKENDS.items():
+        values = sorted(max(low, value) for value in samples.get(backend, []))
+        if not values:
+            continue
+        points = [(value, (index + 1) / len(values)) for index, value in enumerate(values)]
+        median = values[len(values) // 2]
+        series.append(Series(f"{name}: {len(values)} hand-offs, p50 {median:.1f} ms", points, colour, dash, step=True))
+    panel = Panel(
+        "two processes, one task each, 20 ms bodies",
+        Axis("hand-off latency, ms (log scale)", low, high, log=True, ticks=ticks, tick_text=lambda v: f"{v:g}"),
+        Axis("share of hand-offs at most this fast", 0.0, 1.0, ticks=_linear_ticks(1.0, 4),
+             tick_text=lambda value: f"{value:.0%}"),
+        series,
+    )  # fmt: skip
+    return chart(
+        "Cross-process hand-off latency: mongolock against redis-py",
+        [f"benchmarks/bench.py, {figures['seconds']:g} s per backend", _machine(figures)],
+        [panel],
+        panel_width=640,
+    )
+
+
+def renewal(figures: dict[str, Any]) -> str:
+    rows = figures["per_lease"]
+    counts = [float(row["leases"]) for row in rows]
+    top = _nice_top(max(max(row["chunks_ms"], row["update_many_ms"]) for row in rows) * 1.05)
+    panel = Panel(
+        "time per lease of renewing every lease once",
+        Axis("leases held (log scale)", min(counts) / 1.4, max(counts) * 1.4, log=True, ticks=counts,
+             tick_text=lambda value: f"{value:,.0f}"),
+        Axis("ms per lease", 0.0, top, ticks=_linear_ticks(top)),
+        [
+            Series(f"the keeper: chunks of {figures['chunk']} leases, one request each",
+                   [(float(row["leases"]), float(row["chunks_ms"])) for row in rows], COLOURS[0]),
+            Series("one update_many with $in lists (the previous way)",
+                   [(float(row["leases"]), float(row["update_many_ms"])) for row in rows], COLOURS[4], "6 3"),
+        ],
+    )  # fmt: skip
+    return chart(
+        "The heartbeat: renewal cost against leases held",
+        ["benchmarks/renewal.py --part per-lease", _machine(figures)],
+        [panel],
+        panel_width=640,
+    )
+
+
+DRAWN: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "throughput.svg": ("bench.json", throughput),
+    "handoff.svg": ("bench.json", handoff),
+    "renewal.svg": ("renewal.json", renewal),
+}
+
+
+def main() -> None:
+    for picture, (source, draw) in DRAWN.items():
+        path = CHARTS / source
+        if not path.exists():
+            print(f"skipped {picture}: no {path} (run the benchmark that writes it)")
+            continue
+        (CHARTS / picture).write_text(draw(json.loads(path.read_text())))
+        print(f"wrote {CHARTS / picture}")
+
+
+if __name__ == "__main__":
+    main()
