@@ -8,8 +8,14 @@
    p50/p99, per-task min/max acquisitions, connections created.
 3. Cross-process hand-off latency: two processes, one task each, alternating.
 4. PyMongo's async client against Motor, uncontended.
+5. The cycle's figures, each against its raw counterpart measured in the same run (and with
+   ``--baseline``, the same for another checkout of the library): the raw acquire + release pair
+   rate of one client; a hot lock of 64 tasks over 4 processes against it; the cross-process
+   hand-off p50 against a ``findAndModify`` round trip as the driver timed it in those runs.
+   ``--figures`` runs this part alone.
 
     python benchmarks/bench.py [--uri URI] [--redis-server PATH] [--seconds 5] [--cycles 300]
+                               [--baseline DIR] [--figures]
 
 Without ``--uri``/``MONGODB_URI`` it starts the embedded server; Redis is started (and stopped) on a
 free port from ``redis-server``. It prints the environment first, and writes the hot-lock and
@@ -66,33 +72,54 @@ async def medians(actions: dict[str, Callable[[], Awaitable[Any]]], rounds: int)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def raw_cycle(collection: Any) -> Callable[[], Awaitable[None]]:
+    """The same two requests ``async with lock:`` sends (a blocking acquire, which would queue a
+    place if the lock were held; a release), built by the same code, sent directly."""
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": None}
+
+    async def raw() -> None:
+        owner = secrets.token_hex(24)
+        await collection.find_one_and_update(
+            {"_id": "raw"},
+            acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=True, fair=False),
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+        )
+        await collection.find_one_and_update(
+            {"_id": "raw", "owner": owner},
+            release_pipeline(owner, None, fair=False, successor_first=True),
+            return_document=ReturnDocument.AFTER,
+        )
+
+    return raw
+
+
+async def raw_pair_rate(uri: str, seconds: float) -> float:
+    """Raw acquire + release pairs per second of one client sending them back to back."""
+    client = make_client("pymongo", uri)
+    try:
+        raw = raw_cycle(client["bench"][f"raw_{uuid.uuid4().hex[:6]}"])
+        await raw()
+        pairs, stop_at = 0, time.monotonic() + seconds
+        while time.monotonic() < stop_at:
+            await raw()
+            pairs += 1
+        return pairs / seconds
+    finally:
+        await close_client(client)
+
+
 async def uncontended_against_raw(uri: str, cycles: int) -> None:
     connections = Requests()
     client = make_client("pymongo", uri, event_listeners=[connections])
     try:
         collection = client["bench"][f"cycle_{uuid.uuid4().hex[:6]}"]
         lock = AsyncMongoLock(collection, "cycle", ttl=30.0)
-        holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": None}
+        raw = raw_cycle(collection)
 
         async def library() -> None:
             async with lock:
                 pass
-
-        async def raw() -> None:
-            # The same two requests `async with lock:` sends (a blocking acquire, which would queue
-            # a place if the lock were held; a release), built by the same code, sent directly.
-            owner = secrets.token_hex(24)
-            await collection.find_one_and_update(
-                {"_id": "raw"},
-                acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=True, fair=False),
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-            await collection.find_one_and_update(
-                {"_id": "raw", "owner": owner},
-                release_pipeline(owner, None, fair=False, successor_first=True),
-                return_document=ReturnDocument.AFTER,
-            )
 
         await library()
         await raw()
@@ -241,11 +268,52 @@ def hot_lock(mongo_uri: str | None, redis: RedisServer, seconds: float) -> dict[
 
 def hand_off_latency(backend: str, uri: str, seconds: float, library: str | None = None) -> list[float]:
     """Seconds from one process leaving its critical section to the other entering its own."""
-    results = run_workers(backend, uri, 2, 2, seconds, body_ms=20, library=library)
+    return _hand_offs(run_workers(backend, uri, 2, 2, seconds, body_ms=20, library=library))
+
+
+def _hand_offs(results: list[Any]) -> list[float]:
     sections = sorted(
         (entered, left, process) for process, result in enumerate(results) for entered, left in result["sections"]
     )
     return [later[0] - earlier[1] for earlier, later in itertools.pairwise(sections) if earlier[2] != later[2]]
+
+
+def cycle_figures(mongo_uri: str | None, seconds: float, baseline: str | None) -> None:
+    """Part 5: the hot lock at 64 tasks over 4 processes against the raw pair rate of one client, and
+    the cross-process hand-off against a round trip, each run on a fresh server, this library and the
+    baseline taking turns (two rounds each, so that a server's slowing does not favour either)."""
+    libraries = {"mongolock": None, **({"baseline": baseline} if baseline else {})}
+    rates: dict[str, list[float]] = {name: [] for name in ("raw", *libraries)}
+    hand_offs: dict[str, list[float]] = {name: [] for name in libraries}
+    round_trips: dict[str, list[float]] = {name: [] for name in libraries}
+    for _ in range(2):
+        with mongodb(mongo_uri) as uri:
+            rates["raw"].append(asyncio.run(raw_pair_rate(uri, seconds)))
+        for name, library in libraries.items():
+            with mongodb(mongo_uri) as uri:
+                results = run_workers("mongolock", uri, 4, 64, seconds, body_ms=2, library=library)
+            rates[name].append(sum(sum(result["counts"]) for result in results) / seconds)
+            with mongodb(mongo_uri) as uri:
+                results = run_workers("mongolock", uri, 2, 2, seconds, body_ms=20, library=library)
+            hand_offs[name] += _hand_offs(results)
+            round_trips[name] += [trip for result in results for trip in result.get("find_and_modify_seconds", [])]
+    raw = statistics.mean(rates["raw"])
+    print(f"raw acquire + release pairs of one client: {raw:7.1f} /s (runs: {_listed(rates['raw'])})")
+    for name in libraries:
+        rate = statistics.mean(rates[name])
+        print(f"{name:10} hot lock 4 x 16 (2 ms bodies): {rate:7.1f} acq/s (runs: {_listed(rates[name])}) | "
+              f"against the raw pair rate {rate / raw:4.2f}x")  # fmt: skip
+    for name in libraries:
+        trip = statistics.median(round_trips[name]) * 1000
+        samples = sorted(hand_offs[name])
+        p50 = _percentile(samples, 50) * 1000
+        print(f"{name:10} hand-off p50 {p50:6.1f} ms p99 {_percentile(samples, 99) * 1000:6.1f} ms "
+              f"({len(samples)} hand-offs) | findAndModify round trip p50 {trip:5.1f} ms | "
+              f"p50 - round trip {p50 - trip:5.1f} ms")  # fmt: skip
+
+
+def _listed(values: list[float]) -> str:
+    return ", ".join(f"{value:.1f}" for value in values)
 
 
 async def driver_cycle(uri: str, driver: str, cycles: int) -> float:
@@ -325,11 +393,16 @@ def main() -> None:
     parser.add_argument(
         "--baseline", help="another checkout of this library (e.g. the previous release) to measure side by side"
     )
+    parser.add_argument("--figures", action="store_true", help="run part 5 (the cycle's figures) alone")
     arguments = parser.parse_args()
     redis = RedisServer(arguments.redis_server)
     try:
         with mongodb(arguments.uri) as uri:
             where = asyncio.run(report_environment(uri, arguments.uri, redis))
+        if arguments.figures:
+            print("\n== the cycle's figures ==")
+            cycle_figures(arguments.uri, arguments.seconds, arguments.baseline)
+            return
         print("\n== uncontended ==")
         with mongodb(arguments.uri) as uri:
             asyncio.run(uncontended_against_raw(uri, arguments.cycles))
@@ -361,12 +434,6 @@ def main() -> None:
             if latency.get(other):
                 ratio = statistics.median(latency[other]) / statistics.median(latency["mongolock"])
                 print(f"{other} p50 / mongolock p50: {ratio:4.2f}x")
-        print("\n== drivers, uncontended ==")
-        with mongodb(arguments.uri) as uri:
-            pymongo_cycle = asyncio.run(driver_cycle(uri, "pymongo", arguments.cycles))
-            motor_cycle = asyncio.run(driver_cycle(uri, "motor", arguments.cycles))
-        print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
-              f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
         CHARTS.mkdir(exist_ok=True)
         figures = {
             "environment": where,
@@ -375,7 +442,15 @@ def main() -> None:
             "hand_off_ms": {name: [round(value * 1000, 2) for value in samples] for name, samples in latency.items()},
         }
         (CHARTS / "bench.json").write_text(json.dumps(figures, indent=1) + "\n")
-        print(f"\nthe figures are in {CHARTS / 'bench.json'} (benchmarks/plots.py draws them)")
+        print(f"(these figures are in {CHARTS / 'bench.json'}: benchmarks/plots.py draws them)")
+        print("\n== drivers, uncontended ==")
+        with mongodb(arguments.uri) as uri:
+            pymongo_cycle = asyncio.run(driver_cycle(uri, "pymongo", arguments.cycles))
+            motor_cycle = asyncio.run(driver_cycle(uri, "motor", arguments.cycles))
+        print(f"acquire+release: pymongo {pymongo_cycle * 1000:6.2f} ms | motor {motor_cycle * 1000:6.2f} ms | "
+              f"motor/pymongo {motor_cycle / pymongo_cycle:5.2f}x  (medians of {arguments.cycles})")  # fmt: skip
+        print("\n== the cycle's figures ==")
+        cycle_figures(arguments.uri, arguments.seconds, arguments.baseline)
     finally:
         redis.close()
 

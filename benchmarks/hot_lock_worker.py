@@ -128,6 +128,7 @@ async def run(
             events=requests.events,
             empty_get_mores=requests.empty_get_mores,
             connections_created=requests.connections_created,
+            find_and_modify_seconds=requests.find_and_modify_seconds,
         )
         await client.close()
     print(json.dumps(result))

@@ -121,9 +121,8 @@ async def pictures(uri: str, seconds: float) -> None:
     opened = AsyncMongoLock(collection, "opened", ttl=1)
     assert await opened.acquire() and await opened.release()
     await collection.delete_one({"_id": "opened"})
-    workers = [
-        subprocess.Popen([sys.executable, __file__, "--worker", str(index), "--uri", uri]) for index in range(WORKERS)
-    ]
+    command = [sys.executable, __file__, "--uri", uri, "--worker"]
+    workers = [subprocess.Popen([*command, str(index)]) for index in range(WORKERS)]  # noqa: ASYNC220 - no wait
     dashboard = Dashboard(collection, title="shop locks")
     server = uvicorn.Server(uvicorn.Config(dashboard, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     serving = asyncio.ensure_future(server.serve())
@@ -160,8 +159,8 @@ async def pictures(uri: str, seconds: float) -> None:
             )
             console.print(screen(latest[-1], events, watch, console.width, console.height, held_only=False))
             # rich's SVG names a font on a CDN as well as the local one: the docs load nothing from elsewhere.
-            svg = re.sub(r',\s*url\("https://[^"]*"\) format\("[^"]*"\)', "", console.export_svg(title="mongolock watch"))
-            (IMAGES / "watch.svg").write_text(svg)
+            svg = console.export_svg(title="mongolock watch")
+            (IMAGES / "watch.svg").write_text(re.sub(r',\s*url\("https://[^"]*"\) format\("[^"]*"\)', "", svg))
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await following

@@ -6,6 +6,7 @@
 """
 
 from ._collection import AsyncCollectionLike
+from ._options import OnLost
 from ._version import __version__
 from .documents import Leadership
 from .election import AsyncMongoElection
@@ -23,7 +24,7 @@ from .errors import (
 from .hooks import LockHooks
 from .indexes import ensure_idle_cleanup_index
 from .jobs import AsyncMongoJob, JobResult, JobState
-from .lock import AsyncMongoLock, OnLost
+from .lock import AsyncMongoLock
 from .manager import LockManager
 from .rwlock import AsyncMongoRWLock, RWLockHandle
 from .semaphore import AsyncMongoSemaphore

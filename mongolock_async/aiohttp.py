@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Unpack
 
 try:
     from aiohttp import web
@@ -27,6 +27,7 @@ except ModuleNotFoundError as error:
         name=error.name,
     ) from error
 
+from ._options import ManagerKeywords
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
 from .manager import LockManager
@@ -45,7 +46,7 @@ class HTTPLocked(web.HTTPClientError):
     status_code = 423
 
 
-def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Handler], Handler]:
+def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Unpack[ManagerKeywords]) -> Callable[[Handler], Handler]:
     """Decorate a handler so that it runs holding the lock ``name``.
 
     ``locks`` is a [`LockManager`][mongolock_async.LockManager], or a function of the request returning one
@@ -62,7 +63,9 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Callable[[Han
     return _holding(lock_for, HTTPLocked)
 
 
-def limit_concurrency(locks: ManagerOf, name: NameOf, limit: int, **overrides: Any) -> Callable[[Handler], Handler]:
+def limit_concurrency(
+    locks: ManagerOf, name: NameOf, limit: int, **overrides: Unpack[ManagerKeywords]
+) -> Callable[[Handler], Handler]:
     """Decorate a handler so that it runs holding one permit of the semaphore ``name``: at most
     ``limit`` requests run it at once, across every process sharing the collection.
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Unpack
 
 from pymongo.errors import PyMongoError
-from pymongo.write_concern import WriteConcern
 
 from ._collection import AsyncCollectionLike
+from ._options import WAIT_OPTIONS, LeaseOptions, WaitKeywords
 from .documents import Leadership
 from .errors import LockLostError, LockTimeoutError
-from .hooks import LockHooks
 from .lease import logger
-from .lock import AsyncMongoLock, OnLost
+from .lock import AsyncMongoLock
 from .store import LockStore, Permits
 
 _LEADERSHIP = Permits("election", 1)
@@ -55,41 +55,12 @@ class AsyncMongoElection(AsyncMongoLock):
     """
 
     def __init__(
-        self,
-        collection: AsyncCollectionLike,
-        name: str,
-        ttl: float = 15.0,
-        *,
-        timeout: float | None = None,
-        label: str | None = None,
-        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
-        heartbeat: bool | float = True,
-        safety_margin: float | None = None,
-        on_lost: OnLost | None = None,
-        hooks: LockHooks | None = None,
-        retry_base: float = 0.05,
-        retry_cap: float = 1.0,
-        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+        self, collection: AsyncCollectionLike, name: str, ttl: float = 15.0, **options: Unpack[WaitKeywords]
     ) -> None:
-        if heartbeat is False:
+        if options.get("heartbeat") is False:
             raise ValueError("an election keeps its leader with the heartbeat: heartbeat must be True or an interval")
-        super().__init__(
-            collection,
-            name,
-            ttl,
-            timeout=timeout,
-            label=label,
-            write_concern=write_concern,
-            heartbeat=heartbeat,
-            safety_margin=safety_margin,
-            on_lost=on_lost,
-            fair=True,
-            hooks=hooks,
-            retry_base=retry_base,
-            retry_cap=retry_cap,
-            unreachable_timeout=unreachable_timeout,
-        )
-        self._permits = _LEADERSHIP
+        checked = LeaseOptions.checked("AsyncMongoElection", WAIT_OPTIONS, ttl=ttl, **{"heartbeat": True, **options})
+        self._init(collection, name, dataclasses.replace(checked, fair=True), _LEADERSHIP)
 
     @property
     def leading(self) -> bool:
@@ -113,7 +84,7 @@ class AsyncMongoElection(AsyncMongoLock):
         already. Cancelling it withdraws the candidacy (a leadership won meanwhile is handed on).
         """
         if not await self.acquire(timeout=timeout):
-            raise LockTimeoutError(self._name, self._timeout if timeout is None else timeout)
+            raise LockTimeoutError(self._name, self._options.timeout if timeout is None else timeout)
         term = self.term
         assert term is not None  # acquire returned True: held
         return term

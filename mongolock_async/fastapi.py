@@ -16,7 +16,7 @@ async def buy(sku: str, lock: Annotated[AsyncMongoLock, hold_lock(locks, stock_l
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Unpack
 
 try:
     from fastapi import Depends, HTTPException, Request, status
@@ -27,6 +27,7 @@ except ModuleNotFoundError as error:
         name=error.name,
     ) from error
 
+from ._options import ManagerKeywords
 from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
 from .manager import LockManager
@@ -36,7 +37,7 @@ NameOf = str | Callable[[Request], str]
 ManagerOf = LockManager | Callable[[Request], LockManager]
 
 
-def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
+def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Unpack[ManagerKeywords]) -> Any:
     """A dependency (already wrapped in ``Depends``: use it as ``Annotated[AsyncMongoLock, hold_lock(...)]``)
     that holds the lock ``name`` for the request.
 
@@ -56,7 +57,7 @@ def hold_lock(locks: ManagerOf, name: NameOf, **overrides: Any) -> Any:
     return _holding(lock_for, status.HTTP_423_LOCKED)
 
 
-def limit_concurrency(locks: ManagerOf, name: NameOf, limit: int, **overrides: Any) -> Any:
+def limit_concurrency(locks: ManagerOf, name: NameOf, limit: int, **overrides: Unpack[ManagerKeywords]) -> Any:
     """A dependency (already wrapped in ``Depends``: use it as ``Annotated[AsyncMongoSemaphore,
     limit_concurrency(...)]``) that holds one permit of the semaphore ``name`` for the request: at
     most ``limit`` requests run it at once, across every process sharing the collection.

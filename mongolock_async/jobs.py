@@ -26,20 +26,20 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Literal, NamedTuple, ParamSpec, TypeVar
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar, Unpack
 
 from pymongo.errors import PyMongoError
-from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._options import LEASE_OPTIONS, LeaseKeywords, LeaseOptions
 from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState
-from .hooks import LockHooks, notify
-from .lock import AsyncMongoLock, OnLost
-from .store import JobSchedule, is_transient, of_kind
+from .hooks import notify
+from .lock import AsyncMongoLock
+from .store import JobSchedule, is_transient, of_kind, store_for
 
 __all__ = ["AsyncMongoJob", "JobResult", "JobRun", "JobRunInfo", "JobState", "current_run", "run_once"]
 
@@ -291,29 +291,14 @@ class AsyncMongoJob:
         max_attempts: int | None = None,
         hold_at_least: timedelta | float | None = None,
         ttl: float = 30.0,
-        label: str | None = None,
-        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
-        heartbeat: bool | float = False,
-        safety_margin: float | None = None,
-        on_lost: OnLost | None = None,
-        hooks: LockHooks | None = None,
-        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+        **options: Unpack[LeaseKeywords],
     ) -> None:
         self._schedule = _schedule(every, offset, min_interval, max_attempts, hold_at_least)
-        self._options: dict[str, Any] = {
-            "ttl": ttl,
-            "label": label,
-            "write_concern": write_concern,
-            "heartbeat": heartbeat,
-            "safety_margin": safety_margin,
-            "on_lost": on_lost,
-            "hooks": hooks,
-            "unreachable_timeout": unreachable_timeout,
-        }
-        self._hooks = hooks
-        self._probe = _RunLock(collection, name, self._schedule, **self._options)  # checks the rest, no I/O
+        checked = LeaseOptions.checked("AsyncMongoJob", LEASE_OPTIONS, ttl=ttl, **options)
+        self._options = replace(checked, blocking=False)
+        self._store = store_for(_validate.async_collection(collection), checked.write_concern)
         self._collection = collection
-        self._name = self._probe.name
+        self._name = _validate.lock_name(name)
 
     @property
     def name(self) -> str:
@@ -336,13 +321,13 @@ class AsyncMongoJob:
         Other errors are a lock's (``ServerUnreachableError``, ``LockDataError`` if the name is a
         semaphore's, a read-write lock's or an election's).
         """
-        lock = _RunLock(self._collection, self._name, self._schedule, **self._options)
+        lock = _RunLock(self._collection, self._name, self._schedule, self._options)
         if not await lock.acquire():
             record = _record_of(lock.decision)
             slot, reason = record.skipped or (None, "held")  # held: by a lock of the same name
             if lock.taken:
                 slot, reason = None, "lost"  # taken, but the reply came after the lease's deadline
-            notify(self._hooks, "job_skipped", self._name, reason=reason, slot=slot)
+            notify(self._options.hooks, "job_skipped", self._name, reason=reason, slot=slot)
             return JobResult(self._name, False, None, reason, record)
         started = time.monotonic()
         running = _record_of(lock.decision).running
@@ -362,14 +347,23 @@ class AsyncMongoJob:
             outcome = lock.outcome if lock.recorded else "lost"
             duration = time.monotonic() - started
             details = {"outcome": outcome, "duration": duration, "slot": info.slot, "attempt": info.attempt}
-            notify(self._hooks, "job_ran", self._name, **details)
+            notify(self._options.hooks, "job_ran", self._name, **details)
         return JobResult(self._name, True, value, None, _record_of(lock.decision))
 
     async def state(self) -> JobState | None:
         """What this job last did and whether it is done in the current period, judged on the
         server's clock (read with read concern ``majority``); None if it never ran. Raises
         [`LockDataError`][mongolock_async.LockDataError] if the name is not a job's."""
-        return await self._probe.read_state()
+        reports = await self._store.report([self._name], bound=self._options.ttl)
+        if not reports:
+            return None
+        report = reports[0]
+        if report.state is None:
+            assert report.error is not None  # a document that could not be read
+            raise report.error
+        if report.state.kind != "lock":  # a lock's document: a run_once of an earlier version
+            of_kind(report.state, None, kind=JOB_KIND)
+        return JobState.from_report(report)
 
 
 def _record_of(decision: LockState | None) -> JobRecord:
@@ -380,8 +374,8 @@ class _RunLock(AsyncMongoLock):
     """The lease of one run of a job: taken by the job's start request, ended by its finish request
     (which records how the run ended)."""
 
-    def __init__(self, collection: AsyncCollectionLike, name: str, schedule: _Schedule, **options: Any) -> None:
-        super().__init__(collection, name, blocking=False, **options)
+    def __init__(self, collection: AsyncCollectionLike, name: str, schedule: _Schedule, options: LeaseOptions) -> None:
+        self._init(collection, name, options)
         self._job_schedule = schedule
         self.decision: LockState | None = None
         """The job's document as the start request left it."""
@@ -439,19 +433,6 @@ class _RunLock(AsyncMongoLock):
             self.outcome = "failed"
             self._error = {"type": type(exc).__qualname__, "message": str(exc)[:_ERROR_MESSAGE_LIMIT]}
         await super().__aexit__(exc_type, exc, tb)
-
-    async def read_state(self) -> JobState | None:
-        """The job's state as its document shows it now (see ``AsyncMongoJob.state``)."""
-        reports = await self._store.report([self._name], bound=self._ttl)
-        if not reports:
-            return None
-        report = reports[0]
-        if report.state is None:
-            assert report.error is not None  # a document that could not be read
-            raise report.error
-        if report.state.kind != "lock":  # a lock's document: a run_once of an earlier version
-            of_kind(report.state, None, kind=JOB_KIND)
-        return JobState.from_report(report)
 
 
 def run_once(

@@ -13,15 +13,15 @@ import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self, Unpack
 
 from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from pymongo.server_type import SERVER_TYPE
-from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._collection import AsyncCollectionLike
 from ._diagnosis import cause_of
+from ._options import LOCK_OPTIONS, LeaseOptions, LockKeywords
 from .documents import LockState
 from .errors import (
     LockAlreadyHeldError,
@@ -31,14 +31,12 @@ from .errors import (
     ServerUnreachableError,
     TransactionsUnsupportedError,
 )
-from .hooks import LockHooks, notify
+from .hooks import notify
 from .keeper import keeper_for_running_loop
-from .lease import BodyGuard, Lease, call_on_lost, default_safety_margin, local_deadline, logger
+from .lease import BodyGuard, Lease, call_on_lost, local_deadline, logger
 from .queues import Grant
 from .store import Permits, is_transient, store_for
 from .waiting import GIVE_UP_SLACK, AcquireRequest, deadline_in, finish_soon, hand_over, spawn, wait_for_lease
-
-OnLost = Callable[["AsyncMongoLock"], Awaitable[None] | None]
 
 # A release is sent even for a lease about to expire; it gets at least this long to complete.
 _MIN_RELEASE_TIME = 1.0
@@ -86,55 +84,26 @@ class AsyncMongoLock:
       are raised at once.
     """
 
-    _permits: Permits | None = None
+    _permits: Permits | None
     """What a permit of a semaphore or read-write lock is (see ``AsyncMongoSemaphore``); None for a lock."""
 
     def __init__(
-        self,
-        collection: AsyncCollectionLike,
-        name: str,
-        ttl: float = 30.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        label: str | None = None,
-        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
-        heartbeat: bool | float = False,
-        safety_margin: float | None = None,
-        on_lost: OnLost | None = None,
-        fair: bool = False,
-        hooks: LockHooks | None = None,
-        retry_base: float = 0.05,
-        retry_cap: float = 1.0,
-        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+        self, collection: AsyncCollectionLike, name: str, ttl: float = 30.0, **options: Unpack[LockKeywords]
     ) -> None:
+        self._init(collection, name, LeaseOptions.checked(type(self).__name__, LOCK_OPTIONS, ttl=ttl, **options))
+
+    def _init(
+        self, collection: AsyncCollectionLike, name: str, options: LeaseOptions, permits: Permits | None = None
+    ) -> None:
+        """Make this handle from checked options: every constructor (a semaphore's, an election's,
+        a read-write lock's handle, a job's run) ends here, after its own checks, so that a handle
+        is never seen half made."""
         collection = _validate.async_collection(collection)
         self._name = _validate.lock_name(name)
-        self._ttl = _validate.ttl(ttl)
-        self._blocking = _validate.flag(blocking, "blocking")
-        self._timeout = _validate.optional_timeout(timeout)
-        _validate.timeout_needs_blocking(self._blocking, self._timeout)
-        self._label = _validate.optional_label(label)
-        if safety_margin is not None:
-            safety_margin = _validate.seconds(safety_margin, "safety_margin", allow_zero=True)
-            if safety_margin >= self._ttl:
-                raise ValueError(f"safety_margin ({safety_margin:g} s) must be smaller than ttl ({self._ttl:g} s)")
-        self._safety_margin = safety_margin
-        if not isinstance(heartbeat, bool):
-            heartbeat = _validate.seconds(heartbeat, "heartbeat")
-        self._heartbeat = heartbeat
-        _heartbeat_interval(self._heartbeat, self._ttl, self._safety_margin)
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable, not {type(on_lost).__name__}")
-        self._on_lost = on_lost
-        self._fair = _validate.flag(fair, "fair")
-        if hooks is not None and not isinstance(hooks, LockHooks):
-            raise TypeError(f"hooks must be a mongolock_async.LockHooks, not {type(hooks).__name__}")
-        self._hooks = hooks
-        self._retry_base = _validate.seconds(retry_base, "retry_base")
-        self._retry_cap = _validate.seconds(retry_cap, "retry_cap", minimum=self._retry_base)
-        self._unreachable_timeout = _validate.unreachable_timeout(unreachable_timeout)
-        self._store = store_for(collection, _validate.write_concern(write_concern))
+        self._options = options
+        self._ttl = options.ttl
+        self._permits = permits
+        self._store = store_for(collection, options.write_concern)
         self._lease: Lease | None = None
         self._acquiring = False
         self._lost: asyncio.Event | None = None  # made when asked for: most callers never ask
@@ -210,9 +179,9 @@ class AsyncMongoLock:
         request in flight completes, any lease or queue place it took is handed on or withdrawn, and
         the cancellation propagates.
         """
-        blocking = self._blocking if blocking is None else _validate.flag(blocking, "blocking")
+        blocking = self._options.blocking if blocking is None else _validate.flag(blocking, "blocking")
         if timeout is None:
-            timeout = self._timeout if blocking else None
+            timeout = self._options.timeout if blocking else None
         else:
             timeout = _validate.optional_timeout(timeout)
             _validate.timeout_needs_blocking(blocking, timeout)
@@ -229,13 +198,14 @@ class AsyncMongoLock:
                     if self._observed():
                         waited = time.monotonic() - started
                         logger.debug("%r not acquired after %.3f s", self._name, waited)
-                        notify(self._hooks, "not_acquired", self._name, waited=waited)
+                        notify(self._options.hooks, "not_acquired", self._name, waited=waited)
                     return False
                 if self._hold(grant):
                     if self._observed():
                         waited = time.monotonic() - started
                         logger.debug("acquired %r, token %d, after %.3f s", self._name, grant.fencing_token, waited)
-                        notify(self._hooks, "acquired", self._name, fencing_token=grant.fencing_token, waited=waited)
+                        token = grant.fencing_token
+                        notify(self._options.hooks, "acquired", self._name, fencing_token=token, waited=waited)
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
                 await self._hand_over(grant.owner, until=deadline_in(self._ttl))
@@ -245,10 +215,10 @@ class AsyncMongoLock:
             self._acquiring = False
 
     def _holder(self) -> dict[str, Any]:
-        return {"host": _hostname(), "pid": os.getpid(), "label": self._label}
+        return {"host": _hostname(), "pid": os.getpid(), "label": self._options.label}
 
     async def _wait(self, give_up_at: float | None, timeout: float | None) -> Grant | None:
-        unreachable_timeout = self._unreachable_timeout
+        unreachable_timeout = self._options.unreachable_timeout
         if unreachable_timeout == "server_selection":
             unreachable_timeout = float(self._store.client.options.server_selection_timeout)
         request = AcquireRequest(
@@ -256,10 +226,10 @@ class AsyncMongoLock:
             name=self._name,
             ttl=self._ttl,
             holder=self._holder(),
-            fair=self._fair,
-            retry_base=self._retry_base,
-            retry_cap=self._retry_cap,
-            fresh_for=default_safety_margin(self._ttl) if self._safety_margin is None else self._safety_margin,
+            fair=self._options.fair,
+            retry_base=self._options.retry_base,
+            retry_cap=self._options.retry_cap,
+            fresh_for=self._options.safety_margin_for(self._ttl),
             timeout=timeout,
             unreachable_timeout=unreachable_timeout,
             permits=self._permits,
@@ -267,7 +237,9 @@ class AsyncMongoLock:
         return await wait_for_lease(request, give_up_at)
 
     async def _hand_over(self, owner: str, *, until: float) -> bool:
-        return await hand_over(self._store, self._name, owner, fair=self._fair, until=until, permits=self._permits)
+        return await hand_over(
+            self._store, self._name, owner, fair=self._options.fair, until=until, permits=self._permits
+        )
 
     async def _try_request(
         self, owner: str, ttl_ms: int, *, on_cancelled: Callable[[LockState], Awaitable[None]]
@@ -278,7 +250,7 @@ class AsyncMongoLock:
             owner,
             ttl_ms,
             self._holder(),
-            fair=self._fair,
+            fair=self._options.fair,
             permits=self._permits,
             bound=self._ttl,
             on_cancelled=on_cancelled,
@@ -308,7 +280,7 @@ class AsyncMongoLock:
 
     def _hold(self, grant: Grant) -> bool:
         """Make ``grant`` this handle's lease; False if its local deadline has already passed."""
-        deadline = local_deadline(grant.sent_at, min(self._ttl, grant.ttl_ms / 1000), self._safety_margin)
+        deadline = local_deadline(grant.sent_at, min(self._ttl, grant.ttl_ms / 1000), self._options.safety_margin)
         if time.monotonic() >= deadline:
             return False
         self._lost = None
@@ -318,12 +290,12 @@ class AsyncMongoLock:
             owner=grant.owner,
             fencing_token=grant.fencing_token,
             ttl=self._ttl,
-            safety_margin=self._safety_margin,
+            safety_margin=self._options.safety_margin,
             deadline=deadline,
-            heartbeat_interval=_heartbeat_interval(self._heartbeat, self._ttl, self._safety_margin),
+            heartbeat_interval=self._options.heartbeat_interval(self._ttl),
             holder=weakref.ref(self),
             loop=asyncio.get_running_loop(),
-            hooks=self._hooks,
+            hooks=self._options.hooks,
             permits=self._permits,
         )
         lease.arm()
@@ -349,12 +321,12 @@ class AsyncMongoLock:
         if released and self._observed():
             held = lease.held
             logger.debug("released %r after holding it %.3f s", self._name, held)
-            notify(self._hooks, "released", self._name, fencing_token=lease.fencing_token, held=held)
+            notify(self._options.hooks, "released", self._name, fencing_token=lease.fencing_token, held=held)
         return released
 
     def _observed(self) -> bool:
         """Whether anyone listens for events (hooks, or debug logging): they cost nothing otherwise."""
-        return self._hooks is not None or logger.isEnabledFor(logging.DEBUG)
+        return self._options.hooks is not None or logger.isEnabledFor(logging.DEBUG)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Start a new lease of ``ttl`` seconds (default: the current TTL) from now, server time.
@@ -366,7 +338,7 @@ class AsyncMongoLock:
         lease = self._lease
         if lease is None or lease.lost_error is not None:
             raise LockNotOwnedError(self._name)
-        interval = _heartbeat_interval(self._heartbeat, new_ttl, self._safety_margin)
+        interval = self._options.heartbeat_interval(new_ttl)
         sent_at = time.monotonic()
         extended = await self._store.extend(
             self._name, lease.owner, _ms(new_ttl), permits=self._permits, bound=lease.server_expiry_floor - sent_at
@@ -462,7 +434,7 @@ class AsyncMongoLock:
 
     async def __aenter__(self) -> Self:
         if not await self.acquire():
-            raise LockTimeoutError(self._name, self._timeout if self._blocking else None)
+            raise LockTimeoutError(self._name, self._options.timeout if self._options.blocking else None)
         self._guard_body()
         return self
 
@@ -523,14 +495,14 @@ class AsyncMongoLock:
             return
         if self._lost is not None:
             self._lost.set()
-        if self._on_lost is not None:
-            call_on_lost(self._on_lost, self)
+        if self._options.on_lost is not None:
+            call_on_lost(self._options.on_lost, self)
 
     def __del__(self) -> None:
         # A handle dropped while holding must not keep its lease alive (or held) for ever.
         lease = getattr(self, "_lease", None)  # None if __init__ refused its arguments
         if lease is not None:
-            _abandoned(lease, self._fair, type(self).__name__)
+            _abandoned(lease, self._options.fair, type(self).__name__)
 
     def _forget_lease(self) -> Lease | None:
         """Detach the current lease from this handle and the heartbeat; return it."""
@@ -584,20 +556,6 @@ async def _release_abandoned(lease: Lease, fair: bool) -> None:
         )
         if isinstance(error, asyncio.CancelledError):
             raise
-
-
-def _heartbeat_interval(heartbeat: bool | float, ttl: float, safety_margin: float | None) -> float | None:
-    """The renewal interval for ``ttl``, or None when the heartbeat is off; ValueError if it cannot fit."""
-    if heartbeat is False:
-        return None
-    interval = ttl / 3 if heartbeat is True else float(heartbeat)
-    margin = default_safety_margin(ttl) if safety_margin is None else safety_margin
-    if 2 * interval > ttl - margin:
-        raise ValueError(
-            f"heartbeat interval {interval:g} s leaves no room for two renewals inside ttl {ttl:g} s "
-            f"minus the safety margin {margin:g} s; use at most {(ttl - margin) / 2:g} s"
-        )
-    return interval
 
 
 def _ms(seconds: float) -> int:

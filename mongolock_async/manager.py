@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, Unpack
 
-from . import operations
+from . import _validate, operations
 from ._collection import AsyncCollectionLike
+from ._options import LOCK_OPTIONS, LeaseOptions, ManagerKeywords
 from .dashboard import Dashboard
 from .election import AsyncMongoElection
 from .jobs import AsyncMongoJob, JobState, run_once
@@ -34,37 +35,38 @@ class LockManager:
     The defaults are checked here, before any I/O, with the same errors as the handle's.
     """
 
-    def __init__(self, collection: AsyncCollectionLike, **defaults: Any) -> None:
+    def __init__(self, collection: AsyncCollectionLike, **defaults: Unpack[ManagerKeywords]) -> None:
         if "name" in defaults:
             raise TypeError("a LockManager hands out locks by name: pass the name to each call, not as a default")
-        AsyncMongoLock(collection, "lock-manager-check", **defaults)  # validates, no I/O
+        LeaseOptions.checked("LockManager", LOCK_OPTIONS, **defaults)  # no I/O
+        _validate.async_collection(collection)
         self._collection = collection
-        self._defaults = defaults
+        self._defaults: dict[str, Any] = dict(defaults)
 
     @property
     def collection(self) -> AsyncCollectionLike:
         return self._collection
 
-    def __call__(self, name: str, **overrides: Any) -> AsyncMongoLock:
+    def __call__(self, name: str, **overrides: Unpack[ManagerKeywords]) -> AsyncMongoLock:
         """A new handle for ``name`` (one per task that needs the lock), with the manager's defaults.
 
         ``blocking=False`` here drops the manager's default ``timeout`` (a non-blocking acquire has none).
         """
         return AsyncMongoLock(self._collection, name, **self._options(overrides))
 
-    def semaphore(self, name: str, limit: int, **overrides: Any) -> AsyncMongoSemaphore:
+    def semaphore(self, name: str, limit: int, **overrides: Unpack[ManagerKeywords]) -> AsyncMongoSemaphore:
         """A new handle for one permit of the semaphore ``name`` (at most ``limit`` holders at once),
         with the manager's defaults; see [`AsyncMongoSemaphore`][mongolock_async.AsyncMongoSemaphore]."""
         return AsyncMongoSemaphore(self._collection, name, limit, **self._options(overrides))
 
-    def rwlock(self, name: str, **overrides: Any) -> AsyncMongoRWLock:
+    def rwlock(self, name: str, **overrides: Unpack[ManagerKeywords]) -> AsyncMongoRWLock:
         """The read-write lock ``name`` with the manager's defaults (but ``fair``: a read-write lock
         always serves in turn); see [`AsyncMongoRWLock`][mongolock_async.AsyncMongoRWLock]."""
         options = self._options(overrides)
         options.pop("fair", None)
         return AsyncMongoRWLock(self._collection, name, **options)
 
-    def election(self, name: str, **overrides: Any) -> AsyncMongoElection:
+    def election(self, name: str, **overrides: Unpack[ManagerKeywords]) -> AsyncMongoElection:
         """A new candidate in the election ``name`` with the manager's defaults but ``fair`` and
         ``blocking`` (a candidate waits in turn) and a default ``heartbeat=False`` (a leader is
         always renewed); see [`AsyncMongoElection`][mongolock_async.AsyncMongoElection]."""
@@ -75,7 +77,7 @@ class LockManager:
             del options["heartbeat"]
         return AsyncMongoElection(self._collection, name, **options)
 
-    def _options(self, overrides: dict[str, Any]) -> dict[str, Any]:
+    def _options(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         options = {**self._defaults, **overrides}
         if overrides.get("blocking") is False and "timeout" not in overrides:
             options.pop("timeout", None)
@@ -129,8 +131,8 @@ class LockManager:
         options: dict[str, Any] = {"blocking": True, **overrides}
 
         def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
-            lock_name = name or f"{function.__module__}.{function.__qualname__}"
-            self(lock_name, **options)  # the options are checked now
+            lock_name = _validate.lock_name(name or f"{function.__module__}.{function.__qualname__}")
+            LeaseOptions.checked("run_once", LOCK_OPTIONS, **self._options(options))  # now, before any I/O
 
             @functools.wraps(function)
             async def run(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -147,7 +149,7 @@ class LockManager:
         [`AsyncMongoJob.state`][mongolock_async.jobs.AsyncMongoJob.state])."""
         return await AsyncMongoJob(self._collection, name, **self._job_options({})).state()
 
-    def _job_options(self, overrides: dict[str, Any]) -> dict[str, Any]:
+    def _job_options(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         options = {**self._defaults, **overrides}
         for lock_only in ("blocking", "timeout", "fair", "retry_base", "retry_cap"):
             if lock_only not in overrides:

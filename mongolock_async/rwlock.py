@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, Unpack
 
+from . import _validate
 from ._collection import AsyncCollectionLike
+from ._options import RWLOCK_OPTIONS, LeaseOptions, RWLockKeywords
 from .documents import MAX_PERMITS
 from .lock import AsyncMongoLock
 from .store import Permits
@@ -35,26 +38,27 @@ class AsyncMongoRWLock:
     every token handed out before it, to readers and writers alike. At most 10,000 readers at once.
     """
 
-    def __init__(self, collection: AsyncCollectionLike, name: str, ttl: float = 30.0, **options: Any) -> None:
+    def __init__(
+        self, collection: AsyncCollectionLike, name: str, ttl: float = 30.0, **options: Unpack[RWLockKeywords]
+    ) -> None:
         if "fair" in options:
             raise TypeError("a read-write lock always serves its waiters in turn: it takes no 'fair'")
-        self._collection = collection
-        self._name = name
-        self._ttl = ttl
-        self._options = options
-        self.read()  # checks every argument, no I/O
+        LeaseOptions.checked("AsyncMongoRWLock", RWLOCK_OPTIONS, ttl=ttl, **options)  # no I/O
+        self._collection = _validate.async_collection(collection)
+        self._name = _validate.lock_name(name)
+        self._keywords: dict[str, Any] = {"ttl": ttl, **options}
 
     @property
     def name(self) -> str:
         return self._name
 
-    def read(self, **overrides: Any) -> RWLockHandle:
+    def read(self, **overrides: Unpack[RWLockKeywords]) -> RWLockHandle:
         """A new handle for reading (``overrides`` set handle options for it)."""
-        return RWLockHandle(self._collection, self._name, "read", **{"ttl": self._ttl, **self._options, **overrides})
+        return RWLockHandle(self._collection, self._name, "read", **{**self._keywords, **overrides})
 
-    def write(self, **overrides: Any) -> RWLockHandle:
+    def write(self, **overrides: Unpack[RWLockKeywords]) -> RWLockHandle:
         """A new handle for writing (``overrides`` set handle options for it)."""
-        return RWLockHandle(self._collection, self._name, "write", **{"ttl": self._ttl, **self._options, **overrides})
+        return RWLockHandle(self._collection, self._name, "write", **{**self._keywords, **overrides})
 
 
 class RWLockHandle(AsyncMongoLock):
@@ -70,13 +74,14 @@ class RWLockHandle(AsyncMongoLock):
         name: str,
         mode: Literal["read", "write"],
         ttl: float = 30.0,
-        **options: Any,
+        **options: Unpack[RWLockKeywords],
     ) -> None:
         if mode not in ("read", "write"):
             raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
-        super().__init__(collection, name, ttl, fair=True, **options)
+        checked = LeaseOptions.checked("RWLockHandle", RWLOCK_OPTIONS, ttl=ttl, **options)
         self._mode: Literal["read", "write"] = mode
-        self._permits = Permits("rwlock", MAX_READERS, 1 if mode == "read" else MAX_READERS)
+        permits = Permits("rwlock", MAX_READERS, 1 if mode == "read" else MAX_READERS)
+        self._init(collection, name, dataclasses.replace(checked, fair=True), permits)
 
     @property
     def mode(self) -> Literal["read", "write"]:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pymongo.write_concern import WriteConcern
+from typing import Unpack
 
 from ._collection import AsyncCollectionLike
+from ._options import LOCK_OPTIONS, LeaseOptions, LockKeywords
 from .documents import MAX_PERMITS
-from .hooks import LockHooks
-from .lock import AsyncMongoLock, OnLost
+from .lock import AsyncMongoLock
 from .store import Permits
 
 
@@ -46,19 +44,7 @@ class AsyncMongoSemaphore(AsyncMongoLock):
         name: str,
         limit: int,
         ttl: float = 30.0,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        label: str | None = None,
-        write_concern: WriteConcern = WriteConcern(w="majority"),  # noqa: B008 - immutable, read by users
-        heartbeat: bool | float = False,
-        safety_margin: float | None = None,
-        on_lost: OnLost | None = None,
-        fair: bool = False,
-        hooks: LockHooks | None = None,
-        retry_base: float = 0.05,
-        retry_cap: float = 1.0,
-        unreachable_timeout: float | Literal["server_selection"] | None = "server_selection",
+        **options: Unpack[LockKeywords],
     ) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int, not {type(limit).__name__}")
@@ -67,24 +53,8 @@ class AsyncMongoSemaphore(AsyncMongoLock):
                 f"limit must be 1 to {MAX_PERMITS} (the holders share one document, which MongoDB caps "
                 f"at 16 MB), got {limit}"
             )
-        super().__init__(
-            collection,
-            name,
-            ttl,
-            blocking=blocking,
-            timeout=timeout,
-            label=label,
-            write_concern=write_concern,
-            heartbeat=heartbeat,
-            safety_margin=safety_margin,
-            on_lost=on_lost,
-            fair=fair,
-            hooks=hooks,
-            retry_base=retry_base,
-            retry_cap=retry_cap,
-            unreachable_timeout=unreachable_timeout,
-        )
-        self._permits = Permits("semaphore", limit)
+        checked = LeaseOptions.checked("AsyncMongoSemaphore", LOCK_OPTIONS, ttl=ttl, **options)
+        self._init(collection, name, checked, Permits("semaphore", limit))
 
     @property
     def limit(self) -> int:

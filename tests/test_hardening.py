@@ -35,6 +35,7 @@ from mongolock_async import (
 from mongolock_async import lock as lock_module
 from mongolock_async.documents import LockState
 from mongolock_async.store import LockStore, Permits, oldest_wire_version, sending, store_for
+from mongolock_async.store.mutex import LOCK_RELEASES_REMEMBERED
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
@@ -322,6 +323,20 @@ async def test_a_release_is_remembered_while_its_lease_would_have_lasted(lock_co
         assert await store.release("remembered", later) is not None
     doc = await lock_collection.find_one({"_id": "remembered"})
     assert [entry["o"] for entry in doc["recentReleases"]] == ["long", "longer"]
+
+
+async def test_a_hot_name_remembers_a_bounded_number_of_releases(lock_collection: Any) -> None:
+    # Every write of the name carries the list: on a name handed on faster than its leases expire,
+    # it keeps the latest releases only, and the latest is still recognised when sent again.
+    store = LockStore(lock_collection, WriteConcern(w="majority"))
+    owners = [f"owner-{index}" for index in range(LOCK_RELEASES_REMEMBERED + 4)]
+    for owner in owners:
+        assert (await store.try_acquire("hot", owner, 30_000, {})).holds(owner)
+        assert await store.release("hot", owner) is not None
+    doc = await lock_collection.find_one({"_id": "hot"})
+    assert [entry["o"] for entry in doc["recentReleases"]] == owners[-LOCK_RELEASES_REMEMBERED:]
+    assert await store.release("hot", owners[-LOCK_RELEASES_REMEMBERED]) is not None
+    assert await store.release("hot", owners[0]) is None
 
 
 @pytest.mark.parametrize("permits", [None, Permits("semaphore", 2)], ids=["lock", "semaphore"])

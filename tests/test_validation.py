@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import bson
@@ -12,9 +13,19 @@ import pytest
 from pymongo import MongoClient
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock, ensure_idle_cleanup_index
+from mongolock_async import (
+    AsyncMongoElection,
+    AsyncMongoLock,
+    AsyncMongoRWLock,
+    AsyncMongoSemaphore,
+    LockManager,
+    _validate,
+    ensure_idle_cleanup_index,
+)
 from mongolock_async._validate import MAX_LABEL_BYTES
 from mongolock_async.documents import MAX_PERMITS
+from mongolock_async.jobs import AsyncMongoJob
+from mongolock_async.rwlock import RWLockHandle
 from mongolock_async.store import LockStore, Permits, Renewal
 from tests.conftest import CommandCounter, child_environment
 
@@ -61,6 +72,51 @@ async def test_bad_constructor_argument(
     arguments: dict[str, Any] = {"collection": counted_collection, "name": "job", "ttl": 30.0, **overrides}
     with pytest.raises(error, match=argument):
         AsyncMongoLock(**arguments)
+    assert command_counter.names == []
+
+
+def _semaphore(collection: Any, name: Any, **options: Any) -> object:
+    return AsyncMongoSemaphore(collection, name, 2, **options)
+
+
+def _reader(collection: Any, name: Any, **options: Any) -> object:
+    return RWLockHandle(collection, name, "read", **options)
+
+
+def _manager(collection: Any, name: Any, **options: Any) -> object:
+    _validate.lock_name(name)  # a manager takes names per call
+    return LockManager(collection, **options)
+
+
+# Every handle takes the lease options from one definition: each checks them all, with the same
+# errors, before any I/O, and refuses with a TypeError the options that do not apply to it.
+MAKERS: dict[str, tuple[Callable[..., object], tuple[str, ...]]] = {
+    "semaphore": (_semaphore, ()),
+    "rwlock": (AsyncMongoRWLock, ("fair",)),
+    "reader": (_reader, ("fair",)),
+    "election": (AsyncMongoElection, ("fair", "blocking")),
+    "job": (AsyncMongoJob, ("fair", "blocking", "timeout", "retry_base", "retry_cap")),
+    "manager": (_manager, ()),
+}
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+async def test_every_handle_checks_the_shared_options(
+    counted_collection: Any, command_counter: CommandCounter, kind: str
+) -> None:
+    make, not_taken = MAKERS[kind]
+    checked = 0
+    for overrides, error, argument in BAD_CONSTRUCTOR_ARGUMENTS:
+        if set(overrides) & set(not_taken):
+            continue
+        with pytest.raises(error, match=argument):
+            make(counted_collection, **{"name": "job", "ttl": 30.0, **overrides})
+        checked += 1
+    assert checked >= len(BAD_CONSTRUCTOR_ARGUMENTS) - 8
+    for option in (*not_taken, "ttl_seconds"):
+        with pytest.raises(TypeError, match=option):
+            make(counted_collection, "job", **{option: 1.0})
+    make(counted_collection, "job")  # and the defaults pass
     assert command_counter.names == []
 
 

@@ -5,8 +5,8 @@
   serve each kind of document (``queries_for``), and ``of_kind``.
 - ``expressions``: what every kind's pipelines share (the server's clock, a request's values, lease
   and fence checks, the queue of places).
-- ``mutex``: a lock's document. ``permits``: a semaphore's, a read-write lock's, an election's.
-  ``jobs``: a job's.
+- ``mutex``: a lock's document. ``permits``: a semaphore's, a read-write lock's, an election's
+  (``permit_release``: how a permit's release hands it on). ``jobs``: a job's.
 - ``sending``: every request bounded and finished whatever happens to its caller; the
   ``findAndModify`` of acquires and releases; the version check; which errors a retry may fix.
 - ``streams``: change streams and sessions. ``reports``: reads for operators and observers, and

@@ -79,8 +79,11 @@ def _follow_up(handee: str) -> dict[str, Any]:
 
 # Releases of a lock a document remembers at most (see ``LockStore.release``): each is forgotten
 # once the lease it ended would have expired, and this bounds the list on a name handed on faster
-# than that.
-_LOCK_RELEASES_REMEMBERED = 256
+# than that. Every write of the name carries the list (and on MongoDB, rewrites the document), so
+# it is kept short: at 256 a hot name served half the acquisitions per second it serves at 16 on
+# the embedded server (benchmarks/README.md). A copy of a release sent after more later releases
+# than this reports the lease lost, although the block it ended had run under it.
+LOCK_RELEASES_REMEMBERED = 16
 
 
 def _remember_release() -> dict[str, Any]:
@@ -91,7 +94,7 @@ def _remember_release() -> dict[str, Any]:
         "$filter": {"input": _array_or_empty("$recentReleases"), "cond": {"$gt": ["$$this.until", _NOW]}}
     }
     remembered = {"$concatArrays": [still_resendable, [{"o": "$owner", "until": "$expiresAt"}]]}
-    return {"$cond": ["$_own", {"$slice": [remembered, -_LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
+    return {"$cond": ["$_own", {"$slice": [remembered, -LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
 
 
 def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:

@@ -6,7 +6,16 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoLock, LockHooks, LockManager, LockTimeoutError
+from mongolock_async import (
+    AsyncMongoElection,
+    AsyncMongoLock,
+    AsyncMongoRWLock,
+    AsyncMongoSemaphore,
+    LockHooks,
+    LockManager,
+    LockTimeoutError,
+)
+from mongolock_async.jobs import AsyncMongoJob
 
 client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient()
 collection = client["app"]["locks"]
@@ -43,3 +52,15 @@ async def run_cleanup() -> str | None:
 class Metrics(LockHooks):
     def acquired(self, name: str, *, fencing_token: int, waited: float) -> None:
         print(name, fencing_token, waited)
+
+
+def options_a_type_checker_refuses() -> None:
+    """Each handle's options are typed: a misspelt one, or one that does not apply to the handle,
+    is an error here (``--strict`` reports an ignore that is not needed, so each line must fail)."""
+    AsyncMongoLock(collection, "a", ttl_seconds=3)  # type: ignore[call-arg]
+    AsyncMongoLock(collection, "a", heartbeat="yes")  # type: ignore[arg-type]
+    AsyncMongoSemaphore(collection, "a", 2, fair="no")  # type: ignore[arg-type]
+    AsyncMongoElection(collection, "a", fair=True)  # type: ignore[call-arg]
+    AsyncMongoRWLock(collection, "a", fair=True)  # type: ignore[call-arg]
+    AsyncMongoJob(collection, "a", every=60, timeout=3)  # type: ignore[call-arg]
+    locks.semaphore("a", 2, retry_cap="1")  # type: ignore[arg-type]
