@@ -40,39 +40,39 @@ from pymongo import monitoring
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, keeper
-from mongolock_async.store import LockStore
+from mongolock_async.store import LockStore, Renewal
 from mongolock_async.testing.clients import close_client, make_client
 
 SERVER_NOW = {"$toDate": {"$toLong": "$$NOW"}}
 CHARTS = Path(__file__).resolve().with_name("charts")
 
 
-async def held_leases(collection: Any, count: int) -> list[tuple[str, str, int]]:
+async def held_leases(collection: Any, count: int) -> list[Renewal]:
     """``count`` lease documents with a TTL of an hour, as the library writes them (a shorter TTL
     could run out between two renewals of the slower measurements, and the leases be lost)."""
     expires = datetime.now(UTC) + timedelta(hours=1)
-    leases = [(f"lease-{i}", secrets.token_hex(24), 3_600_000) for i in range(count)]
+    leases = [Renewal(f"lease-{i}", secrets.token_hex(24), 3_600_000) for i in range(count)]
     for start in range(0, count, 1000):
         await collection.insert_many(
             [{"_id": name, "owner": owner, "expiresAt": expires, "fence": 1, "ttlMs": ttl}
-             for name, owner, ttl in leases[start : start + 1000]]
+             for name, owner, ttl, _ in leases[start : start + 1000]]
         )  # fmt: skip
     return leases
 
 
-async def renew_in_chunks(store: LockStore, leases: list[tuple[str, str, int]], chunk: int) -> set[str]:
-    renewed: set[str] = set()
+async def renew_in_chunks(store: LockStore, leases: list[Renewal], chunk: int) -> set[tuple[str, str]]:
+    renewed: set[tuple[str, str]] = set()
     for start in range(0, len(leases), chunk):
         renewed |= await store.renew(leases[start : start + chunk])
     return renewed
 
 
-async def renew_with_update_many(collection: Any, leases: list[tuple[str, str, int]]) -> int:
+async def renew_with_update_many(collection: Any, leases: list[Renewal]) -> int:
     """The previous way: one write whose filter lists every name and every owner."""
     result = await collection.update_many(
         {
-            "_id": {"$in": [name for name, _, _ in leases]},
-            "owner": {"$in": [owner for _, owner, _ in leases]},
+            "_id": {"$in": [lease.name for lease in leases]},
+            "owner": {"$in": [lease.owner for lease in leases]},
             "$expr": {"$gt": ["$expiresAt", SERVER_NOW]},
         },
         [{"$set": {"expiresAt": {"$dateAdd": {"startDate": SERVER_NOW, "unit": "millisecond", "amount": 3_600_000}},
