@@ -158,6 +158,7 @@ def _machine(figures: dict[str, Any]) -> str:
     return ", ".join(keep)
 
 
+_PEERS = "Redis in memory (C) against a MongoDB test double (Python): compare shapes, not speeds"
 _BACKENDS = {
     "mongolock": ("mongolock", COLOURS[0], ""),
     "mongolock-fair": ("mongolock, fair=True", COLOURS[1], "6 3"),
@@ -193,7 +194,7 @@ def throughput(figures: dict[str, Any]) -> str:
         )
     return chart(
         "A hot lock: throughput against waiting tasks",
-        [f"benchmarks/bench.py, {figures['seconds']:g} s counted per point", _machine(figures)],
+        [f"benchmarks/bench.py, {figures['seconds']:g} s counted per point", _PEERS, _machine(figures)],
         panels,
     )
 
@@ -221,7 +222,7 @@ def handoff(figures: dict[str, Any]) -> str:
     )  # fmt: skip
     return chart(
         "Cross-process hand-off latency: mongolock against redis-py",
-        [f"benchmarks/bench.py, {figures['seconds']:g} s per backend", _machine(figures)],
+        [f"benchmarks/bench.py, {figures['seconds']:g} s per backend", _PEERS, _machine(figures)],
         [panel],
         panel_width=640,
     )
