@@ -27,7 +27,7 @@ from mongolock_async import AsyncMongoLock
 from mongolock_async.dashboard import Dashboard
 from mongolock_async.operations import inspect_lock
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard_blocking
-from tests.conftest import SHARDED, child_environment
+from tests.conftest import SHARDED, CommandCounter, child_environment
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Dialog, Page
@@ -318,6 +318,50 @@ async def test_mounted_in_fastapi_and_in_aiohttp(pymongo_collection: Any) -> Non
             assert await held.release()
             update = await asyncio.wait_for(next_message(events), 10)
             assert [(event["event"], event["name"]) for event in update["events"]] == [("released", "mounted")]
+
+
+async def test_every_open_page_shares_one_change_stream(
+    mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    counter = CommandCounter()
+    viewer, writer = make_client("pymongo", mongodb_uri, event_listeners=[counter]), make_client("pymongo", mongodb_uri)
+    name = f"shared_{uuid.uuid4().hex[:8]}"
+    if SHARDED:
+        shard_blocking(mongolock_admin_client, TEST_DATABASE, name)
+    lock = AsyncMongoLock(writer[TEST_DATABASE][name], "shared", ttl=10, label="writer")
+    dashboard = Dashboard(viewer[TEST_DATABASE][name])
+    try:
+        async with TestServer(dashboard.aiohttp_app()) as server, ClientSession() as session:
+            pages = [await session.get(server.make_url("/events")) for _ in range(3)]
+            for page in pages:
+                assert (await asyncio.wait_for(next_message(page), 10))["type"] == "snapshot"
+            opened = list(counter.commands)
+            counter.clear()
+            for _ in range(3):
+                assert await lock.acquire()
+                last = lock.fencing_token
+                assert await lock.release()
+            for page in pages:  # each page is told the state after the last release
+                shown: dict[str, Any] = {}
+                while not (shown.get("fencing_token") == last and shown.get("held") is False):
+                    update = await asyncio.wait_for(next_message(page), 10)
+                    shown = next((lock for lock in update["locks"] if lock["name"] == "shared"), shown)
+            during = list(counter.commands)
+            for page in pages:
+                page.close()
+    finally:
+        await dashboard.aclose()
+        mongolock_admin_client[TEST_DATABASE].drop_collection(name)
+        await close_client(writer)
+        await close_client(viewer)
+    streams = [command for command in opened if "$changeStream" in str(command.get("pipeline", ""))]
+    assert len(streams) == 1, opened
+    # While the locks changed: the one stream's getMores, no read per change and no polling.
+    assert {next(iter(command)) for command in during} == {"getMore"}, during
+    assert len({command["getMore"] for command in during}) == 1, "one cursor"
 
 
 async def next_message(response: Any) -> dict[str, Any]:
