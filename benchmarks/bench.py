@@ -51,8 +51,6 @@ from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoLock
 from mongolock_async._process import die_with_parent
-from mongolock_async.store import PlaceRequest
-from mongolock_async.store.mutex import acquire_pipeline, release_pipeline
 from mongolock_async.testing.clients import close_client, make_client
 
 WORKER = Path(__file__).resolve().with_name("hot_lock_worker.py")
@@ -75,6 +73,11 @@ async def medians(actions: dict[str, Callable[[], Awaitable[Any]]], rounds: int)
 def raw_cycle(collection: Any) -> Callable[[], Awaitable[None]]:
     """The same two requests ``async with lock:`` sends (a blocking acquire, which would queue a
     place if the lock were held; a release), built by the same code, sent directly."""
+    # Imported here: other scripts import this module to run a baseline checkout of the library,
+    # whose store may be laid out otherwise.
+    from mongolock_async.store import PlaceRequest
+    from mongolock_async.store.mutex import acquire_pipeline, release_pipeline
+
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": None}
 
     async def raw() -> None:

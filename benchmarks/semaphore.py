@@ -22,6 +22,7 @@
    near 100 (less where a fixed cost per request dominates the short queue).
 
     python benchmarks/semaphore.py [--uri URI] [--seconds 5] [--cycles 300] [--repeats 15]
+                                   [--only-queued | --only-read-heavy]
 
 Without ``--uri``/``MONGODB_URI`` it starts an embedded server per part. It prints the environment first.
 """
@@ -49,13 +50,7 @@ from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoSemaphore
 from mongolock_async._process import die_with_parent
-from mongolock_async.store import (
-    LockStore,
-    Permits,
-    PlaceRequest,
-    permit_release,
-)
-from mongolock_async.store import permits as permit_queries
+from mongolock_async.store import LockStore, Permits, PlaceRequest
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client
 
@@ -64,6 +59,10 @@ PERMITS = Permits("semaphore", LIMIT)
 
 
 async def uncontended(uri: str, cycles: int) -> None:
+    # Imported here: --only-read-heavy runs a baseline checkout, whose store may be laid out otherwise.
+    from mongolock_async.store import permit_release
+    from mongolock_async.store import permits as permit_queries
+
     requests = Requests()
     client = make_client("pymongo", uri, event_listeners=[requests])
     try:
@@ -267,7 +266,13 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=300, help="uncontended cycles per variant")
     parser.add_argument("--repeats", type=int, default=15, help="releases timed per queue length")
     parser.add_argument("--only-queued", action="store_true", help="run part 4 alone")
+    parser.add_argument("--only-read-heavy", action="store_true", help="run part 3 alone")
     arguments = parser.parse_args()
+    if arguments.only_read_heavy:
+        print(environment(arguments.uri))
+        print("\n== read-heavy read-write lock ==")
+        read_heavy(arguments.uri, arguments.seconds)
+        return
     if arguments.only_queued:
         print(environment(arguments.uri))
         queued_part(arguments.uri, arguments.repeats)

@@ -38,7 +38,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
@@ -188,6 +188,7 @@ async def _demo(uri: str, arguments: argparse.Namespace, view: View) -> int:
             await once_per_period(uri, database, view, checks)
             await deployment_check(uri, database, view, checks)
         finally:
+            await Worker.stop_all()
             await client.drop_database(database_name)
     finally:
         await client.close()
@@ -218,10 +219,24 @@ def _server(uri: str | None, view: View) -> Iterator[str]:
 class Worker:
     """A demo worker process whose JSON events are read as they come."""
 
+    started: ClassVar[list[asyncio.subprocess.Process]] = []
+    """Every worker process started, for ``stop_all``."""
+
     def __init__(self, process: asyncio.subprocess.Process, name: str) -> None:
         self.process = process
         self.name = name
         self.events: list[dict[str, Any]] = []
+
+    @classmethod
+    async def stop_all(cls) -> None:
+        """Kill the workers still running and wait for them: one still waiting for a lock would
+        write it again after the demo dropped its database (as after Ctrl-C mid-scenario)."""
+        for process in cls.started:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        cls.started.clear()
 
     @classmethod
     async def start(cls, name: str, kind: str, uri: str, *arguments: str) -> Worker:
@@ -238,6 +253,7 @@ class Worker:
             stderr=asyncio.subprocess.PIPE,
             preexec_fn=die_with_parent,
         )
+        cls.started.append(process)
         assert process.stdin is not None
         process.stdin.write(uri.encode() + b"\n")
         await process.stdin.drain()

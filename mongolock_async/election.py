@@ -116,7 +116,7 @@ class AsyncMongoElection(AsyncMongoLock):
         """Who leads ``name`` now, judged on the server's clock; None if nobody does. Does not
         campaign. Read with read concern ``majority``; the answer can be out of date on arrival.
         Raises [`LockDataError`][mongolock_async.LockDataError] if the name is not an election's."""
-        return await self._store.leadership(self._name, bound=self._ttl)
+        return await self._store.leadership(self._name, bound=self._options.ttl)
 
     async def changes(self) -> AsyncGenerator[Leadership | None, None]:
         """Who leads now, then every change: a new term (a new leader, or the same one elected
@@ -142,7 +142,7 @@ class AsyncMongoElection(AsyncMongoLock):
                 if first or term != yielded_term:
                     first, yielded_term = False, term
                     yield current
-                poll = self._ttl / 3 if watch.stream is None else _IDLE_READ
+                poll = self._options.ttl / 3 if watch.stream is None else _IDLE_READ
                 await watch.next_write(poll if current is None else min(poll, current.time_left + _EXPIRY_SLACK))
         finally:
             await watch.close()

@@ -396,7 +396,7 @@ class _RunLock(AsyncMongoLock):
             ttl_ms,
             self._holder(),
             self._job_schedule.server,
-            bound=self._ttl,
+            bound=self._options.ttl,
             on_cancelled=on_cancelled,
         )
         self.decision, self.taken = state, state.owner == owner

@@ -101,7 +101,6 @@ class AsyncMongoLock:
         collection = _validate.async_collection(collection)
         self._name = _validate.lock_name(name)
         self._options = options
-        self._ttl = options.ttl
         self._permits = permits
         self._store = store_for(collection, options.write_concern)
         self._lease: Lease | None = None
@@ -111,7 +110,8 @@ class AsyncMongoLock:
     def __repr__(self) -> str:
         state = "held" if self._lease is not None and self._lease.believed_held else "not held"
         kind = "" if self._permits is None else f" {self._permits.kind} limit={self._permits.limit}"
-        return f"<{type(self).__name__} {self._name!r}{kind} in {self._store.full_name} ttl={self._ttl:g}s {state}>"
+        where = f"in {self._store.full_name} ttl={self._options.ttl:g}s"
+        return f"<{type(self).__name__} {self._name!r}{kind} {where} {state}>"
 
     @property
     def name(self) -> str:
@@ -121,7 +121,7 @@ class AsyncMongoLock:
     def ttl(self) -> float:
         """The TTL of the current lease (changed by [`extend`][mongolock_async.AsyncMongoLock.extend]),
         else the configured one."""
-        return self._lease.ttl if self._lease is not None else self._ttl
+        return self._lease.ttl if self._lease is not None else self._options.ttl
 
     @property
     def fencing_token(self) -> int | None:
@@ -208,7 +208,7 @@ class AsyncMongoLock:
                         notify(self._options.hooks, "acquired", self._name, fencing_token=token, waited=waited)
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
-                await self._hand_over(grant.owner, until=deadline_in(self._ttl))
+                await self._hand_over(grant.owner, until=deadline_in(self._options.ttl))
                 if not blocking:
                     return False
         finally:
@@ -224,12 +224,12 @@ class AsyncMongoLock:
         request = AcquireRequest(
             store=self._store,
             name=self._name,
-            ttl=self._ttl,
+            ttl=self._options.ttl,
             holder=self._holder(),
             fair=self._options.fair,
             retry_base=self._options.retry_base,
             retry_cap=self._options.retry_cap,
-            fresh_for=self._options.safety_margin_for(self._ttl),
+            fresh_for=self._options.safety_margin_for(self._options.ttl),
             timeout=timeout,
             unreachable_timeout=unreachable_timeout,
             permits=self._permits,
@@ -252,18 +252,18 @@ class AsyncMongoLock:
             self._holder(),
             fair=self._options.fair,
             permits=self._permits,
-            bound=self._ttl,
+            bound=self._options.ttl,
             on_cancelled=on_cancelled,
         )
 
     async def _try_once(self) -> Grant | None:
         """One acquire request, without queueing."""
         owner = secrets.token_hex(16)
-        ttl_ms = _ms(self._ttl)
+        ttl_ms = _ms(self._options.ttl)
 
         async def hand_on_if_taken(state: LockState) -> None:
             if state.holds(owner):
-                await self._hand_over(owner, until=deadline_in(self._ttl))
+                await self._hand_over(owner, until=deadline_in(self._options.ttl))
 
         sent_at = time.monotonic()
         try:
@@ -274,13 +274,14 @@ class AsyncMongoLock:
         except PyMongoError as error:
             if is_transient(error):
                 # The server may have applied it: release what this token may hold before raising.
-                await finish_soon(self._hand_over(owner, until=deadline_in(self._ttl)))
+                await finish_soon(self._hand_over(owner, until=deadline_in(self._options.ttl)))
             raise
         return Grant(owner, state.fence_of(owner), sent_at, ttl_ms) if state.holds(owner) else None
 
     def _hold(self, grant: Grant) -> bool:
         """Make ``grant`` this handle's lease; False if its local deadline has already passed."""
-        deadline = local_deadline(grant.sent_at, min(self._ttl, grant.ttl_ms / 1000), self._options.safety_margin)
+        ttl = min(self._options.ttl, grant.ttl_ms / 1000)
+        deadline = local_deadline(grant.sent_at, ttl, self._options.safety_margin)
         if time.monotonic() >= deadline:
             return False
         self._lost = None
@@ -289,10 +290,10 @@ class AsyncMongoLock:
             name=self._name,
             owner=grant.owner,
             fencing_token=grant.fencing_token,
-            ttl=self._ttl,
+            ttl=self._options.ttl,
             safety_margin=self._options.safety_margin,
             deadline=deadline,
-            heartbeat_interval=self._options.heartbeat_interval(self._ttl),
+            heartbeat_interval=self._options.heartbeat_interval(self._options.ttl),
             holder=weakref.ref(self),
             loop=asyncio.get_running_loop(),
             hooks=self._options.hooks,
@@ -357,7 +358,7 @@ class AsyncMongoLock:
         Advisory: the answer can be out of date by the time it arrives. It is read with read
         concern ``majority``, so it never shows an acquisition a failover could still roll back.
         """
-        return await self._store.is_held(self._name, permits=self._permits, bound=self._ttl)
+        return await self._store.is_held(self._name, permits=self._permits, bound=self._options.ttl)
 
     async def owned(self) -> bool:
         """Whether this handle holds the lease: live on the server and before the local deadline."""

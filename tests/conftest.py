@@ -22,6 +22,7 @@ from pymongo.errors import OperationFailure
 
 from mongolock_async.testing import EmbeddedMongo, ServerChoice
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard_blocking
+from mongolock_async.testing.pytest_plugin import DRIVERS
 from tests import fault_admins
 
 _COMMAND_NOT_FOUND, _UNAUTHORIZED = 59, 13
@@ -38,6 +39,15 @@ def mongodb_uri(mongolock_uri: str) -> str:
 @pytest.fixture
 def driver(mongolock_driver: str) -> str:
     return mongolock_driver
+
+
+@pytest.fixture
+def one_driver() -> str:
+    """The first driver the run tests with. A module whose tests sit above the requests, where the
+    drivers never differ (argument checks, a job's or an election's rules), imports it as its
+    ``mongolock_driver`` and runs once; the requests, waiting, cancellation, outages and the
+    heartbeat, where they do differ (Motor runs each operation in a thread), run with each."""
+    return DRIVERS[0]
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ from tests.conftest import (
     run_workers,
     set_fail_point,
 )
+from tests.conftest import one_driver as mongolock_driver  # noqa: F401 - these tests run once
 
 WORKER = Path(__file__).with_name("election_worker.py")
 PROCESSES, CANDIDATES, SECONDS = 4, 3, 4.0

@@ -32,6 +32,7 @@ from mongolock_async.jobs import current_run, run_once
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter, child_environment
+from tests.conftest import one_driver as mongolock_driver  # noqa: F401 - these tests run once
 
 WORKER = Path(__file__).with_name("job_worker.py")
 Run = tuple[int, float, float, int]  # slot, start, end, pid

@@ -28,6 +28,7 @@ from mongolock_async.jobs import AsyncMongoJob
 from mongolock_async.rwlock import RWLockHandle
 from mongolock_async.store import LockStore, Permits, Renewal
 from tests.conftest import CommandCounter, child_environment
+from tests.conftest import one_driver as mongolock_driver  # noqa: F401 - these tests run once
 
 BAD_CONSTRUCTOR_ARGUMENTS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": 42}, TypeError, "name"),
