@@ -6,6 +6,12 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test lint docs screenshots demo bench soak
 
+## $(call debian,PACKAGE,WHAT NEEDS IT): Debian's PACKAGE (which has a command of its name) installed
+## when missing, as root; elsewhere a note saying what will fail without it.
+debian = @command -v $(1) >/dev/null || apt-get install -y -q $(1) >/dev/null 2>&1 || \
+	(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(1) >/dev/null 2>&1) || \
+	echo "note: could not install $(1) (Debian's $(1) package); $(2)"
+
 $(PYTHON):
 	python3 -m venv $(VENV)
 
@@ -25,12 +31,8 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
 ## browser). Both are installed here when missing (as root; elsewhere those tests say what to install).
 test: $(STAMP)
-	@command -v faketime >/dev/null || apt-get install -y -q faketime >/dev/null 2>&1 || \
-		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q faketime >/dev/null 2>&1) || \
-		echo "note: could not install faketime (Debian's faketime package); the job tests that need it will fail"
-	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
-		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
-		echo "note: could not install chromium (Debian's chromium package); the dashboard's browser tests will fail"
+	$(call debian,faketime,the job tests that need it will fail)
+	$(call debian,chromium,the dashboard's browser tests will fail)
 	$(PYTHON) -m pytest -n 4
 
 ## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),
@@ -53,9 +55,7 @@ docs: $(STAMP)
 ## The pictures of docs/live.md (the dashboard in headless chromium, `mongolock watch` as SVG), made
 ## again only when asked: `make docs` uses the committed ones and stays offline. Needs Debian's chromium.
 screenshots: $(STAMP)
-	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
-		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
-		echo "note: could not install chromium (Debian's chromium package); the screenshots need it"
+	$(call debian,chromium,the screenshots need it)
 	$(PYTHON) docs/screenshots.py
 
 ## The demo, on an embedded MongoDB server it starts and stops itself.
