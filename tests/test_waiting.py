@@ -654,26 +654,36 @@ async def test_a_closed_client_leaves_nothing_behind(
     assert len(watcher_module._watchers) <= watched_before
 
 
-async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(fault_collection: Any) -> None:
-    holder = AsyncMongoLock(fault_collection, "x", ttl=30.0)
-    assert await holder.acquire()
-    first = AsyncMongoLock(fault_collection, "x", ttl=30.0, **PATIENT)
-    second = AsyncMongoLock(fault_collection, "x", ttl=30.0, **PATIENT)
-    waiting = [asyncio.create_task(first.acquire(timeout=0.8)), asyncio.create_task(second.acquire(timeout=0.8))]
-    await asyncio.sleep(0.3)  # both queued: the first's place, with a follower for the second
-    # The release names the first waiter, but reaches the server only after both have given up.
-    await set_fail_point(
-        fault_collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1500
-    )
-    releasing = asyncio.create_task(holder.release())
-    assert await asyncio.gather(*waiting) == [False, False]
-    assert await releasing
-    await asyncio.sleep(0.3)  # the pass-on
-    doc = await fault_collection.find_one({"_id": "x"})
-    assert doc["owner"] is None, f"the lease went to a place nobody waits on: {doc}"
-    newcomer = AsyncMongoLock(fault_collection, "x", ttl=30.0)
-    assert await newcomer.acquire(blocking=False)
-    assert await newcomer.release()
+async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(
+    driver: str, fault_server: FaultServer
+) -> None:
+    counter = CommandCounter()
+    client = fault_server.client(driver, event_listeners=[counter])
+    try:
+        collection = client[TEST_DATABASE][fault_server.collection]
+        holder = AsyncMongoLock(collection, "x", ttl=30.0)
+        assert await holder.acquire()
+        first = AsyncMongoLock(collection, "x", ttl=30.0, **PATIENT)
+        second = AsyncMongoLock(collection, "x", ttl=30.0, **PATIENT)
+        waiting = [asyncio.create_task(first.acquire(timeout=1.5)), asyncio.create_task(second.acquire(timeout=1.5))]
+        # Both queued (the first's place, with a follower for the second), the stream open and every
+        # attempt answered: the fail point below must catch the release, not a late attempt.
+        await counter.settled()
+        # The release names the first waiter, but reaches the server only after both have given up.
+        await set_fail_point(
+            collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=3000
+        )
+        releasing = asyncio.create_task(holder.release())
+        assert await asyncio.gather(*waiting) == [False, False]
+        assert await releasing
+        await asyncio.sleep(0.3)  # the pass-on
+        doc = await collection.find_one({"_id": "x"})
+        assert doc["owner"] is None, f"the lease went to a place nobody waits on: {doc}"
+        newcomer = AsyncMongoLock(collection, "x", ttl=30.0)
+        assert await newcomer.acquire(blocking=False)
+        assert await newcomer.release()
+    finally:
+        await close_client(client)
 
 
 async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(lock_collection: Any) -> None:
