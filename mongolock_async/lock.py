@@ -309,16 +309,27 @@ class AsyncMongoLock:
         """Give the lock up. True if this ended our live lease; False if we held nothing live.
 
         If another task of this process waits for the lock, the lease passes to it in the same
-        write. Never raises for a lease that expired or was taken over. The request runs shielded:
-        a cancellation waits for it (up to the TTL, after which the lease has expired anyway) and
+        write. Never raises for a lease that expired or was taken over, nor for one already lost
+        (past its local deadline): what may be left of that on the server is removed if MongoDB
+        answers in time, and expires on its own otherwise. For a live lease, an error
+        that outlasts the lease's time on the server is raised. The request runs shielded: a
+        cancellation waits for it (up to the TTL, after which the lease has expired anyway) and
         then propagates.
         """
         lease = self._forget_lease()
         if lease is None:
             return False
+        lost_already = lease.lost_error is not None or time.monotonic() >= lease.deadline
         # Worth trying until the lease expires on the server anyway (and for a moment at least).
         until = max(lease.server_expiry_floor, deadline_in(_MIN_RELEASE_TIME))
-        released = await self._hand_over(lease.owner, until=until)
+        try:
+            released = await self._hand_over(lease.owner, until=until)
+        except PyMongoError as error:
+            if not lost_already:
+                raise
+            # Its loss was reported already; failing the caller's clean-up as well tells nothing new.
+            logger.debug("could not release %r, which was lost already (%s)", self._name, cause_of(error))
+            return False
         if released and self._observed():
             held = lease.held
             logger.debug("released %r after holding it %.3f s", self._name, held)

@@ -273,6 +273,28 @@ async def test_a_release_that_fails_transiently_is_retried(fault_collection: Any
     assert (await fault_collection.find_one({"_id": "flaky"}))["owner"] is None
 
 
+@pytest.mark.parametrize("lost", [False, True], ids=["live", "lost"])
+async def test_a_release_that_gets_no_answer_raises_only_for_a_live_lease(fault_collection: Any, lost: bool) -> None:
+    # A lost lease's loss was reported already (lost, on_lost, LockLostError): a release that
+    # cannot reach MongoDB fails the caller's clean-up only for a lease still live, which would
+    # otherwise stay held until it expires.
+    lock = AsyncMongoLock(fault_collection, "unreachable", ttl=1.5)
+    assert await lock.acquire()
+    if lost:
+        await asyncio.wait_for(lock.lost.wait(), timeout=10)
+    await set_fail_point(
+        fault_collection, "alwaysOn", failCommands=["findAndModify"], blockConnection=True, blockTimeMS=5000
+    )
+    try:
+        if lost:
+            assert await lock.release() is False
+        else:
+            with pytest.raises(PyMongoError, match="did not answer"):
+                await lock.release()
+    finally:
+        await set_fail_point(fault_collection, "off")
+
+
 @pytest.mark.parametrize("local_waiter", [False, True], ids=["free", "handed-on"])
 async def test_a_release_whose_reply_was_lost_is_still_a_release(fault_collection: Any, local_waiter: bool) -> None:
     # The server applies the release, then cannot confirm it (a wtimeout, which the driver does not
