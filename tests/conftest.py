@@ -92,6 +92,13 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
         while self.count("findAndModify") > self.answered.count("findAndModify"):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
 
+    async def queued(self, sent_before: int) -> None:
+        """Wait until a new waiter's place is stored: an attempt after the first ``sent_before``
+        was sent, then ``settled``."""
+        while self.count("findAndModify") <= sent_before:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.01)
+        await self.settled()
+
     def count(self, *names: str) -> int:
         return sum(1 for name in self.names if name in names)
 

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore
-from tests.conftest import set_fail_point
+from tests.conftest import CommandCounter, set_fail_point
 
 BLOCK_MS = 600
 Handle = Callable[[Any, str], AsyncMongoLock]
@@ -132,20 +132,21 @@ async def test_cancel_in_the_body_releases_shielded(fault_collection: Any, handl
 
 
 async def test_a_waiter_cancelled_as_a_release_hands_it_the_lock_is_cancelled(
-    lock_collection: Any, handle: Handle
+    counted_collection: Any, command_counter: CommandCounter, handle: Handle
 ) -> None:
     # The release of a task of the same process hands the lease to the waiting task (and wakes
     # it); the waiter is cancelled before it runs again. On Python 3.11, asyncio.wait_for returned
     # normally then, the cancellation was lost, and the cancelled task went on holding the lock.
     for round_ in range(10):
         name = f"handed-{round_}"
-        holder, waiter = handle(lock_collection, name), handle(lock_collection, name)
+        holder, waiter = handle(counted_collection, name), handle(counted_collection, name)
         assert await holder.acquire()
+        sent = command_counter.count("findAndModify")
         task = asyncio.create_task(waiter.acquire())
-        await asyncio.sleep(0.2)  # queued behind the holder
+        await command_counter.queued(sent)  # behind the holder
         assert await holder.release()  # hands it to the waiting task, and wakes it
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert waiter.fencing_token is None
-        await assert_not_held_by(lock_collection, waiter, name, handle)
+        await assert_not_held_by(counted_collection, waiter, name, handle)

@@ -48,6 +48,12 @@ Term = tuple[float, float, int, int]
 """(entered, left, term, pid), on the machine's monotonic clock."""
 
 
+async def candidates_waiting(election: AsyncMongoElection, count: int) -> None:
+    """Wait until ``count`` candidates' places are stored behind the leader, as ``leader()`` reports."""
+    while (seen := await election.leader()) is None or seen.candidates < count:  # noqa: ASYNC110 - polls the server
+        await asyncio.sleep(0.01)
+
+
 def run_contention(uri: str, kind: str) -> list[Term]:
     collection = f"election_{kind}_{uuid.uuid4().hex[:8]}"
     start_at = time.monotonic() + 3.0  # time for every process to start and connect
@@ -88,7 +94,7 @@ async def test_a_resignation_hands_leadership_to_the_next_candidate_at_once(driv
         first_term = await first.campaign(timeout=5)
         assert first.leading and first.term == first_term
         following = asyncio.create_task(second.campaign(timeout=20))
-        await asyncio.sleep(0.5)  # the second candidate's place is stored
+        await candidates_waiting(second, 1)
         seen = await second.leader()  # asked by a candidate that does not lead
         assert seen is not None and seen.term == first_term and seen.holder["label"] == "first"
         assert seen.holder["pid"] == os.getpid() and seen.candidates == 1 and 0 < seen.time_left <= 60
@@ -439,7 +445,7 @@ async def test_a_leader_cut_off_from_mongodb_stops_before_the_next_one_starts(
         leading = asyncio.create_task(leader.lead(work))
         old_term, _ = await led.get()
         following = asyncio.create_task(candidate.campaign(timeout=30))
-        await asyncio.sleep(0.3)  # the candidate's place is stored
+        await candidates_waiting(candidate, 1)
         commands = ["update", "findAndModify", "aggregate", "find", "getMore", "ping"]
         await set_fail_point(
             candidate_client[TEST_DATABASE][locks],
@@ -473,9 +479,9 @@ async def test_a_leader_hands_leadership_to_a_named_candidate(driver: str, mongo
         )
         term = await leader.campaign(timeout=5)
         waiting_older = asyncio.create_task(older.campaign(timeout=30))
-        await asyncio.sleep(0.5)  # the older candidate's place is stored first
+        await candidates_waiting(leader, 1)  # the older candidate's place is stored first
         waiting_named = asyncio.create_task(named.campaign(timeout=30))
-        await asyncio.sleep(0.5)
+        await candidates_waiting(leader, 2)
         with pytest.raises(LookupError, match="no candidate labelled 'nobody'"):
             await leader.resign(to="nobody")
         assert leader.leading, "a hand-over to nobody left the leader leading"

@@ -296,26 +296,36 @@ async def test_a_release_that_gets_no_answer_raises_only_for_a_live_lease(fault_
 
 
 @pytest.mark.parametrize("local_waiter", [False, True], ids=["free", "handed-on"])
-async def test_a_release_whose_reply_was_lost_is_still_a_release(fault_collection: Any, local_waiter: bool) -> None:
+async def test_a_release_whose_reply_was_lost_is_still_a_release(
+    driver: str, fault_server: FaultServer, local_waiter: bool
+) -> None:
     # The server applies the release, then cannot confirm it (a wtimeout, which the driver does not
     # retry); the release sent again must recognise its own earlier success, not report a lost lease.
-    lock = AsyncMongoLock(fault_collection, "reply-lost", ttl=30.0)
-    successor = AsyncMongoLock(fault_collection, "reply-lost", ttl=30.0)
-    waiting = None
-    async with lock:
-        if local_waiter:
-            waiting = asyncio.create_task(successor.acquire(timeout=20))
-            await asyncio.sleep(0.3)  # queued behind the holder
-        failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
-        await set_fail_point(fault_collection, {"times": 1}, failCommands=["findAndModify"], **failure)
-    # The block ended without LockLostError: the release was recognised.
-    doc = await fault_collection.find_one({"_id": "reply-lost"})
-    if waiting is None:
-        assert doc["owner"] is None
-    else:
-        assert await waiting, "the lease handed on by the release reached the waiting task"
-        assert doc["owner"] is not None and successor.fencing_token == doc["fence"]
-        assert await successor.release()
+    counter = CommandCounter()
+    client = fault_server.client(driver, event_listeners=[counter])
+    try:
+        collection = client[TEST_DATABASE][fault_server.collection]
+        lock = AsyncMongoLock(collection, "reply-lost", ttl=30.0)
+        successor = AsyncMongoLock(collection, "reply-lost", ttl=30.0)
+        waiting = None
+        async with lock:
+            if local_waiter:
+                sent = counter.count("findAndModify")
+                waiting = asyncio.create_task(successor.acquire(timeout=20))
+                # Queued behind the holder, with every attempt answered: the fail point is the release's.
+                await counter.queued(sent)
+            failure = {"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}
+            await set_fail_point(collection, {"times": 1}, failCommands=["findAndModify"], **failure)
+        # The block ended without LockLostError: the release was recognised.
+        doc = await collection.find_one({"_id": "reply-lost"})
+        if waiting is None:
+            assert doc["owner"] is None
+        else:
+            assert await waiting, "the lease handed on by the release reached the waiting task"
+            assert doc["owner"] is not None and successor.fencing_token == doc["fence"]
+            assert await successor.release()
+    finally:
+        await close_client(client)
 
 
 async def test_a_release_sent_again_after_the_next_holders_release_is_still_recognised(lock_collection: Any) -> None:

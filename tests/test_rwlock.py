@@ -78,18 +78,21 @@ def test_never_a_writer_with_anyone_else_across_processes(mongodb_uri: str, kind
         assert not before or token > max(before), "a fencing token went down"
 
 
-async def test_a_waiting_writer_holds_new_readers_back(lock_collection: Any) -> None:
-    rw = AsyncMongoRWLock(lock_collection, "index", ttl=10.0)
+async def test_a_waiting_writer_holds_new_readers_back(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    rw = AsyncMongoRWLock(counted_collection, "index", ttl=10.0)
     first, second = rw.read(), rw.read()
     assert await first.acquire(blocking=False) and await second.acquire(blocking=False)
     writer = rw.write()
     assert await writer.locked() and not await rw.read().locked()
     writing = asyncio.create_task(writer.acquire(timeout=10))
-    await asyncio.sleep(0.3)  # the writer's place is queued
+    await command_counter.settled()  # the writer's place is stored
     late = rw.read()
     assert not await late.acquire(blocking=False), "a reader came in past a waiting writer"
+    sent = command_counter.count("findAndModify")
     reading = asyncio.create_task(late.acquire(timeout=10))
-    await asyncio.sleep(0.2)
+    await command_counter.queued(sent)  # and the late reader's, behind it
     assert await first.release() and await second.release()
     assert await writing, "the writer got the lock once the readers in before it left"
     assert not reading.done(), "the late reader waits for the writer"
@@ -236,8 +239,11 @@ async def test_a_writer_never_waits_in_a_readers_place(driver: str, mongodb_uri:
         assert await held.acquire(blocking=False)
         rw = AsyncMongoRWLock(lock_collection, "index", ttl=10.0, retry_base=60.0, retry_cap=60.0)
         reader, writer = rw.read(), rw.write()
-        reading = asyncio.create_task(reader.acquire(timeout=1.0))
-        await asyncio.sleep(0.3)  # the reader's place is stored
+        reading = asyncio.create_task(reader.acquire(timeout=2.0))
+        # The reader's place is stored (its timeout leaves a loaded machine 2 s for that).
+        while not (await lock_collection.find_one({"_id": "index"})).get("queue"):
+            assert not reading.done(), "the reader gave up before its place was stored"
+            await asyncio.sleep(0.01)
         writing = asyncio.create_task(writer.acquire(timeout=10))
         assert await reading is False
         assert await held.release()

@@ -84,7 +84,7 @@ async def test_a_local_release_hands_over_in_the_same_write(
     waiter = AsyncMongoLock(counted_collection, "job", ttl=30.0, **PATIENT)
     assert await holder.acquire()
     waiting = asyncio.create_task(waiter.acquire(timeout=20))
-    await asyncio.sleep(0.5)  # tried once, queued its place
+    await command_counter.settled()  # tried once, queued its place, and looked again as its stream opened
     command_counter.clear()
     assert await holder.release()
     assert await asyncio.wait_for(waiting, 5)
