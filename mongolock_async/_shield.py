@@ -9,7 +9,12 @@ dropping a request) as well as anyio cancel scopes; anyio's own shielding does n
 The request itself is bounded by a timer that cancels its task: the driver then closes the
 connection (PyMongo closes a connection on any exception during an operation,
 pymongo/asynchronous/pool.py) and the caller gets :class:`RequestTimeout`, which, like any error in
-transit, means the request may or may not have been applied. A timer costs a fraction of the
+transit, means the request may or may not have been applied. A request that runs on past that
+cancellation is cancelled again, every ``RECUT_INTERVAL`` seconds until it ends: PyMongo waits for a
+server, and for a pooled connection, in ``asyncio.wait_for`` (pymongo/lock.py, ``_async_cond_wait``),
+which on Python 3.11 returns normally when what it waits for is ready in the loop iteration that
+cancels it (CPython gh-86296), so the cancellation is lost and the request went on to the
+driver's own server selection timeout (seen: 10 s past a 1 s bound, on a loaded machine). A timer costs a fraction of the
 driver's own client-side operation timeout (``pymongo.timeout``: context variables and per-command
 bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
 as the URI sets it.
@@ -28,6 +33,7 @@ from pymongo.errors import NetworkTimeout
 T = TypeVar("T")
 
 _BOUND = "mongolock_async: the request's bound passed"
+RECUT_INTERVAL = 0.1
 
 
 class RequestTimeout(NetworkTimeout):
@@ -62,7 +68,7 @@ async def run_shielded(
     # one counted: only a new one is the caller's, the rest is the bound's.
     cancellations_before = _cancellations()
     task = _Request(request, loop=loop)
-    timer = loop.call_later(bound, task.cancel, _BOUND)
+    timer = loop.call_later(bound, _cut, task)
     try:
         return await task
     except asyncio.CancelledError:
@@ -87,7 +93,7 @@ def start_shielded(request: Coroutine[Any, Any, T], *, bound: float) -> asyncio.
     """
     loop = asyncio.get_running_loop()
     task = _Request(request, loop=loop, context=contextvars.Context())
-    timer = loop.call_later(min(max(bound, 0.001), 86_400.0), task.cancel, _BOUND)
+    timer = loop.call_later(min(max(bound, 0.001), 86_400.0), _cut, task)
     task.add_done_callback(lambda _: timer.cancel())
     return task
 
@@ -119,6 +125,13 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()
+
+
+def _cut(task: _Request[Any]) -> None:
+    """Cancel ``task``, its bound having passed, and again while it runs on (see the module's doc)."""
+    if not task.done():
+        task.cancel(_BOUND)
+        task.get_loop().call_later(RECUT_INTERVAL, _cut, task)
 
 
 def _cancellations() -> int:

@@ -215,8 +215,9 @@ def watcher_for(store: LockStore) -> ReleaseWatcher:
 
 def _max_await_ms(client: Any) -> int:
     """``maxAwaitTimeMS`` for the stream's getMores: short enough to end well within the client's
-    own operation timeout (``timeoutMS``), which would otherwise cut every idle getMore off."""
+    own operation timeout (``timeoutMS``), which would otherwise cut every idle getMore off. A
+    third of it: the other two thirds are the round trip's, on a loaded machine too."""
     timeout = getattr(getattr(client, "options", None), "timeout", None)
     if isinstance(timeout, int | float) and timeout > 0:
-        return max(1, min(_MAX_AWAIT_MS, int(timeout * 500)))
+        return max(1, min(_MAX_AWAIT_MS, int(timeout * 1000 / 3)))
     return _MAX_AWAIT_MS

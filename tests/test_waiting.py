@@ -578,10 +578,12 @@ async def test_the_watcher_survives(driver: str, fault_server: FaultServer, brea
 
 async def test_the_watcher_works_within_the_clients_operation_timeout(driver: str, fault_server: FaultServer) -> None:
     async def idle(breakage: Breakage) -> None:
-        await asyncio.sleep(2.0)  # several getMores under a 0.6 s client timeout: none may fail
+        await asyncio.sleep(2.0)  # several getMores under a 0.9 s client timeout: none may fail
 
-    # timeoutMS is shorter than the watcher's usual getMore wait: it waits less instead of failing.
-    await watch_then_break(driver, fault_server, idle, reopens=False, client_options={"timeoutMS": 600})
+    # timeoutMS is shorter than the watcher's usual getMore wait (1 s): it waits a third of the
+    # timeout instead, which leaves a loaded machine 0.6 s for each getMore's round trip (0.3 s,
+    # when it waited half of a 0.6 s timeout, was missed once in a fresh-clone run of the suite).
+    await watch_then_break(driver, fault_server, idle, reopens=False, client_options={"timeoutMS": 900})
 
 
 async def test_without_a_stream_waiters_poll(driver: str, fault_server: FaultServer) -> None:
