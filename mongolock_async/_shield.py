@@ -14,10 +14,11 @@ cancellation is cancelled again, every ``RECUT_INTERVAL`` seconds until it ends:
 server, and for a pooled connection, in ``asyncio.wait_for`` (pymongo/lock.py, ``_async_cond_wait``),
 which on Python 3.11 returns normally when what it waits for is ready in the loop iteration that
 cancels it (CPython gh-86296), so the cancellation is lost and the request went on to the
-driver's own server selection timeout (seen: 10 s past a 1 s bound, on a loaded machine). A timer costs a fraction of the
-driver's own client-side operation timeout (``pymongo.timeout``: context variables and per-command
-bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
-as the URI sets it.
+driver's own server selection timeout (seen: 10 s past a 1 s bound, on a loaded machine).
+
+A timer costs a fraction of the driver's own client-side operation timeout (``pymongo.timeout``:
+context variables and per-command bookkeeping, about 40 us of CPU per request here), and leaves
+the driver's server selection timeout as the URI sets it.
 """
 
 from __future__ import annotations
