@@ -47,9 +47,9 @@ from pymongo.write_concern import WriteConcern
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
-from .documents import LockReport, LockState, Permit
+from .documents import LockReport, LockState
 from .errors import LockDataError
-from .operations import Holder, LockInfo, lock_info, report_at
+from .operations import Holder, LockInfo, lock_info, permit_holder, report_at, stored_holder
 from .store import LockStore, change_streams_refused, change_streams_unsupported, store_for
 
 __all__ = ["EventKind", "LockEvent", "LockWatch", "ViewUpdate", "derive_events"]
@@ -519,7 +519,7 @@ def derive_events(old: LockState | None, new: LockState | None, at: datetime) ->
         # A lock taken and given up between two looks (the acquire's event was looked up after the
         # release, as under load): no lease in either state, but a new fencing token, and the
         # document still names its holder.
-        holder = _stored_holder(new, owner=None)
+        holder = stored_holder(new, owner=None)
         events += [
             LockEvent(at, "acquired", name, kind, holder, None, new.fencing_token),
             LockEvent(at, "released", name, kind, holder, None, new.fencing_token),
@@ -532,47 +532,11 @@ def _leases(state: LockState | None) -> list[tuple[str, datetime, Holder, int | 
     if state is None:
         return []
     if state.limit is not None:
-        return [(permit.token, permit.expires_at, _permit_holder(state, permit), permit.fencing_token)
+        return [(permit.token, permit.expires_at, permit_holder(state, permit), permit.fencing_token)
                 for permit in state.permits]  # fmt: skip
     if state.owner is None or state.expires_at is None:
         return []
-    return [(state.owner, state.expires_at, _stored_holder(state, owner=state.owner), state.fencing_token)]
-
-
-def _stored_holder(state: LockState, *, owner: str | None) -> Holder:
-    """The holder a lock's document names (its current one, or with no owner its last)."""
-    return Holder(
-        owner=owner,
-        host=_text(state.holder.get("host")),
-        pid=_integer(state.holder.get("pid")),
-        label=_text(state.holder.get("label")),
-        fencing_token=state.fencing_token,
-        acquired_at=state.acquired_at,
-        renewed_at=state.renewed_at,
-        expires_at=state.expires_at,
-        ttl_ms=state.ttl_ms,
-    )
-
-
-def _permit_holder(state: LockState, permit: Permit) -> Holder:
-    role = "holder"
-    if state.kind == "election":
-        role = "leader"
-    elif state.kind == "rwlock":
-        role = "writer" if permit.weight == state.limit else "reader"
-    return Holder(
-        owner=permit.token,
-        host=_text(permit.holder.get("host")),
-        pid=_integer(permit.holder.get("pid")),
-        label=_text(permit.holder.get("label")),
-        fencing_token=permit.fencing_token,
-        acquired_at=permit.acquired_at,
-        renewed_at=permit.renewed_at,
-        expires_at=permit.expires_at,
-        ttl_ms=permit.ttl_ms,
-        weight=permit.weight,
-        role=role,
-    )
+    return [(state.owner, state.expires_at, stored_holder(state, owner=state.owner), state.fencing_token)]
 
 
 def _expired(name: str, state: LockState | None, now: datetime) -> set[tuple[str, str, datetime]]:
@@ -635,11 +599,3 @@ def _iso(moment: datetime | None) -> str | None:
 
 def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _integer(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

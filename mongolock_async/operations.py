@@ -27,7 +27,7 @@ from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._collection import AsyncCollectionLike
-from .documents import JOB_KIND, LockReport, LockState
+from .documents import JOB_KIND, LockReport, LockState, Permit
 from .errors import LockDataError
 from .jobs import JobState
 from .store import ForcedRelease, LockStore, store_for
@@ -188,19 +188,10 @@ def lock_info(report: LockReport) -> LockInfo:
         )  # fmt: skip
     held = report.remaining_ms is not None
     if state.limit is not None:
-        holders = tuple(
-            _holder(
-                permit.holder, permit.token, permit.fencing_token, permit.acquired_at, permit.renewed_at,
-                permit.expires_at, permit.ttl_ms, permit.weight, _holder_role(state, permit.weight),
-            )
-            for permit in report.live_permits
-        )  # fmt: skip
+        holders = tuple(permit_holder(state, permit) for permit in report.live_permits)
         last = None
     else:
-        stored = _holder(
-            state.holder, state.owner, state.fencing_token, state.acquired_at, state.renewed_at, state.expires_at,
-            state.ttl_ms, 1, "holder",
-        )  # fmt: skip
+        stored = stored_holder(state, owner=state.owner)
         holders, last = ((stored,), None) if held else ((), stored if state.holder else None)
     waiting = tuple(
         Waiter(
@@ -320,29 +311,35 @@ def _store(collection: object) -> LockStore:
     return store_for(_validate.async_collection(collection), _MAJORITY)
 
 
-def _holder(
-    who: Mapping[str, Any],
-    owner: str | None,
-    fence: int | None,
-    acquired_at: datetime | None,
-    renewed_at: datetime | None,
-    expires_at: datetime | None,
-    ttl_ms: int | None,
-    weight: int,
-    role: str,
-) -> Holder:
+def stored_holder(state: LockState, *, owner: str | None) -> Holder:
+    """The holder a lock's document names: its current one, or (``owner`` None) its last."""
     return Holder(
         owner=owner,
-        host=_text(who.get("host")),
-        pid=_integer(who.get("pid")),
-        label=_text(who.get("label")),
-        fencing_token=fence,
-        acquired_at=acquired_at,
-        renewed_at=renewed_at,
-        expires_at=expires_at,
-        ttl_ms=ttl_ms,
-        weight=weight,
-        role=role,
+        host=_text(state.holder.get("host")),
+        pid=_integer(state.holder.get("pid")),
+        label=_text(state.holder.get("label")),
+        fencing_token=state.fencing_token,
+        acquired_at=state.acquired_at,
+        renewed_at=state.renewed_at,
+        expires_at=state.expires_at,
+        ttl_ms=state.ttl_ms,
+    )
+
+
+def permit_holder(state: LockState, permit: Permit) -> Holder:
+    """The holder of one permit of a semaphore, read-write lock or election."""
+    return Holder(
+        owner=permit.token,
+        host=_text(permit.holder.get("host")),
+        pid=_integer(permit.holder.get("pid")),
+        label=_text(permit.holder.get("label")),
+        fencing_token=permit.fencing_token,
+        acquired_at=permit.acquired_at,
+        renewed_at=permit.renewed_at,
+        expires_at=permit.expires_at,
+        ttl_ms=permit.ttl_ms,
+        weight=permit.weight,
+        role=_holder_role(state, permit.weight),
     )
 
 
