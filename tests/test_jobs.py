@@ -390,7 +390,10 @@ async def test_run_once_with_wait_takes_no_job_options(lock_collection: Any) -> 
 
 
 async def test_the_command_line_shows_a_jobs_state(mongodb_uri: str, lock_collection: Any) -> None:
-    job = AsyncMongoJob(lock_collection, "shown", every=timedelta(minutes=15), label="reporter")
+    # Midway through a period: what the run recorded is still this period's when the commands read it.
+    job = AsyncMongoJob(
+        lock_collection, "shown", every=timedelta(minutes=15), offset=slot_midway(900.0), label="reporter"
+    )
 
     async def fail() -> None:
         raise RuntimeError("disk full")
@@ -410,7 +413,7 @@ async def test_the_command_line_shows_a_jobs_state(mongodb_uri: str, lock_collec
     listing = await asyncio.to_thread(mongolock, "list")
     assert "shown" in listing and "due" in listing and "reporter" in listing, listing
     detail = await asyncio.to_thread(mongolock, "inspect", "shown")
-    assert "every 15 min, at most 3 attempts per period" in detail, detail
+    assert "every 15 min (offset " in detail and ", at most 3 attempts per period" in detail, detail
     assert "error     RuntimeError: disk full" in detail and "1 attempt so far" in detail, detail
     as_json = json.loads(await asyncio.to_thread(mongolock, "inspect", "shown", "--json"))
     assert as_json["kind"] == "job"
