@@ -169,8 +169,9 @@ async def test_fastapi_example_sells_exactly_the_stock(mongodb_uri: str, monkeyp
 
 
 async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_collection: Any) -> None:
-    # The timeout bounds a free lock's acquisition too, so it leaves room for a loaded machine.
-    locks = LockManager(lock_collection, ttl=0.6, timeout=2.0)
+    # The timeout bounds a free lock's acquisition too, so it leaves room for a loaded machine; so
+    # does the TTL, but for the path operation meant to outlast its lease.
+    locks = LockManager(lock_collection, ttl=30.0, timeout=2.0)
     app = FastAPI()
 
     @app.get("/quick")
@@ -178,13 +179,15 @@ async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(lock_coll
         return {"token": lock.fencing_token}
 
     @app.get("/slow")
-    async def slow(lock: Annotated[AsyncMongoLock, hold_lock(locks, "slow", timeout=30.0)]) -> dict[str, Any]:
+    async def slow(
+        lock: Annotated[AsyncMongoLock, hold_lock(locks, "slow", timeout=30.0, ttl=0.6)],
+    ) -> dict[str, Any]:
         await asyncio.sleep(5)  # past the 0.6 s lease, without heartbeat
         return {}
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
         assert (await http.get("/quick")).status_code == 200
-        async with locks("shared", ttl=30.0):
+        async with locks("shared"):
             locked = await http.get("/quick")
         assert locked.status_code == 423 and locked.headers["Retry-After"] == "1"
         assert "shared" in locked.json()["detail"]
