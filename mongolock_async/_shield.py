@@ -9,23 +9,17 @@ dropping a request) as well as anyio cancel scopes; anyio's own shielding does n
 The request itself is bounded by a timer that cancels its task: the driver then closes the
 connection (PyMongo closes a connection on any exception during an operation,
 pymongo/asynchronous/pool.py) and the caller gets :class:`RequestTimeout`, which, like any error in
-transit, means the request may or may not have been applied.
+transit, means the request may or may not have been applied. A timer costs a fraction of the
+driver's own client-side operation timeout (``pymongo.timeout``: context variables and per-command
+bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
+as the URI sets it.
 
-PyMongo waits for a server, and for a pooled connection, in ``asyncio.wait_for`` (pymongo/lock.py,
-``_async_cond_wait``), which on Python 3.11 returns normally when what it waits for is ready in the
-loop iteration that cancels it (CPython gh-86296): the cancellation is lost. The request still
-ends, and its outcome is still awaited, but later than its bound; waiting for a server, as late as
-the driver's server selection timeout (seen: 10 s past a 1 s bound, on a loaded machine). So a
-request that runs on past its cut while ``recut_while()`` holds (the caller's test that the client
-knows no server to write to) is cancelled again, every ``RECUT_INTERVAL`` seconds. Only then: with
-a server known, a request still running after its cut may be in PyMongo's clean-up of a failed
-checkout, which awaits the pool's locks (pymongo/asynchronous/pool.py, ``_restore_counters``), and
-a second cancellation there can leave the pool's counters wrong. (Cancelled again whatever the
-server's state, a web app under load stopped serving its buyers in one fresh-clone test run.)
-
-A timer costs a fraction of the driver's own client-side operation timeout (``pymongo.timeout``:
-context variables and per-command bookkeeping, about 40 us of CPU per request here), and leaves
-the driver's server selection timeout as the URI sets it.
+Known limit, on Python 3.11: PyMongo waits for a server, and for a pooled connection, in
+``asyncio.wait_for`` (pymongo/lock.py, ``_async_cond_wait``), which there returns normally when what
+it waits for is ready in the loop iteration that cancels it (CPython gh-86296). The bound's
+cancellation is then lost, and the request runs on, awaited, to the driver's server selection
+timeout. Cancelling it again was tried: a second cancellation can land in PyMongo's clean-up of a
+failed checkout, which awaits the pool's locks, and a web app under load then stopped serving.
 """
 
 from __future__ import annotations
@@ -33,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -42,7 +35,6 @@ from pymongo.errors import NetworkTimeout
 T = TypeVar("T")
 
 _BOUND = "mongolock_async: the request's bound passed"
-RECUT_INTERVAL = 0.25
 
 
 class RequestTimeout(NetworkTimeout):
@@ -64,12 +56,10 @@ async def run_shielded(
     *,
     bound: float,
     on_cancelled: Callable[[T], Awaitable[None]] | None = None,
-    recut_while: Callable[[], bool] | None = None,
 ) -> T:
     """Await ``request`` for at most ``bound`` seconds; if the caller is cancelled meanwhile, the
     request still finishes (within its bound), ``on_cancelled(result)`` runs on its outcome, and
-    then the cancellation is raised. A request that runs on past its bound is cancelled again
-    while ``recut_while()`` holds (see the module's doc).
+    then the cancellation is raised.
 
     Raises :class:`RequestTimeout` past the bound, and whatever the request raised.
     """
@@ -79,7 +69,7 @@ async def run_shielded(
     # one counted: only a new one is the caller's, the rest is the bound's.
     cancellations_before = _cancellations()
     task = _Request(request, loop=loop)
-    timer = loop.call_later(bound, _cut, task, recut_while)
+    timer = loop.call_later(bound, task.cancel, _BOUND)
     try:
         return await task
     except asyncio.CancelledError:
@@ -104,7 +94,7 @@ def start_shielded(request: Coroutine[Any, Any, T], *, bound: float) -> asyncio.
     """
     loop = asyncio.get_running_loop()
     task = _Request(request, loop=loop, context=contextvars.Context())
-    timer = loop.call_later(min(max(bound, 0.001), 86_400.0), _cut, task, None)
+    timer = loop.call_later(min(max(bound, 0.001), 86_400.0), task.cancel, _BOUND)
     task.add_done_callback(lambda _: timer.cancel())
     return task
 
@@ -136,17 +126,6 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()
-
-
-def _cut(task: _Request[Any], recut_while: Callable[[], bool] | None, *, again: bool = False) -> None:
-    """Cancel ``task``, its bound having passed; and while it runs on, again whenever
-    ``recut_while()`` holds (see the module's doc)."""
-    if task.done():
-        return
-    if not again or (recut_while is not None and recut_while()):
-        task.cancel(_BOUND)
-    if recut_while is not None:
-        task.get_loop().call_later(RECUT_INTERVAL, functools.partial(_cut, task, recut_while, again=True))
 
 
 def _cancellations() -> int:

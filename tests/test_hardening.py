@@ -4,7 +4,6 @@ dropped handle, a forced release, hostile data) and checks the lock stays safe a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import math
@@ -34,7 +33,6 @@ from mongolock_async import (
     ensure_idle_cleanup_index,
 )
 from mongolock_async import lock as lock_module
-from mongolock_async._shield import RequestTimeout, run_shielded
 from mongolock_async.documents import LockState
 from mongolock_async.store import LockStore, Permits, oldest_wire_version, sending, store_for
 from mongolock_async.store.mutex import LOCK_RELEASES_REMEMBERED
@@ -197,34 +195,6 @@ async def test_a_release_returns_within_the_lease_while_the_server_hangs(
         assert took < 2.0 + 3.0, f"release took {took:.1f} s for a lease of 2 s"
     finally:
         await close_client(client)
-
-
-@pytest.mark.parametrize("offset_ms", [-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0])
-async def test_a_request_whose_cut_is_lost_in_wait_for_is_cut_again(offset_ms: float) -> None:
-    # PyMongo waits for a server, and for a pooled connection, in asyncio.wait_for (pymongo/lock.py,
-    # _async_cond_wait). On Python 3.11 that returns normally when what it waits for is ready in
-    # the loop iteration that cancels it, and the cancellation is lost (CPython gh-86296); the
-    # request then ran on to the driver's 10 s server selection timeout (it is cut again while
-    # the client knows no server to write to). The moment the awaited event is set is swept across
-    # the bound's.
-    bound = 0.05
-    ran_to_its_end = False
-
-    async def waits_like_the_driver(ready: asyncio.Event) -> None:
-        nonlocal ran_to_its_end
-        give_up_at = time.monotonic() + 30  # the driver's own server selection timeout
-        while time.monotonic() < give_up_at:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready.wait(), 0.5)
-            ready.clear()
-        ran_to_its_end = True
-
-    ready = asyncio.Event()
-    asyncio.get_running_loop().call_later(max(bound + offset_ms / 1000, 0), ready.set)
-    async with asyncio.timeout(20):  # a lost cut would run 30 s
-        with pytest.raises(RequestTimeout):
-            await run_shielded(waits_like_the_driver(ready), bound=bound, recut_while=lambda: True)
-    assert not ran_to_its_end
 
 
 # -- 3. an orphaned heartbeat ---------------------------------------------------------------------

@@ -62,9 +62,7 @@ async def send(
         loop = asyncio.get_running_loop()
         warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, client, bound)
     try:
-        return await run_shielded(
-            request, bound=bound, on_cancelled=on_cancelled, recut_while=lambda: not _writable_server_known(client)
-        )
+        return await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
     except RequestTimeout:
         if _writable_server_known(client):
             raise
