@@ -18,8 +18,9 @@ Known limit, on Python 3.11: PyMongo waits for a server, and for a pooled connec
 ``asyncio.wait_for`` (pymongo/lock.py, ``_async_cond_wait``), which there returns normally when what
 it waits for is ready in the loop iteration that cancels it (CPython gh-86296). The bound's
 cancellation is then lost, and the request runs on, awaited, to the driver's server selection
-timeout. Cancelling it again was tried: a second cancellation can land in PyMongo's clean-up of a
-failed checkout, which awaits the pool's locks, and a web app under load then stopped serving.
+timeout. Cancelling it again was tried and taken back: a second cancellation can land in PyMongo's
+clean-up of a failed checkout, which awaits the pool's locks; with it, a web app under load stopped
+serving in two of five full test runs.
 """
 
 from __future__ import annotations
