@@ -48,10 +48,12 @@ Term = tuple[float, float, int, int]
 """(entered, left, term, pid), on the machine's monotonic clock."""
 
 
-async def candidates_waiting(election: AsyncMongoElection, count: int) -> None:
-    """Wait until ``count`` candidates' places are stored behind the leader, as ``leader()`` reports."""
+async def candidates_waiting(election: AsyncMongoElection, count: int) -> Leadership:
+    """Wait until ``count`` candidates' places are stored behind the leader, as ``leader()`` reports;
+    return that report."""
     while (seen := await election.leader()) is None or seen.candidates < count:  # noqa: ASYNC110 - polls the server
         await asyncio.sleep(0.01)
+    return seen
 
 
 def run_contention(uri: str, kind: str) -> list[Term]:
@@ -94,9 +96,8 @@ async def test_a_resignation_hands_leadership_to_the_next_candidate_at_once(driv
         first_term = await first.campaign(timeout=5)
         assert first.leading and first.term == first_term
         following = asyncio.create_task(second.campaign(timeout=20))
-        await candidates_waiting(second, 1)
-        seen = await second.leader()  # asked by a candidate that does not lead
-        assert seen is not None and seen.term == first_term and seen.holder["label"] == "first"
+        seen = await candidates_waiting(second, 1)  # asked by a candidate that does not lead
+        assert seen.term == first_term and seen.holder["label"] == "first"
         assert seen.holder["pid"] == os.getpid() and seen.candidates == 1 and 0 < seen.time_left <= 60
         assert not second.leading and second.term is None
         assert await first.resign()
