@@ -14,13 +14,15 @@ driver's own client-side operation timeout (``pymongo.timeout``: context variabl
 bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
 as the URI sets it.
 
-Known limit, on Python 3.11: PyMongo waits for a server, and for a pooled connection, in
-``asyncio.wait_for`` (pymongo/lock.py, ``_async_cond_wait``), which there returns normally when what
-it waits for is ready in the loop iteration that cancels it (CPython gh-86296). The bound's
-cancellation is then lost, and the request runs on, awaited, to the driver's server selection
-timeout. Cancelling it again was tried and taken back: a second cancellation can land in PyMongo's
-clean-up of a failed checkout, which awaits the pool's locks; with it, a web app under load stopped
-serving in two of five full test runs.
+On Python 3.11, PyMongo waits for a server, and for a pooled connection, in ``asyncio.wait_for``
+(pymongo/lock.py, ``_async_cond_wait``), which there returns normally when what it waits for is
+ready in the loop iteration that cancels it (CPython gh-86296): the bound's cancellation is lost.
+A request sent while no server is known therefore also carries the driver's own deadline, just
+before its bound (``store/sending.py``), so that server selection ends there by itself. Known
+limit: a request waiting for a pooled connection (every connection of ``maxPoolSize`` in use) can
+still lose its cut and wait on until a connection is free. Cancelling it again was tried and taken
+back: a second cancellation can land in PyMongo's clean-up of a failed checkout, which awaits the
+pool's locks; with it, a web app under load stopped serving in two of five full test runs.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ and which errors a retry may fix.
 
 While the client knows no server to write to, a request still waiting after
 ``NO_SERVER_WARNING_AFTER`` seconds logs a warning saying so, once per client and outage: no silent
-waits. A request cut off by its bound while no server is known is reported as the driver reports a
-request it never sent: a server selection timeout, with what its monitoring ran into.
+waits. Such a request carries the driver's own deadline as well (``pymongo.timeout``), just before
+its bound, and when cut off is reported as the driver reports a request it never sent: a server
+selection timeout, with what its monitoring ran into.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
+import pymongo
 from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
@@ -58,9 +60,12 @@ async def send(
     happens to the caller (see :func:`~mongolock_async._shield.run_shielded`); past the bound it
     raises ``RequestTimeout``, or a ``ServerSelectionTimeoutError`` while no server is known."""
     warning = None
-    if bound > NO_SERVER_WARNING_AFTER and not _writable_server_known(client):
-        loop = asyncio.get_running_loop()
-        warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, client, bound)
+    if not _writable_server_known(client):
+        if bound > NO_SERVER_WARNING_AFTER:
+            loop = asyncio.get_running_loop()
+            warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, client, bound)
+        if bound < client.options.server_selection_timeout:
+            request = _selecting_until(time.monotonic() + bound - _SELECTION_AHEAD_OF_CUT, request)
     try:
         return await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
     except RequestTimeout:
@@ -74,6 +79,21 @@ async def send(
     finally:
         if warning is not None:
             warning.cancel()
+
+
+async def _selecting_until(deadline: float, request: Coroutine[Any, Any, T]) -> T:
+    """Run ``request`` under the driver's own deadline (``pymongo.timeout``), so that its server
+    selection ends by ``deadline`` even if the cancellation that cuts it at its bound is lost.
+
+    That happens on Python 3.11, where PyMongo waits for the topology to change in
+    ``asyncio.wait_for`` (``_select_servers_loop``, pymongo/asynchronous/topology.py), which
+    returns normally when its wait ends in the loop iteration that cancels it (CPython gh-86296);
+    selection would then go on to the client's server selection timeout. Under a deadline the
+    loop raises ``ServerSelectionTimeoutError`` the next time it looks at the clock. Only while no
+    server is known: the deadline costs per-command bookkeeping that the usual request can spare.
+    """
+    with pymongo.timeout(max(deadline - time.monotonic(), 0.001)):
+        return await request
 
 
 async def check_server(client: Any, full_name: str) -> None:
@@ -177,6 +197,9 @@ async def maybe_await(value: Any) -> Any:
 
 NO_SERVER_WARNING_AFTER = 2.0
 """Seconds a request may wait for a server before a warning says so (no silent waits)."""
+# The driver's deadline for a request sent while no server is known falls this long before the cut
+# at its bound: a cut that is lost then finds selection already past its deadline.
+_SELECTION_AHEAD_OF_CUT = 0.001
 
 
 def _what_the_servers_ran_into(client: Any) -> str | None:
