@@ -138,7 +138,12 @@ def test_every_install_command_is_the_readmes() -> None:
 def test_make_demo_installs_what_the_demo_needs_and_no_development_tool(tmp_path: Path) -> None:
     """The README's first command installs the embedded server and rich, not the ``dev`` extra."""
     planned = subprocess.run(
-        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=child_environment(),
     ).stdout
     installs = [line for line in planned.splitlines() if " pip install " in line]
     assert len(installs) == 1 and installs[0].endswith("-e '.[embedded,rich]'"), planned
