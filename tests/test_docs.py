@@ -155,7 +155,7 @@ def test_make_demo_installs_what_the_demo_needs_and_no_development_tool(tmp_path
     }
     tools = {re.split(r"[<>=\[ ;]", requirement)[0] for requirement in project["optional-dependencies"]["dev"]}
     assert not installed & (tools - {"secantusdb", "rich"}), installed & tools
-    assert {"pytest", "mypy", "ruff", "mkdocs"} <= tools  # what the demo must not pull in is named there
+    assert {"pytest", "mypy", "ruff", "mkdocs"} <= tools  # else the check above could pass on a misread
 
 
 @pytest.mark.parametrize(
