@@ -25,7 +25,8 @@ What the embedded server cannot stand in for is adapted, and each adaptation is 
 list of a URI becomes the embedded server's (its replica set is named "secantus", not "rs0"); the
 server version expected is dropped; a testcontainers job expects the embedded server (no Docker
 here); MONGOLOCK_TEST_ROLES_ENFORCED is dropped (the embedded server lets a user without
-changeStream open a change stream); and with MONGOLOCK_TEST_SHARDED=1 (no mongos here) the tests
+changeStream open a change stream); the application's role may kill its own cursors (mongod lets
+any user do that; the embedded server checks killCursors); and with MONGOLOCK_TEST_SHARDED=1 (no mongos here) the tests
 that need a sharded collection are left out (tests/conftest.py, MONGOLOCK_TEST_WITHOUT_MONGOS).
 """
 
@@ -173,6 +174,13 @@ def _pytest_command(run: Run, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments, *extra]
 
 
+# Since MongoDB 4.2 a user may always kill its own cursors, whatever its privileges (the manual's
+# killCursors, "Kill Own Cursors"; SERVER-36829). The embedded server checks the killCursors action
+# even then; PyMongo retries a refused kill in the background, which a test counting killCursors
+# then sees twice. So the role gets the action here, as tests/test_check.py's roles do.
+_KILL_OWN_CURSORS = "mongolockUser may kill its own cursors (mongod needs no privilege for that)"
+
+
 def execute(run: Run, extra: list[str]) -> int:
     """Run ``run`` against a fresh embedded server of its own; 0 if pytest passed."""
     admin = None
@@ -185,6 +193,15 @@ def execute(run: Run, extra: list[str]) -> int:
             client: MongoClient[dict[str, Any]]
             with MongoClient(server.uri, serverSelectionTimeoutMS=10_000) as client:
                 initiate.create_test_users(client)
+                client.admin.command(
+                    "grantPrivilegesToRole",
+                    "mongolockUser",
+                    privileges=[
+                        {"resource": {"db": database, "collection": ""}, "actions": ["killCursors"]}
+                        for database in initiate.TEST_DATABASES
+                    ],
+                )
+            run.adaptations.append(_KILL_OWN_CURSORS)
         inherited = {
             key: value for key, value in os.environ.items() if not key.startswith(("MONGODB_URI", "MONGOLOCK_"))
         }
