@@ -26,8 +26,9 @@ list of a URI becomes the embedded server's (its replica set is named "secantus"
 server version expected is dropped; a testcontainers job expects the embedded server (no Docker
 here); MONGOLOCK_TEST_ROLES_ENFORCED is dropped (the embedded server lets a user without
 changeStream open a change stream); the application's role may kill its own cursors (mongod lets
-any user do that; the embedded server checks killCursors); and with MONGOLOCK_TEST_SHARDED=1 (no mongos here) the tests
-that need a sharded collection are left out (tests/conftest.py, MONGOLOCK_TEST_WITHOUT_MONGOS).
+any user do that; the embedded server checks killCursors); and with MONGOLOCK_TEST_SHARDED=1 (no
+mongos here) the tests that need a sharded collection are left out (tests/conftest.py,
+MONGOLOCK_TEST_WITHOUT_MONGOS).
 """
 
 from __future__ import annotations
