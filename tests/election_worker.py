@@ -10,7 +10,7 @@ itself leader, in two round trips: the classic race, so the test can show its de
 until it is killed or stopped; it prints ``lost <monotonic time>`` if it learns of a loss. With
 ``fenced`` it also hands its term to a task that writes to the document "resource" every 50 ms with
 it as the fencing token, for as long as the process runs (a loss does not stop it), printing
-``wrote <monotonic time> applied`` or ``refused`` after each write.
+``wrote <monotonic time it was sent> applied`` or ``refused`` after each write.
 
     python tests/election_worker.py URI DATABASE COLLECTION {contend|broken} CANDIDATES SECONDS START_AT
     python tests/election_worker.py URI DATABASE COLLECTION lead - TTL {-|fenced}
@@ -88,10 +88,13 @@ async def lead(collection: Any, ttl: float, fenced: bool) -> None:
         # Code the leader handed its term to, outside the leader-only work: a loss cannot cancel it.
         while True:
             await asyncio.sleep(0.05)
+            # The time it was sent: a write in flight when the process is stopped is applied, or
+            # not, before the process resumes and reads its reply.
+            sent_at = time.monotonic()
             written = await fenced_update_one(
                 collection.database["resource"], {"_id": "resource"}, {"$inc": {"writes": 1}}, token=term, upsert=True
             )
-            print("wrote", time.monotonic(), "applied" if written.applied else "refused", flush=True)
+            print("wrote", sent_at, "applied" if written.applied else "refused", flush=True)
 
     async def work(term: int) -> None:
         print("leading", term, flush=True)

@@ -350,8 +350,9 @@ async def test_failover_after_the_leader_dies_or_stalls(driver: str, mongodb_uri
 
 
 def _lines_after_resuming(stdout: Any, resumed_at: float) -> list[str]:
-    """What a resumed leader process said after ``resumed_at``: "lost", and its writes' outcomes,
-    until it has said "lost" and written three times."""
+    """What a resumed leader process said after ``resumed_at``: "lost", and the outcomes of the
+    writes it sent after it (one in flight at the stop may have been applied before the new leader
+    wrote), until it has said "lost" and written three times."""
     said: list[str] = []
     for line in stdout:
         kind, at, *outcome = line.split()
