@@ -28,6 +28,7 @@ from mongolock_async import (
     LockLostError,
     LockManager,
 )
+from mongolock_async.examples.periodic_job import SCHEDULERS
 from mongolock_async.jobs import current_run, run_once
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
@@ -465,6 +466,23 @@ async def test_the_periodic_example_builds_one_digest_per_period_on_three_replic
     slots = range(min(counts), max(counts) + 1)
     assert len(slots) >= 4 and all(counts[slot] == 1 for slot in slots), counts
     assert all("built the digest in periods" in out for out in outputs), outputs
+
+
+@pytest.mark.parametrize("scheduler", ["loop", "apscheduler", "fastapi"])
+async def test_the_periodic_examples_schedulers_stop_between_runs_never_during_one(scheduler: str) -> None:
+    # A run cut off on the way out leaves its period not done, and another replica builds that
+    # period's digest again (seen once in a full test run, with the lifespan's cancel()).
+    started, finished = asyncio.Event(), asyncio.Event()
+
+    async def slow_run() -> None:
+        started.set()
+        await asyncio.sleep(3.0)
+        finished.set()
+
+    # It stops after 1.5 s, while the first run (from 0 s, or 0.25 s under APScheduler) goes on.
+    await SCHEDULERS[scheduler](slow_run, 1.0, 1.5)
+    assert started.is_set(), "no run started"
+    assert finished.is_set(), "the run in progress was cut off on the way out"
 
 
 async def test_a_run_whose_lease_is_broken_by_force_is_cancelled_and_recorded_lost(lock_collection: Any) -> None:

@@ -15,7 +15,8 @@ Run it in two or three terminals at once and compare what they print:
     mongolock inspect digest                                     # the job: its period, last run, holder
 
 Each replica prints the periods it built the digest in; the digests are in the ``jobs`` database
-(``JOBS_DATABASE``), one per period.
+(``JOBS_DATABASE``), one per period. Each scheduler stops between runs, never during one: a run
+cut off midway leaves its period not done, and another replica would build that digest again.
 """
 
 from __future__ import annotations
@@ -35,25 +36,41 @@ from mongolock_async.examples import lock_collection, mongodb_uri
 from mongolock_async.jobs import current_run
 
 
-async def on_a_loop(fire: Callable[[], Awaitable[object]], every: float, seconds: float) -> None:
-    """Fire four times per period: a replica may be busy, or start late; one call per period runs."""
+async def on_a_loop(
+    fire: Callable[[], Awaitable[object]], every: float, seconds: float, stopping: asyncio.Event | None = None
+) -> None:
+    """Fire four times per period, for ``seconds`` or until ``stopping`` is set: a replica may be
+    busy, or start late; one call per period runs."""
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + seconds
-    while loop.time() < stop_at:
+    stopping = stopping or asyncio.Event()
+    while loop.time() < stop_at and not stopping.is_set():
         await fire()
-        await asyncio.sleep(every / 4)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(every / 4):
+                await stopping.wait()
 
 
 async def with_apscheduler(fire: Callable[[], Awaitable[object]], every: float, seconds: float) -> None:
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+    running = asyncio.Lock()
+
+    async def fire_in_turn() -> None:
+        async with running:
+            await fire()
+
     scheduler = AsyncIOScheduler()
-    scheduler.add_job(fire, "interval", seconds=every / 4, max_instances=1, coalesce=True)
+    scheduler.add_job(fire_in_turn, "interval", seconds=every / 4, max_instances=1, coalesce=True)
     scheduler.start()
     try:
         await asyncio.sleep(seconds)
     finally:
-        scheduler.shutdown(wait=False)
+        # APScheduler's shutdown cancels a coroutine job that is running: no new runs, then the
+        # run in progress finishes before it.
+        scheduler.pause()
+        async with running:
+            scheduler.shutdown(wait=False)
 
 
 async def in_a_fastapi_lifespan(fire: Callable[[], Awaitable[object]], every: float, seconds: float) -> None:
@@ -61,11 +78,11 @@ async def in_a_fastapi_lifespan(fire: Callable[[], Awaitable[object]], every: fl
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        schedule = asyncio.create_task(on_a_loop(fire, every, float("inf")))
+        stopping = asyncio.Event()
+        schedule = asyncio.create_task(on_a_loop(fire, every, float("inf"), stopping))
         yield
-        schedule.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await schedule
+        stopping.set()  # not cancel(): the run in progress finishes
+        await schedule
 
     app = FastAPI(lifespan=lifespan)
     async with app.router.lifespan_context(app):  # what uvicorn does when the app starts and stops
