@@ -147,13 +147,12 @@ def test_make_demo_installs_what_the_demo_needs_and_no_development_tool(tmp_path
     ).stdout
     installs = [line for line in planned.splitlines() if " pip install " in line]
     assert len(installs) == 1 and installs[0].endswith("-e '.[embedded,rich]'"), planned
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    installed = {
-        re.split(r"[<>=\[ ;]", requirement)[0]
-        for extra in ("embedded", "rich")
-        for requirement in project["optional-dependencies"][extra]
-    }
-    tools = {re.split(r"[<>=\[ ;]", requirement)[0] for requirement in project["optional-dependencies"]["dev"]}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def packages(*names: str) -> set[str]:
+        return {re.split(r"[<>=\[ ;]", requirement)[0] for name in names for requirement in extras[name]}
+
+    installed, tools = packages("embedded", "rich"), packages("dev")
     assert not installed & (tools - {"secantusdb", "rich"}), installed & tools
     assert {"pytest", "mypy", "ruff", "mkdocs"} <= tools  # else the check above could pass on a misread
 
