@@ -21,6 +21,7 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
 from mongolock_async._commandline import redact_uri
+from mongolock_async.demo import DROP_SETTLE, drop_for_good
 from mongolock_async.testing import EmbeddedMongo
 from tests.conftest import child_environment, uri_with_options, uri_without_credentials
 from tests.test_force_release import two_permits_of_one_process
@@ -232,6 +233,36 @@ def test_a_password_in_the_uri_never_shows() -> None:
     demo_failed = mongolock("demo", "--uri", unreachable)
     assert demo_failed.returncode == 3 and "cannot reach MongoDB" in demo_failed.stderr
     assert "Traceback" not in demo_failed.stderr and PASSWORD not in demo_failed.stdout + demo_failed.stderr
+
+
+@pytest.mark.parametrize("late", [0.0, 0.1, 0.2, 0.3, 0.4])
+async def test_the_demo_drops_its_database_for_good_though_a_killed_worker_wrote_late(
+    mongodb_uri: str, late: float
+) -> None:
+    """Stop 34's CI: after Ctrl-C, the demo killed its workers and dropped its database, and the
+    database was back: the server still runs what a process sent before it died. Here such a
+    write lands ``late`` seconds after the first drop, swept across the settle window; the
+    database must be gone in the end."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+    database = client[f"mongolock_demo_{uuid.uuid4().hex[:8]}"]
+
+    async def write_after_the_drop() -> None:
+        while await database.list_collection_names():  # noqa: ASYNC110 - polls the server
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(late)
+        await database.workers.insert_one({"late": late})
+
+    try:
+        await database.workers.insert_one({"_id": "before"})
+        late_write = asyncio.create_task(write_after_the_drop())
+        await drop_for_good(database, settle=DROP_SETTLE)
+        written_while_settling = late_write.done()
+        await late_write
+        assert await database.list_collection_names() == [], "the late write brought the database back"
+        assert written_while_settling, "the write came after the drop had settled: this run proves nothing"
+    finally:
+        await client.drop_database(database.name)
+        await client.close()
 
 
 @pytest.mark.parametrize(
