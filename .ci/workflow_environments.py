@@ -5,7 +5,7 @@
 The workflow (.github/workflows/real-mongodb.yml) needs a Docker engine and real MongoDB; its first
 run is where a variable that leaks into a child process, or a URI of another shape, would show.
 This runs every job (every combination of its matrix) here first: for each of its test steps, the
-step's pytest invocation (``make test`` is ``pytest -n 4``) with the job's and the step's
+step's pytest invocation (``make test``: the Makefile's pytest arguments) with the job's and the step's
 variables, against an embedded server of this run, with only what the environment can break:
 
 - the tests marked ``environment`` (they read the run's settings or hand an environment to a child
@@ -54,6 +54,7 @@ from mongolock_async.testing import EmbeddedMongo
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "real-mongodb.yml"
+MAKEFILE = ROOT / "Makefile"
 _MATRIX = re.compile(r"\$\{\{\s*matrix\.(\w+)\s*\}\}")
 _EMBEDDED_REPLICA_SET = "secantus"
 
@@ -86,9 +87,11 @@ def _combinations(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _pytest_arguments(command: str) -> list[str] | None:
-    """The pytest arguments of a step's command: ``make test`` is the Makefile's ``pytest -n 4``."""
+    """The pytest arguments of a step's command; for ``make test``, those of the Makefile's test target."""
     if re.search(r"(^|\s)make test(\s|$)", command):
-        return ["-n", "4"]
+        recipe = re.search(r"^\t\$\(PYTHON\) -m pytest(.*)$", MAKEFILE.read_text(), re.MULTILINE)
+        assert recipe, "the Makefile's test target no longer runs `$(PYTHON) -m pytest`"
+        return shlex.split(recipe.group(1))
     words = shlex.split(command.replace("\\\n", " "))
     if "pytest" in words:
         return words[words.index("pytest") + 1 :]
