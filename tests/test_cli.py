@@ -235,15 +235,22 @@ def test_a_password_in_the_uri_never_shows() -> None:
     assert "Traceback" not in demo_failed.stderr and PASSWORD not in demo_failed.stdout + demo_failed.stderr
 
 
+@pytest.fixture(scope="module")
+def demo_server() -> Iterator[EmbeddedMongo]:
+    """The demo's own kind of server: it drops databases, which the test run's users may not."""
+    with EmbeddedMongo() as server:
+        yield server
+
+
 @pytest.mark.parametrize("late", [0.0, 0.1, 0.2, 0.3, 0.4])
 async def test_the_demo_drops_its_database_for_good_though_a_killed_worker_wrote_late(
-    mongodb_uri: str, late: float
+    demo_server: EmbeddedMongo, late: float
 ) -> None:
     """Stop 34's CI: after Ctrl-C, the demo killed its workers and dropped its database, and the
     database was back: the server still runs what a process sent before it died. Here such a
     write lands ``late`` seconds after the first drop, swept across the settle window; the
     database must be gone in the end."""
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(demo_server.uri)
     database = client[f"mongolock_demo_{uuid.uuid4().hex[:8]}"]
 
     async def write_after_the_drop() -> None:
