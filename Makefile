@@ -26,14 +26,14 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[embedded,rich]'
 	touch $(DEMO_STAMP)
 
-## The test suite, in 6 worker processes with an embedded server each (CI runs it after lint, docs
+## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
 ## and the package check). The job tests run processes under a shifted wall clock: Debian's
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
 ## browser). Both are installed here when missing (as root; elsewhere those tests say what to install).
 test: $(STAMP)
 	$(call debian,faketime,the job tests that need it will fail)
 	$(call debian,chromium,the dashboard's browser tests will fail)
-	$(PYTHON) -m pytest -n 6
+	$(PYTHON) -m pytest -n 4
 
 ## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),
 ## and the real-MongoDB workflow and its compose files checked against their schemas.
