@@ -88,7 +88,8 @@ class Waiter:
     """What it asks for of a semaphore's or read-write lock's limit (a lock's waiters: 1)."""
     turn: Turn = Turn.QUEUED
     attempt_at: float | None = None
-    """In ``PLACED`` and ``BACKING_OFF``: when to attempt if no news comes first (None: not set yet)."""
+    """In ``BACKING_OFF``: when to attempt if no news comes first (None: not set yet). In ``PLACED``
+    the queue's ``look_at`` says when."""
     in_session: bool = False
     """Its next attempt runs in a session: no change stream covers the time since the place was
     written, and the stream must start at that attempt's ``operationTime``."""
@@ -125,6 +126,12 @@ class LocalQueue:
         """The lease length that write put in the place: what a hand-off to it grants."""
         self.place_follower: PlaceRequest | None = None
         """The follower recorded with the place: the place a hand-off to it queues next."""
+        self.look_at: float | None = None
+        """Monotonic time at which the first waiter, placed, attempts if no news comes first (the
+        expiry that can let it in, or the end of its sleep; None: not set yet). It belongs to the
+        place, not to a waiter: one that gives up leaves it to the next, or a line of waiters that
+        each give up sooner would put the look off for ever, behind a lease that expired (or was
+        handed to this place unseen) meanwhile."""
         self.upcoming: PlaceRequest | None = None
         """The follower for the place: the place of the waiter after the first. Every request that
         writes the first waiter's place names the same one, so whichever of them gives the lease,
@@ -174,7 +181,6 @@ class LocalQueue:
         if self.place is not PlaceState.STORED or waiter.in_session:
             self._move(waiter, Turn.DUE)
         else:
-            waiter.attempt_at = None
             self._move(waiter, Turn.PLACED)
 
     def on_joined(self, waiter: Waiter) -> None:
@@ -193,8 +199,9 @@ class LocalQueue:
             self._first_in_line(head)
 
     def on_attempt_sent(self, waiter: Waiter) -> None:
-        """DUE -> ATTEMPTING."""
+        """DUE -> ATTEMPTING: the reply says when to look next."""
         waiter.turn = Turn.ATTEMPTING
+        self.look_at = None
 
     def on_taken(self, grant: Grant, *, follower: PlaceRequest | None) -> bool:
         """The first waiter's place got the lease (its own attempt, a release, a hand-off):
@@ -219,7 +226,6 @@ class LocalQueue:
             return
         waiter.in_session = not covered
         if covered:
-            waiter.attempt_at = None
             self._move(waiter, Turn.PLACED)
         else:
             self._move(waiter, Turn.DUE)
@@ -324,6 +330,8 @@ class LocalQueue:
         process has no place there)."""
         if place is not None and place is self.upcoming:
             self.upcoming = None
+        if place is None or place.token != self.slot:
+            self.look_at = None  # a new place: its first waiter has seen nothing of it yet
         self.slot = None if place is None else place.token
         self.place = PlaceState.ABSENT if place is None else PlaceState.STORED
         self.place_written_at = written_at

@@ -123,18 +123,20 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
                 await _attempt(queue, waiter, request, watcher, backoff, first=not attempted, give_up_at=give_up_at)
                 attempted = True
                 continue
-            if waiter.turn in (Turn.PLACED, Turn.BACKING_OFF):
+            wake_at = None
+            if waiter.turn is Turn.PLACED:
+                if queue.look_at is None:
+                    queue.look_at = now + _sleep_without_news(watcher, request, backoff)
+                wake_at = queue.look_at
+            elif waiter.turn is Turn.BACKING_OFF:
                 if waiter.attempt_at is None:
-                    waiter.attempt_at = now + (
-                        backoff.next_delay()
-                        if waiter.turn is Turn.BACKING_OFF
-                        else _sleep_without_news(watcher, request, backoff)
-                    )
-                elif now >= waiter.attempt_at:
+                    waiter.attempt_at = now + backoff.next_delay()
+                wake_at = waiter.attempt_at
+            if wake_at is not None:
+                if now >= wake_at:
                     waiter.turn = Turn.DUE
                     continue
                 keeper_for_running_loop().keep_place(queue)
-            wake_at = waiter.attempt_at if waiter.turn in (Turn.PLACED, Turn.BACKING_OFF) else None
             await _sleep_until(waiter, wake_at, give_up_at, _unreachable_at(queue, request))
         return waiter.grant
     except asyncio.CancelledError:
@@ -227,7 +229,7 @@ async def _attempt(
     queue.on_placed(waiter, place, sent_at, state.fencing_token, covered=covered)
     if waiter.turn is Turn.PLACED:
         until_change = _until_next_change(state, token, fair=request.fair)
-        waiter.attempt_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_change)
+        queue.look_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_change)
 
 
 def _until_next_change(state: LockState, token: str, *, fair: bool) -> float | None:

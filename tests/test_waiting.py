@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,7 +28,7 @@ import pytest
 from pymongo import MongoClient, common
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore
 from mongolock_async import watcher as watcher_module
 from mongolock_async.queues import PlaceState, Turn, existing_queue
 from mongolock_async.store import LockStore, expressions, mutex
@@ -440,6 +441,49 @@ async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
     assert await holder.release()
     assert await asyncio.wait_for(waiting, 5)
     assert await waiter.release()
+
+
+HANDLES: dict[str, Callable[[Any, str, float], AsyncMongoLock]] = {
+    "lock": lambda collection, name, ttl: AsyncMongoLock(collection, name, ttl=ttl),
+    "fair lock": lambda collection, name, ttl: AsyncMongoLock(collection, name, ttl=ttl, fair=True),
+    "semaphore": lambda collection, name, ttl: AsyncMongoSemaphore(collection, name, 1, ttl=ttl),
+    "writer": lambda collection, name, ttl: AsyncMongoRWLock(collection, name, ttl=ttl).write(),
+    "reader": lambda collection, name, ttl: AsyncMongoRWLock(collection, name, ttl=ttl).read(),
+}
+"""A handle of each kind that waits with a place in a queue, by name."""
+
+
+@pytest.mark.parametrize("spacing", [0.05, 0.2, 0.4])
+@pytest.mark.parametrize("kind", HANDLES)
+async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_lease(
+    driver: str, mongodb_uri: str, lock_collection: Any, kind: str, spacing: float
+) -> None:
+    # A process whose waiters come one after another, each giving up after 0.5 s (a web handler's
+    # acquire timeout) but never all at once, keeps its place in the queue. The lease they wait
+    # behind expires (its holder died; or it was handed to the place unseen): one of them must
+    # look again then, although each would sleep out a TTL of its own. Seen in the two-worker
+    # uvicorn sale under load: a lock refused for minutes after its lease expired.
+    name, dead_ttl, line_length, patience = f"line-{kind}-{spacing}", 0.6, 2.5, 0.5
+    async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
+        dead = HANDLES["writer" if kind == "reader" else kind](remote, name, dead_ttl)
+        assert await dead.acquire()
+        started = time.monotonic()
+        taken: list[float] = []
+
+        async def come_and_give_up() -> None:
+            handle = HANDLES[kind](lock_collection, name, 30.0)
+            if await handle.acquire(timeout=patience):
+                taken.append(time.monotonic() - started)
+                assert await handle.release()
+
+        line = []
+        while time.monotonic() - started < line_length:
+            line.append(asyncio.create_task(come_and_give_up()))
+            await asyncio.sleep(spacing)
+        await asyncio.gather(*line)
+        assert taken, f"nobody took the lease that expired {dead_ttl} s into a {line_length} s line of waiters"
+        assert taken[0] >= dead_ttl - 0.05, "a waiter took the lease before it expired"
+        await dead.release()
 
 
 async def test_the_stream_lingers_then_closes_without_dropping_a_connection(
