@@ -425,7 +425,9 @@ async def test_nothing_is_renewed_once_release_is_called(fault_server: FaultServ
     client = fault_server.client(driver, event_listeners=[counter])
     try:
         collection = client[TEST_DATABASE][fault_server.collection]
-        lock = AsyncMongoLock(collection, "slow-release", ttl=1.5, heartbeat=0.2)
+        # A TTL well above the release's 1 s on the server: a release that outlasts the lease raises
+        # (as it promises), and with a 1.5 s TTL a loaded machine made it (one full run in five).
+        lock = AsyncMongoLock(collection, "slow-release", ttl=4.0, heartbeat=0.2)
         assert await lock.acquire()
         await asyncio.sleep(0.5)
         await set_fail_point(
