@@ -466,8 +466,8 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
     name, dead_ttl, line_length, patience = f"line-{kind}-{spacing}", 0.6, 2.5, 0.5
     async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
         dead = HANDLES["writer" if kind == "reader" else kind](remote, name, dead_ttl)
+        started = time.monotonic()  # before the lease's request: it expires dead_ttl after that, at the earliest
         assert await dead.acquire()
-        started = time.monotonic()
         taken: list[float] = []
 
         async def come_and_give_up() -> None:
