@@ -30,7 +30,9 @@ async def keeper_tasks() -> list[asyncio.Task[Any]]:
 
 
 async def test_heartbeat_keeps_a_job_of_five_ttls(lock_collection: Any) -> None:
-    ttl = 0.6
+    # 1.5 s: a renewal every 0.5 s, so only a request stalled for about 0.85 s loses the lease. With
+    # 0.6 s, one stalled for 0.35 s did, in a fresh clone's .ci/run (the lease was lost, as promised).
+    ttl = 1.5
     lock = AsyncMongoLock(lock_collection, "long-job", ttl=ttl, heartbeat=True)
     # The contender's own TTL is long: a stall of a loaded machine between its acquire and its
     # release must not end its lease (what is tested is the holder's).
