@@ -35,6 +35,8 @@ def handle(collection: Any, kind: str, name: str, ttl: float = 30.0) -> AsyncMon
         return AsyncMongoSemaphore(collection, name, 1, ttl=ttl)
     if kind == "rwlock":
         return AsyncMongoRWLock(collection, name, ttl=ttl).write()
+    if kind == "rwlock-reader":
+        return AsyncMongoRWLock(collection, name, ttl=ttl).read()
     if kind == "election":
         return AsyncMongoElection(collection, name, ttl=ttl)
     raise ValueError(kind)

@@ -28,7 +28,7 @@ import pytest
 from pymongo import MongoClient, common
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore
+from mongolock_async import AsyncMongoLock
 from mongolock_async import watcher as watcher_module
 from mongolock_async.queues import PlaceState, Turn, existing_queue
 from mongolock_async.store import LockStore, expressions, mutex
@@ -36,6 +36,7 @@ from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from mongolock_async.waiting import LOCAL_STREAK
 from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
+from tests.giving_up_worker import handle
 
 PATIENT = {"retry_base": 3600.0, "retry_cap": 3600.0}
 """A waiter that never polls in a test's lifetime: only a release signal can wake it."""
@@ -443,18 +444,8 @@ async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
     assert await waiter.release()
 
 
-HANDLES: dict[str, Callable[[Any, str, float], AsyncMongoLock]] = {
-    "lock": lambda collection, name, ttl: AsyncMongoLock(collection, name, ttl=ttl),
-    "fair lock": lambda collection, name, ttl: AsyncMongoLock(collection, name, ttl=ttl, fair=True),
-    "semaphore": lambda collection, name, ttl: AsyncMongoSemaphore(collection, name, 1, ttl=ttl),
-    "writer": lambda collection, name, ttl: AsyncMongoRWLock(collection, name, ttl=ttl).write(),
-    "reader": lambda collection, name, ttl: AsyncMongoRWLock(collection, name, ttl=ttl).read(),
-}
-"""A handle of each kind that waits with a place in a queue, by name."""
-
-
 @pytest.mark.parametrize("spacing", [0.05, 0.2, 0.4])
-@pytest.mark.parametrize("kind", HANDLES)
+@pytest.mark.parametrize("kind", ["lock", "fair-lock", "semaphore", "rwlock", "rwlock-reader"])
 async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_lease(
     driver: str, mongodb_uri: str, lock_collection: Any, kind: str, spacing: float
 ) -> None:
@@ -465,16 +456,16 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
     # uvicorn sale under load: a lock refused for minutes after its lease expired.
     name, dead_ttl, line_length, patience = f"line-{kind}-{spacing}", 0.6, 2.5, 0.5
     async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
-        dead = HANDLES["writer" if kind == "reader" else kind](remote, name, dead_ttl)
+        dead = handle(remote, "rwlock" if kind == "rwlock-reader" else kind, name, dead_ttl)
         started = time.monotonic()  # before the lease's request: it expires dead_ttl after that, at the earliest
         assert await dead.acquire()
         taken: list[float] = []
 
         async def come_and_give_up() -> None:
-            handle = HANDLES[kind](lock_collection, name, 30.0)
-            if await handle.acquire(timeout=patience):
+            waiter = handle(lock_collection, kind, name)
+            if await waiter.acquire(timeout=patience):
                 taken.append(time.monotonic() - started)
-                assert await handle.release()
+                assert await waiter.release()
 
         line = []
         while time.monotonic() - started < line_length:
