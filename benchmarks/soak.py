@@ -174,7 +174,8 @@ def main() -> None:
     print(f"{arguments.processes} processes x {arguments.tasks} tasks, {arguments.names} lock names (odd ones fair) "
           f"and {arguments.rw_names} read-write lock names (one hold in four a write), TTL 3 s, one section in "
           f"fifty long with the heartbeat", flush=True)  # fmt: skip
-    with EmbeddedMongo(test_commands=True) as server:
+    # An overlap's report reads the oplog of the seconds around it: keep more of it than tests do.
+    with EmbeddedMongo(test_commands=True, oplog_entries=20_000) as server:
         faults = Faults()
         counts, sections, resource = run("real", server, arguments, arguments.minutes * 60, faults)
         overlap_list, regressions = judge(sections)

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from bson import Int64
+from bson.binary import UUID_SUBTYPE, Binary
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
@@ -43,6 +46,41 @@ def test_starts_and_answers_ping() -> None:
 def test_standalone_mode_drops_the_replica_set() -> None:
     with EmbeddedMongo(replica_set=False) as server, client_for(server) as client:
         assert "setName" not in client.admin.command("hello")
+
+
+def test_the_oplog_stays_short() -> None:
+    # A stream's opening decodes the embedded server's whole oplog, under the lock every request
+    # takes: it must not grow with the writes a test run makes (it prunes every 1,000 writes).
+    writes = 3 * server_module.OPLOG_ENTRIES
+    with EmbeddedMongo() as server, client_for(server) as client:
+        for first in range(0, writes, 100):
+            client.db.things.insert_many([{"_id": n} for n in range(first, first + 100)])
+        assert client.db.things.count_documents({}) == writes
+        assert client.local["oplog.rs"].count_documents({}) <= 2 * server_module.OPLOG_ENTRIES
+
+
+def test_a_retried_write_is_applied_once() -> None:
+    # The server keeps one retryable-write reply per session (EmbeddedMongo's patch, as mongod): a
+    # retry of the newest write, same session and txnNumber, gets the first reply, not a second write.
+    with EmbeddedMongo() as server, client_for(server) as client:
+        session = {"id": Binary(uuid.uuid4().bytes, UUID_SUBTYPE)}
+
+        def increment(txn_number: int) -> object:
+            reply = client.db.command(
+                {
+                    "findAndModify": "counters",
+                    "query": {"_id": 1},
+                    "update": {"$inc": {"n": 1}},
+                    "upsert": True,
+                    "new": True,
+                    "lsid": session,
+                    "txnNumber": Int64(txn_number),
+                }
+            )
+            return reply["value"]["n"]
+
+        assert [increment(1), increment(1), increment(2), increment(2), increment(3)] == [1, 1, 2, 2, 3]
+        assert client.db.counters.find_one({"_id": 1}) == {"_id": 1, "n": 3}
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["clean-stop", "sigkill"])

@@ -52,6 +52,36 @@ def _bounded_wrap_socket(self, sock, *args, **kwargs):
     return _wrap_socket(self, sock, *args, **kwargs)
 ssl.SSLContext.wrap_socket = _bounded_wrap_socket
 """
+# SecantusDB finds where a change stream starts (startAtOperationTime) by decoding its whole oplog,
+# under the lock every request takes (secantus/storage.py, `_find_seq_for_ts_scan`), about 30 us an
+# entry: with its default cap of 100,000 entries, each stream opened late in a test run stalled the
+# server for up to a second. Streams here start a moment back, so a short oplog is enough; one that
+# outlives its history fails and the library reopens it, as on a mongod whose oplog rolled over.
+OPLOG_ENTRIES = 1000
+"""The embedded server's oplog cap, in entries (it prunes every 1,000 writes, so it holds up to 2,000)."""
+
+# SecantusDB keeps the reply of every retryable write, keyed by (session, txnNumber), for 30 minutes
+# (secantus/transactions.py, `record_retryable`), and scans them all on every retryable write, and
+# sorts them all once there are 10,000: a server slows down with the writes it has served (a
+# findAndModify took 4 ms on a fresh server, 25 ms after 11,000 writes), until renewals on a shared
+# test server miss their deadlines. mongod keeps one record per session, for its newest txnNumber
+# (config.transactions; an older txnNumber is refused as TransactionTooOld:
+# src/mongo/db/transaction/transaction_participant.cpp), so keep only that one here too.
+_ONE_RETRYABLE_RECORD_PER_SESSION = """
+from secantus.transactions import TransactionRegistry
+_record_retryable = TransactionRegistry.record_retryable
+def _record_newest_retryable(self, lsid, txn_number, identity, reply):
+    newest = self.__dict__.setdefault("_newest_retryable", {})
+    if txn_number < newest.get(lsid, txn_number):
+        return
+    _record_retryable(self, lsid, txn_number, identity, reply)
+    with self._lock:
+        if (lsid, txn_number) in self._retryable:
+            if newest.get(lsid, txn_number) != txn_number:
+                self._retryable.pop((lsid, newest[lsid]), None)
+            newest[lsid] = txn_number
+TransactionRegistry.record_retryable = _record_newest_retryable
+"""
 # Reads the server's pid each time it starts; "closed" when close() cleaned up. At end of input
 # without "closed" (the starting process is gone), kills the last server (if it still runs in the
 # directory) and removes the directory.
@@ -94,6 +124,8 @@ class EmbeddedMongo:
     - ``port``: listen on this port (default: one the OS assigns).
     - ``tls``: serve TLS only ([`EmbeddedTLS`][mongolock_async.testing.EmbeddedTLS]); the URI then
       asks for TLS, verified with the server's certificate authority.
+    - ``oplog_entries``: the oplog's cap (default ``OPLOG_ENTRIES``); each change stream's opening
+      costs the server about 30 us an entry kept.
     """
 
     def __init__(
@@ -106,6 +138,7 @@ class EmbeddedMongo:
         cache_size: str = "128M",
         port: int | None = None,
         tls: EmbeddedTLS | None = None,
+        oplog_entries: int = OPLOG_ENTRIES,
     ) -> None:
         if importlib.util.find_spec("secantus") is None:
             raise EmbeddedServerError(
@@ -120,6 +153,7 @@ class EmbeddedMongo:
         self.port: int | None = port
         """The port: OS-assigned at the first start unless given."""
         self.tls = tls
+        self.oplog_entries = oplog_entries
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
@@ -285,12 +319,13 @@ class EmbeddedMongo:
     def _launch(self, *, auth: bool, tls: bool) -> None:
         assert self._workdir is not None and self.log_path is not None
         command = [
-            sys.executable, "-c", (_BOUNDED_HANDSHAKE if tls else "") + _LAUNCH,
+            sys.executable, "-c", (_BOUNDED_HANDSHAKE if tls else "") + _ONE_RETRYABLE_RECORD_PER_SESSION + _LAUNCH,
             "--host", "127.0.0.1",
             "--port", str(self.port or 0),
             "--storage-path", str(self._workdir / "data"),
             "--sync-on-commit",
             "--cache-size", self.cache_size,
+            "--oplog-max-entries", str(self.oplog_entries),
         ]  # fmt: skip
         if not self.replica_set:
             command.append("--standalone")
