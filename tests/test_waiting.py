@@ -28,7 +28,7 @@ import pytest
 from pymongo import MongoClient, common
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, LockTimeoutError
 from mongolock_async import watcher as watcher_module
 from mongolock_async.queues import PlaceState, Turn, existing_queue
 from mongolock_async.store import LockStore, expressions, mutex
@@ -463,9 +463,12 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
 
         async def come_and_give_up() -> None:
             waiter = handle(lock_collection, kind, name)
-            if await waiter.acquire(timeout=patience):
-                taken.append(time.monotonic() - started)
-                assert await waiter.release()
+            # A waiter whose request is still unanswered when its patience ends raises (the server
+            # was too slow to be counted as reached): a way of giving up too, as acquire promises.
+            with contextlib.suppress(LockTimeoutError):
+                if await waiter.acquire(timeout=patience):
+                    taken.append(time.monotonic() - started)
+                    assert await waiter.release()
 
         line = []
         while time.monotonic() - started < line_length:
