@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from mongolock_async.testing.clients import DRIVERS, close_client, make_client
 
 HANDLES = 3
 TTL = 0.2
+RECONNECT = 10.0
+"""Seconds an acquire is tried again after transient errors (a restarted server's first moments)."""
 Step = tuple[str, int]
 steps = st.lists(
     st.one_of(
@@ -40,20 +43,21 @@ def fencing_server() -> Iterator[EmbeddedMongo]:
 
 
 async def acquire_once(lock: AsyncMongoLock) -> bool:
-    """A non-blocking acquire, tried again after a transient error: it is bounded by the 0.2 s TTL,
-    which reconnecting after a restart can exceed on a loaded machine (the library then undoes
-    whatever the failed attempt may have taken, so the tokens must still only go up)."""
-    for attempt in range(3):
+    """A non-blocking acquire, tried again after a transient error for up to ``RECONNECT`` seconds:
+    each attempt is bounded by the 0.2 s TTL, and after a restart the driver may find the server again
+    only at its next check, which a loaded machine delays past several attempts (the library undoes
+    whatever a failed attempt may have taken, so the tokens must still only go up)."""
+    give_up_at = time.monotonic() + RECONNECT
+    while True:
         try:
             return await lock.acquire(blocking=False)
         except ServerUnreachableError:  # no server selected within the TTL: nothing was sent
-            if attempt == 2:
+            if time.monotonic() >= give_up_at:
                 raise
         except PyMongoError as error:
-            if attempt == 2 or not is_transient(error):
+            if time.monotonic() >= give_up_at or not is_transient(error):
                 raise
-            await asyncio.sleep(0.2)
-    return False
+        await asyncio.sleep(0.2)
 
 
 async def run_steps(server: EmbeddedMongo, driver: str, collection_name: str, plan: list[Step]) -> list[int]:
