@@ -249,7 +249,8 @@ async def test_the_demo_drops_its_database_for_good_though_a_killed_worker_wrote
     """Stop 34's CI: after Ctrl-C, the demo killed its workers and dropped its database, and the
     database was back: the server still runs what a process sent before it died. Here such a
     write lands ``late`` seconds after the first drop, swept across the settle window; the
-    database must be gone in the end."""
+    database must be gone in the end. A run whose write a loaded machine delayed past the window
+    proves nothing, and is made again (at most three runs)."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(demo_server.uri)
     database = client[f"mongolock_demo_{uuid.uuid4().hex[:8]}"]
 
@@ -260,13 +261,17 @@ async def test_the_demo_drops_its_database_for_good_though_a_killed_worker_wrote
         await database.workers.insert_one({"late": late})
 
     try:
-        await database.workers.insert_one({"_id": "before"})
-        late_write = asyncio.create_task(write_after_the_drop())
-        await drop_for_good(database, settle=DROP_SETTLE)
-        written_while_settling = late_write.done()
-        await late_write
+        for _ in range(3):
+            await database.workers.insert_one({"_id": "before"})
+            late_write = asyncio.create_task(write_after_the_drop())
+            await drop_for_good(database, settle=DROP_SETTLE)
+            written_while_settling = late_write.done()
+            await late_write
+            if written_while_settling:
+                break
+            await client.drop_database(database.name)
+        assert written_while_settling, "the write came after the drop had settled in 3 runs: they prove nothing"
         assert await database.list_collection_names() == [], "the late write brought the database back"
-        assert written_while_settling, "the write came after the drop had settled: this run proves nothing"
     finally:
         await client.drop_database(database.name)
         await client.close()
