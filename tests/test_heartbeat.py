@@ -216,8 +216,8 @@ async def test_many_leases_are_renewed_in_chunks_one_request_each(
     leases, interval = 3 * RENEWAL_CHUNK, 1.5
     tasks_before = len(asyncio.all_tasks())
     locks = [AsyncMongoLock(counted_collection, f"lease-{i}", ttl=30.0, heartbeat=interval) for i in range(leases)]
-    # Taken and released one at a time: 300 requests at once queue on the embedded server for up to
-    # 3 s, and in the access-control job another worker's test shares that server (a 1.5 s lease
+    # Taken and released one at a time: 300 requests at once queue on the embedded server for
+    # seconds, and in the access-control job another worker's test shares that server (a 1.5 s lease
     # there was lost behind them, as promised, in a CI run).
     for lock in locks:
         assert await lock.acquire()
