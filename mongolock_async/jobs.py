@@ -3,13 +3,16 @@ every process that shares the lock collection.
 
 A job is a name with a lease, as a lock is, and a record of its runs kept in the same document.
 Whether a call runs the job is decided on the server, in the one request that takes the lease:
-nobody else holds it; in a job with ``every``, no run has succeeded in the current *slot* (a
-period of the server's clock, ``floor((now - offset) / every)``) and the slot's ``max_attempts``
-are not used up; with ``min_interval``, the last run ended at least that long ago. The request
-that ends the run records how it ended and, on success, marks its slot done. So "run only if this
-period is not done" and "mark it done" are each one atomic write, and clients' clocks decide
-nothing. A run whose process dies, or that loses its lease, leaves its slot not done: the next
-call in the slot runs the job again once the lease has expired, and the run is recorded as lost.
+nobody else holds it; in a job with ``every``, no run that started in the current *period* (a
+span ``[start, start + every)`` of the server's clock, ``start = offset + floor((now - offset) /
+every) * every``) has succeeded, and fewer than ``max_attempts`` runs started in it; with
+``min_interval``, the last run ended at least that long ago. The request that ends the run records
+how it ended and, on success, when the successful run started. So "run only if this period is not
+done" and "record the success" are each one atomic write, and clients' clocks decide nothing. A
+period is known by its start and end, never by a number: a change of ``every`` or ``offset``, or a
+server clock that steps back, never runs a period whose run succeeded again. A run whose process
+dies, or that loses its lease, leaves its period not done: the next call in the period runs the
+job again once the lease has expired, and the run is recorded as lost.
 
 Use [`run_once`][mongolock_async.jobs.run_once] (or
 [`LockManager.run_once`][mongolock_async.LockManager.run_once]) as a decorator, or
@@ -36,12 +39,21 @@ from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
 from ._options import LEASE_OPTIONS, LeaseKeywords, LeaseOptions
-from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState
+from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState, Period
 from .hooks import notify
 from .lock import AsyncMongoLock
 from .store import JobSchedule, is_transient, of_kind, store_for
 
-__all__ = ["AsyncMongoJob", "JobResult", "JobRun", "JobRunInfo", "JobState", "current_run", "run_once"]
+__all__ = [
+    "AsyncMongoJob",
+    "JobResult",
+    "JobRun",
+    "JobRunInfo",
+    "JobState",
+    "Period",
+    "current_run",
+    "run_once",
+]
 
 logger = logging.getLogger("mongolock_async")
 
@@ -49,20 +61,22 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_MAX_ATTEMPTS = 3
-"""Runs allowed per slot of a job with ``every``, unless ``max_attempts`` says otherwise."""
+"""Runs allowed per period of a job with ``every``, unless ``max_attempts`` says otherwise."""
 MAX_EVERY = timedelta(days=366)
 _ERROR_MESSAGE_LIMIT = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 class JobRunInfo(NamedTuple):
     """The run of a job that the calling code is part of (see :func:`current_run`)."""
 
     name: str
-    slot: int | None
-    """The period it runs in (None for a job without ``every``)."""
+    period: Period | None
+    """The period it runs in, on the server's clock (None for a job without ``every``): key the
+    job's writes by ``period.start`` to make a repeated run of the period overwrite, not add."""
     attempt: int
-    """Its number among the runs started in its slot."""
+    """Its number among the runs started in its period (1 without ``every``)."""
     fencing_token: int
     """The run's fencing token: above every earlier run's (pass it with the job's writes)."""
     started_at: datetime | None
@@ -74,7 +88,7 @@ _current: ContextVar[JobRunInfo] = ContextVar("mongolock_async_job_run")
 
 def current_run() -> JobRunInfo:
     """The run of a job that the calling code runs in (call it from inside the job's function):
-    its slot, attempt and fencing token. ``LookupError`` outside a job's run."""
+    its period, attempt and fencing token. ``LookupError`` outside a job's run."""
     try:
         return _current.get()
     except LookupError:
@@ -114,14 +128,12 @@ class JobState:
     max_attempts: int | None
     server_time: datetime
     """The server's clock when this was read."""
-    slot: int | None
-    """The current period (None without ``every``)."""
-    slot_started_at: datetime | None
-    """Server time at which the current period began."""
+    period: Period | None
+    """The current period, by the schedule the job's last run asked for (None without ``every``)."""
     done: bool
-    """Whether a run succeeded in the current period."""
+    """Whether a run that started in the current period (or later) succeeded."""
     attempts: int
-    """Runs started in the current period."""
+    """Runs started in the current period (or later)."""
     exhausted: bool
     """Whether the current period's attempts are used up without a success: no call runs the job
     again before the next period (the failure is in ``last``)."""
@@ -143,17 +155,14 @@ class JobState:
         now = report.server_time
         every = None if record.every_ms is None else timedelta(milliseconds=record.every_ms)
         offset = timedelta(milliseconds=record.offset_ms)
-        slot = slot_started_at = None
-        if record.every_ms:
-            slot = int((now - _EPOCH - offset) // timedelta(milliseconds=record.every_ms))
-            slot_started_at = _EPOCH + offset + slot * timedelta(milliseconds=record.every_ms)
+        period = None if every is None else period_at(now, every, offset)
         held = report.remaining_ms is not None
         last, last_ended_at = record.last, record.last_ended_at
         if record.running is not None and not held:  # its lease expired unfinished
             last = record.running._replace(ended_at=state.expires_at, outcome="lost")
             last_ended_at = max(filter(None, (last_ended_at, state.expires_at)), default=None)
-        attempts = record.attempts if slot is not None and record.slot == slot else 0
-        done = slot is not None and record.done_slot == slot
+        attempts = record.attempts_in(period)
+        done = record.done_in(period)
         max_attempts = record.max_attempts
         min_interval = None if record.min_interval_ms is None else timedelta(milliseconds=record.min_interval_ms)
         return cls(
@@ -163,11 +172,10 @@ class JobState:
             min_interval=min_interval,
             max_attempts=max_attempts,
             server_time=now,
-            slot=slot,
-            slot_started_at=slot_started_at,
+            period=period,
             done=done,
             attempts=attempts,
-            exhausted=bool(slot is not None and not done and max_attempts and attempts >= max_attempts and not held),
+            exhausted=bool(period is not None and not done and max_attempts and attempts >= max_attempts and not held),
             held=held,
             running=record.running if held else None,
             last=last,
@@ -175,22 +183,36 @@ class JobState:
         )
 
 
+def period_at(moment: datetime, every: timedelta, offset: timedelta) -> Period:
+    """The period of ``every`` (shifted by ``offset``) that ``moment`` falls in, as the server's
+    pipeline computes it: in whole milliseconds since the Unix epoch."""
+    every_ms, offset_ms = every // _MILLISECOND, offset // _MILLISECOND
+    moment_ms = (moment - _EPOCH) // _MILLISECOND
+    start = _EPOCH + (moment_ms - (moment_ms - offset_ms) % every_ms) * _MILLISECOND
+    return Period(start, start + every)
+
+
 def describe_skip(reason: str | None, record: JobRecord) -> str:
     """Why a call did not run the job, in words, with who ran it and when."""
     last, running = record.last, record.running
+    period = record.skipped[0] if record.skipped is not None else None
     if reason == "running" and running is not None:
         return f"running since {_when(running.started_at)} ({_who(running.holder)}, attempt {running.attempt})"
     if reason == "done" and last is not None:
-        return f"done in slot {last.slot} by {_who(last.holder)} at {_when(last.ended_at)}"
+        return f"done in the period {_span_of(period)}: last succeeded by {_who(last.holder)} at {_when(last.ended_at)}"
     if reason == "failed" and last is not None:
         error = f": {last.error_type}: {last.error_message}" if last.error_type else f" ({last.outcome})"
-        return f"slot {record.slot} failed after {record.attempts} attempts{error}"
+        return f"the period {_span_of(period)} failed after {record.attempts_in(period)} attempts{error}"
     if reason == "too_soon" and record.last_ended_at is not None and record.min_interval_ms is not None:
         not_before = record.last_ended_at + timedelta(milliseconds=record.min_interval_ms)
         return f"the last run ended at {_when(record.last_ended_at)}; no run before {_when(not_before)}"
     if reason == "held":
         return "its lease is held (kept after a run by hold_at_least, or by a lock of the same name)"
     return reason or "not due"
+
+
+def _span_of(period: Period | None) -> str:
+    return "(none)" if period is None else f"from {_when(period.start)} to {_when(period.end)}"
 
 
 def _who(holder: Any) -> str:
@@ -262,12 +284,15 @@ class AsyncMongoJob:
     the options below, at most once per period of the server's clock, or at least some time apart.
 
     - ``every`` (a ``timedelta`` or seconds, at least 1 s): run at most once per period. Periods
-      are slots of the **server's** clock, aligned to the Unix epoch plus ``offset`` (say
+      are spans of the **server's** clock, aligned to the Unix epoch plus ``offset`` (say
       ``every=timedelta(days=1), offset=timedelta(hours=2)``: daily from 02:00 UTC). A call in a
-      period whose run succeeded returns at once without running.
+      period in which a run started and succeeded (or a later one: a server clock that stepped
+      back) returns at once without running. Changing ``every`` or ``offset`` keeps that word: a
+      period that contains a successful run's start is done, whichever schedule that run had.
     - ``max_attempts`` (with ``every``; default 3): runs allowed per period. A run that raises, is
       cancelled, or whose process dies counts; the next call in the period runs the job again
       (once the dead run's lease has expired) until a run succeeds or the attempts are used up.
+      The runs that count are those started in the period, whatever schedule they had.
     - ``min_interval``: no run starts sooner than this after the last run ended, whichever process
       ran it (fixed delay). With ``every`` it must be shorter than ``every``.
     - ``hold_at_least``: the lease is kept until this long after the run started even if the run
@@ -314,7 +339,7 @@ class AsyncMongoJob:
 
         When it runs, the function runs as the body of ``async with`` the job's lease (a loss of
         the lease cancels it and raises [`LockLostError`][mongolock_async.LockLostError]), and
-        [`current_run`][mongolock_async.jobs.current_run] tells it its slot, attempt and fencing
+        [`current_run`][mongolock_async.jobs.current_run] tells it its period, attempt and fencing
         token. Its end is recorded: a return marks the period done; an exception is recorded (its
         type and message, never its arguments) and propagates; so does a cancellation. When it does
         not run, the result says why (``skipped``) and shows the record the server decided on.
@@ -324,15 +349,15 @@ class AsyncMongoJob:
         lock = _RunLock(self._collection, self._name, self._schedule, self._options)
         if not await lock.acquire():
             record = _record_of(lock.decision)
-            slot, reason = record.skipped or (None, "held")  # held: by a lock of the same name
+            period, reason = record.skipped or (None, "held")  # held: by a lock of the same name
             if lock.taken:
-                slot, reason = None, "lost"  # taken, but the reply came after the lease's deadline
-            notify(self._options.hooks, "job_skipped", self._name, reason=reason, slot=slot)
+                period, reason = None, "lost"  # taken, but the reply came after the lease's deadline
+            notify(self._options.hooks, "job_skipped", self._name, reason=reason, period=period)
             return JobResult(self._name, False, None, reason, record)
         started = time.monotonic()
         running = _record_of(lock.decision).running
         assert running is not None and lock.fencing_token is not None
-        info = JobRunInfo(self._name, running.slot, running.attempt, lock.fencing_token, running.started_at)
+        info = JobRunInfo(self._name, running.period, running.attempt, lock.fencing_token, running.started_at)
         token = _current.set(info)
         lock._guard_body()
         try:
@@ -346,7 +371,7 @@ class AsyncMongoJob:
             _current.reset(token)
             outcome = lock.outcome if lock.recorded else "lost"
             duration = time.monotonic() - started
-            details = {"outcome": outcome, "duration": duration, "slot": info.slot, "attempt": info.attempt}
+            details = {"outcome": outcome, "duration": duration, "period": info.period, "attempt": info.attempt}
             notify(self._options.hooks, "job_ran", self._name, **details)
         return JobResult(self._name, True, value, None, _record_of(lock.decision))
 
@@ -461,4 +486,3 @@ def run_once(
         return run
 
     return decorate
-

@@ -401,12 +401,13 @@ class LockStore:
         either way (taken: ``owner`` holds it; else ``job.skipped`` says why, as decided now).
 
         One round trip, an upserting ``findAndModify``: on the server's clock it computes the
-        current slot, and takes the lease only if nobody holds it, no run succeeded in the slot, the
-        slot's attempts are not used up, and the last run ended at least ``min_interval_ms`` ago;
-        the run is recorded in the same write. A run whose lease expired unfinished (its process
-        died, or lost the lease) is recorded as lost. A free lock's document of the same name (a
-        ``run_once`` of an earlier version) becomes the job's; ``LockDataError`` if the name is a
-        semaphore's, a read-write lock's or an election's.
+        current period of ``schedule`` (its start and end), and takes the lease only if nobody
+        holds it, no run that started in the period (or later) succeeded, fewer than its
+        ``max_attempts`` runs started in it, and the last run ended at least ``min_interval_ms``
+        ago; the run is recorded in the same write. A run whose lease expired unfinished (its
+        process died, or lost the lease) is recorded as lost. A free lock's document of the same
+        name (a ``run_once`` of an earlier version) becomes the job's; ``LockDataError`` if the
+        name is a semaphore's, a read-write lock's or an election's.
         """
         pipeline = jobs.start_pipeline(owner, ttl_ms, holder, schedule)
         command = sending.find_and_modify_command(
@@ -432,8 +433,8 @@ class LockStore:
     ) -> bool:
         """End ``owner``'s run of the job ``name`` and record how it ended (``outcome``, one of
         ``documents.JOB_OUTCOMES``, and for a failure the error's type and message); a success
-        marks its slot done. The lease ends too, unless ``hold_at_least_ms`` after the run's start is
-        still ahead: then it is kept until then (ShedLock's ``lockAtLeastFor``), unrenewed.
+        marks its period done. The lease ends too, unless ``hold_at_least_ms`` after the run's
+        start is still ahead: then it is kept until then (ShedLock's ``lockAtLeastFor``), unrenewed.
 
         Returns whether this ended ``owner``'s live run (False: its lease had expired, or was
         broken). A finish sent again after a lost reply recognises its own earlier success.
