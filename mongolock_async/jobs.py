@@ -62,7 +62,6 @@ R = TypeVar("R")
 
 DEFAULT_MAX_ATTEMPTS = 3
 """Runs allowed per period of a job with ``every``, unless ``max_attempts`` says otherwise."""
-MAX_EVERY = timedelta(days=366)
 _ERROR_MESSAGE_LIMIT = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
@@ -233,12 +232,11 @@ class _Schedule(NamedTuple):
 def _schedule(
     every: object, offset: object, min_interval: object, max_attempts: object, hold_at_least: object
 ) -> _Schedule:
-    """The job options, checked (before any I/O), in milliseconds."""
+    """The job options, checked (before any I/O), in milliseconds. Every duration is at most
+    ``_validate.MAX_DURATION`` (a year and a day), which keeps what the server adds up in range."""
     every_s = None if every is None else _validate.duration(every, "every")
     if every_s is not None and every_s < 1:
         raise ValueError(f"every must be at least 1 second (a period of the server's clock), got {every_s:g} s")
-    if every_s is not None and every_s > MAX_EVERY.total_seconds():
-        raise ValueError(f"every must be at most {MAX_EVERY.days} days, got {every_s:g} s")
     offset_s = 0.0
     if offset is not None:
         if every_s is None:
@@ -298,6 +296,9 @@ class AsyncMongoJob:
     - ``hold_at_least``: the lease is kept until this long after the run started even if the run
       ends sooner (ShedLock's ``lockAtLeastFor``): a call meanwhile does not run the job. It adds
       nothing to ``every``, which already runs each period once; it is for jobs without one.
+
+    Each of ``every``, ``min_interval`` and ``hold_at_least`` is at most a year and a day (as a
+    ``ttl``), else ``ValueError`` names it and the limit.
 
     The other arguments are a lock's (see [`AsyncMongoLock`][mongolock_async.AsyncMongoLock]):
     ``ttl`` is the run's lease, ``heartbeat`` keeps it for runs that may outlast it, and if the lease

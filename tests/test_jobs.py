@@ -466,6 +466,17 @@ async def test_a_job_name_of_another_kind_or_a_corrupt_record_is_refused(lock_co
         ({"every": 60, "hold_at_least": 60}, ValueError, "hold_at_least"),
         ({"every": timedelta(days=400)}, ValueError, "every"),
         ({"ttl": 0}, ValueError, "ttl"),
+        # Every duration a job stores is bounded, with an error naming it and the limit: 1e17 s
+        # failed only in BSON's encoding, after the checks; 3e11 s was stored, and broke every
+        # reader of the record (a date past the year 9999).
+        ({"every": 1e17}, ValueError, r"every must be at most 366 days \(31622400 s\)"),
+        ({"min_interval": 1e17}, ValueError, r"min_interval must be at most 366 days \(31622400 s\)"),
+        ({"min_interval": 3e11}, ValueError, r"min_interval must be at most 366 days \(31622400 s\), got 3e\+11 s"),
+        ({"min_interval": timedelta(days=367)}, ValueError, r"min_interval must be at most"),
+        ({"hold_at_least": 1e17}, ValueError, r"hold_at_least must be at most 366 days \(31622400 s\)"),
+        ({"hold_at_least": 3e11}, ValueError, r"hold_at_least must be at most"),
+        ({"ttl": 1e17}, ValueError, r"ttl must be at most"),
+        ({"every": 60, "offset": 1e17}, ValueError, "offset"),
     ],
 )
 async def test_bad_arguments_are_refused_before_any_io(
