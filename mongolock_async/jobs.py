@@ -38,11 +38,15 @@ from pymongo.errors import PyMongoError
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._diagnosis import cause_of
 from ._options import LEASE_OPTIONS, LeaseKeywords, LeaseOptions
 from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState, Period
+from .errors import LockLostError
 from .hooks import notify
+from .lease import Lease
 from .lock import AsyncMongoLock
 from .store import JobSchedule, is_transient, of_kind, store_for
+from .waiting import deadline_in
 
 __all__ = [
     "AsyncMongoJob",
@@ -65,6 +69,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 _ERROR_MESSAGE_LIMIT = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
+_LOSS_RECORD_TIME = 2.0
+"""Seconds a run that lost its lease spends at most recording the loss in the job's record."""
 
 
 class JobRunInfo(NamedTuple):
@@ -301,9 +307,11 @@ class AsyncMongoJob:
     ``ttl``), else ``ValueError`` names it and the limit.
 
     The other arguments are a lock's (see [`AsyncMongoLock`][mongolock_async.AsyncMongoLock]):
-    ``ttl`` is the run's lease, ``heartbeat`` keeps it for runs that may outlast it, and if the lease
-    is lost anyway the run is cancelled and ``LockLostError`` raised. A job never waits for its turn:
-    a call either runs it or returns at once. Every argument is checked before any I/O.
+    ``ttl`` is the run's lease and ``heartbeat`` keeps it while the run goes on, **on by default
+    for a job** (every ``ttl / 3``; ``heartbeat=False`` turns it off). If the lease is lost anyway,
+    the run is cancelled, ``LockLostError`` raised, and the job's record (``last``) and a WARNING
+    log line say so, with the TTL and the heartbeat. A job never waits for its turn: a call either
+    runs it or returns at once. Every argument is checked before any I/O.
     """
 
     def __init__(
@@ -320,6 +328,7 @@ class AsyncMongoJob:
         **options: Unpack[LeaseKeywords],
     ) -> None:
         self._schedule = _schedule(every, offset, min_interval, max_attempts, hold_at_least)
+        options = {"heartbeat": True, **options}  # a job's runs are the long-running case
         checked = LeaseOptions.checked("AsyncMongoJob", LEASE_OPTIONS, ttl=ttl, **options)
         self._options = replace(checked, blocking=False)
         self._store = store_for(_validate.async_collection(collection), checked.write_concern)
@@ -458,7 +467,29 @@ class _RunLock(AsyncMongoLock):
         else:
             self.outcome = "failed"
             self._error = {"type": type(exc).__qualname__, "message": str(exc)[:_ERROR_MESSAGE_LIMIT]}
-        await super().__aexit__(exc_type, exc, tb)
+        lease = self._lease
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            if lease is not None and lease.lost_error is not None:
+                await self._record_loss(lease, lease.lost_error)
+
+    async def _record_loss(self, lease: Lease, lost: LockLostError) -> None:
+        """Say in the job's record (``last``, as ``lost`` with the reason) and in the log that the
+        run was cancelled because its lease was lost, naming the TTL and the heartbeat. The record
+        is written while it still shows this run, within ``_LOSS_RECORD_TIME``; a failure is logged."""
+        if lease.heartbeat_interval is None:
+            heartbeat = "heartbeat off (heartbeat=True, a job's default, renews it while the run goes on)"
+        else:
+            heartbeat = f"heartbeat every {lease.heartbeat_interval:g} s"
+        message = f"the run's lease was lost ({lost.reason}); ttl {lease.ttl:g} s, {heartbeat}"
+        logger.warning("job %r: run cancelled: %s", self._name, message)
+        self.outcome = "lost"
+        self._error = {"type": type(lost).__name__, "message": message[:_ERROR_MESSAGE_LIMIT]}
+        try:
+            await self._hand_over(lease.owner, until=deadline_in(min(lease.ttl, _LOSS_RECORD_TIME)))
+        except PyMongoError as error:
+            logger.warning("job %r: the loss of its run could not be recorded (%s)", self._name, cause_of(error))
 
 
 def run_once(

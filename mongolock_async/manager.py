@@ -104,9 +104,10 @@ class LockManager:
         A call that does not run the function returns None at once and logs why at INFO. The
         function runs as the body of ``async with`` the job's lease: if the lease is lost, it is
         cancelled and [`LockLostError`][mongolock_async.LockLostError] is raised. ``name`` defaults
-        to the function's module and qualified name; ``overrides`` set lease options
-        (``heartbeat=True`` for long jobs); the manager's ``blocking``, ``timeout``, ``fair``,
-        ``retry_base`` and ``retry_cap`` do not apply: a job never waits in line.
+        to the function's module and qualified name; ``overrides`` set lease options (a job's
+        heartbeat is on unless the manager's defaults or the call say ``heartbeat``); the manager's
+        ``blocking``, ``timeout``, ``fair``, ``retry_base`` and ``retry_cap`` do not apply: a job
+        never waits in line.
 
         ``wait=True`` is for work that must run on every call, one call at a time: the call waits
         for its turn (up to the manager's or the call's ``timeout``, then

@@ -78,7 +78,7 @@ async def test_run_once_runs_one_call_at_a_time_and_skips_the_others(lock_collec
 async def test_run_once_protects_the_job_like_async_with(lock_collection: Any) -> None:
     locks = LockManager(lock_collection, ttl=0.6)
 
-    @locks.run_once("short-lease")
+    @locks.run_once("short-lease", heartbeat=False)  # a job's heartbeat is on unless told otherwise
     async def too_long() -> None:
         await asyncio.sleep(5)
 

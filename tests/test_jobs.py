@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -213,14 +214,23 @@ async def test_a_job_that_raises_is_retried_up_to_max_attempts_then_the_period_i
     assert state.last.error_message == "attempt 3: the upstream said no"
 
 
-async def test_a_run_that_loses_its_lease_is_recorded_lost_and_retried(lock_collection: Any) -> None:
-    job = AsyncMongoJob(lock_collection, "overrun", every=3600, offset=period_midway(3600.0), ttl=0.6)
+async def test_a_run_that_loses_its_lease_says_so_in_its_record_and_log_and_is_retried(
+    lock_collection: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = AsyncMongoJob(lock_collection, "overrun", every=3600, offset=period_midway(3600.0), ttl=0.6, heartbeat=False)
 
     async def too_long() -> None:
         await asyncio.sleep(5)
 
-    with pytest.raises(LockLostError):
+    with caplog.at_level(logging.WARNING, logger="mongolock_async"), pytest.raises(LockLostError):
         await job.run(too_long)
+    said = [record.getMessage() for record in caplog.records if "run cancelled" in record.getMessage()]
+    assert len(said) == 1 and "job 'overrun'" in said[0], caplog.text
+    assert "ttl 0.6 s" in said[0] and "heartbeat off" in said[0], said
+    state = await job.state()
+    assert state is not None and state.last is not None and state.last.outcome == "lost"
+    assert state.last.error_type == "LockLostError" and state.last.error_message is not None
+    assert "ttl 0.6 s" in state.last.error_message and "heartbeat off" in state.last.error_message
     await asyncio.sleep(0.2)  # past the lease's expiry on the server too
 
     async def quick() -> int:
@@ -230,6 +240,22 @@ async def test_a_run_that_loses_its_lease_is_recorded_lost_and_retried(lock_coll
     assert result.ran and result.value == 2
     state = await job.state()
     assert state is not None and state.done and state.attempts == 2
+
+
+async def test_a_jobs_runs_are_renewed_by_default_and_a_locks_lease_is_not(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "long", ttl=0.6)
+
+    async def three_ttls() -> str:
+        await asyncio.sleep(1.8)
+        return "finished"
+
+    result = await job.run(three_ttls)
+    assert result.ran and result.value == "finished"
+    state = await job.state()
+    assert state is not None and state.last is not None and state.last.outcome == "succeeded"
+    with pytest.raises(LockLostError, match="use heartbeat=True"):
+        async with AsyncMongoLock(lock_collection, "long-lock", ttl=0.6):
+            await asyncio.sleep(1.8)
 
 
 async def test_min_interval_keeps_fixed_delay_runs_of_three_processes_apart(

@@ -61,7 +61,7 @@ _JOB_SANE: dict[str, Any] = {
 """A job's document, or a lock's (a ``run_once`` of an earlier version kept its job in one)."""
 _FINISHED_REMEMBERED = 16
 _JOB_TEMPORARY = ["_v", "_now", "_sane", "_j", "_live", "_start", "_period", "_lost", "_attempts", "_done",
-                  "_lastEnd", "_why", "_take", "_ours", "_own", "_until", "_keep"]  # fmt: skip
+                  "_lastEnd", "_why", "_take", "_ours", "_own", "_record", "_until", "_keep"]  # fmt: skip
 
 
 def start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule: JobSchedule) -> list[Any]:
@@ -207,10 +207,12 @@ def finish_pipeline(
 ) -> list[Any]:
     """End ``owner``'s run and record how it ended (see ``LockStore.finish_job``).
 
-    For a document matched by name (and owner, or a finish already recorded). While ``owner``
-    holds the live lease of the run in ``job.run``: records the run in ``job.last`` with
-    ``outcome`` (a success moves ``job.lastSuccess`` to the run's start), adds ``owner`` to
-    ``job.finished``, and ends the lease, or keeps it until ``hold_at_least`` after the run's start.
+    For a document matched by name (and owner, or the run, or a finish already recorded). While
+    ``owner`` holds the live lease of the run in ``job.run``: records the run in ``job.last`` with
+    ``outcome`` (a success moves ``job.lastSuccess`` to the run's start) and ends the lease, or
+    keeps it until ``hold_at_least`` after the run's start. A run whose lease is gone is recorded
+    only as ``lost`` (its own account of the loss), and only while ``job.run`` is still that run;
+    the lease is left as it is. Adds ``owner`` to ``job.finished`` whenever it records.
     """
     error_record = None if error is None else dict(error)
     values = {"me": owner, "outcome": outcome, "error": error_record, "hold": hold_at_least_ms}
@@ -244,7 +246,12 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
         {"$set": {"_sane": {"$and": [_JOB_SANE, _JOB_KIND_IS]}, "_j": "$job"}},
         {"$set": {"_ours": {"$and": ["$_sane", {"$eq": ["$_j.run.o", "$_v.me"]}]}}},
         {"$set": {"_own": {"$and": ["$_ours", {"$eq": ["$owner", "$_v.me"]}, {"$gt": ["$expiresAt", _NOW]}]}}},
-        {"$set": {"_until": _if({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]})}},
+        {
+            "$set": {
+                "_record": {"$or": ["$_own", {"$and": ["$_ours", {"$eq": ["$_v.outcome", "lost"]}]}]},
+                "_until": _if({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]}),
+            }
+        },
         {"$set": {"_keep": {"$and": ["$_own", {"$eq": [{"$type": "$_until"}, "date"]}, {"$gt": ["$_until", _NOW]}]}}},
         {
             "$set": {
@@ -252,7 +259,7 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
                 "expiresAt": _if("$_own", _if("$_keep", "$_until", _NOW), "$expiresAt"),
                 "releasedAt": _if(released, _NOW, "$releasedAt"),
                 "releasedOwner": _if(released, "$_v.me", "$releasedOwner"),
-                "job": _if("$_own", record, "$job"),
+                "job": _if("$_record", record, "$job"),
             }
         },
         {"$unset": _JOB_TEMPORARY},

@@ -435,11 +435,14 @@ class LockStore:
         ``documents.JOB_OUTCOMES``, and for a failure the error's type and message); a success
         marks its period done. The lease ends too, unless ``hold_at_least_ms`` after the run's
         start is still ahead: then it is kept until then (ShedLock's ``lockAtLeastFor``), unrenewed.
+        A run that lost its lease reports it with ``outcome="lost"`` and the reason in ``error``:
+        recorded while the job's record still shows that run (nobody started another since).
 
-        Returns whether this ended ``owner``'s live run (False: its lease had expired, or was
-        broken). A finish sent again after a lost reply recognises its own earlier success.
+        Returns whether this recorded ``owner``'s run (False: its lease had expired, or was broken,
+        or another run started since). A finish sent again after a lost reply recognises its own
+        earlier success.
         """
-        query = {"_id": name, "$or": [{"owner": owner}, {"job.finished": owner}]}
+        query = {"_id": name, "$or": [{"owner": owner}, {"job.finished": owner}, {"job.run.o": owner}]}
         pipeline = jobs.finish_pipeline(owner, outcome, error, hold_at_least_ms)
         command = sending.find_and_modify_command(self._collection.name, self._write_concern_document, query, pipeline)
         doc = await self.send(sending.find_and_modify(self._collection, command, self._codec_options), bound=bound)
