@@ -27,6 +27,7 @@ import asyncio
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -50,6 +51,7 @@ from .waiting import deadline_in
 
 __all__ = [
     "AsyncMongoJob",
+    "DerivedJobNameWarning",
     "JobResult",
     "JobRun",
     "JobRunInfo",
@@ -492,6 +494,24 @@ class _RunLock(AsyncMongoLock):
             logger.warning("job %r: the loss of its run could not be recorded (%s)", self._name, cause_of(error))
 
 
+class DerivedJobNameWarning(UserWarning):
+    """A job (or a ``run_once`` lock) is named after its function's module and qualified name."""
+
+
+def derived_name(function: Callable[..., Any]) -> str:
+    """The default name of ``function``'s job, its module and qualified name, with a
+    ``DerivedJobNameWarning`` at the line that decorates it (once per line: Python's default
+    warning filter shows a warning once per place)."""
+    name = _validate.lock_name(f"{function.__module__}.{function.__qualname__}")
+    warnings.warn(
+        f"the job name {name!r} is derived from the function's module and qualified name: moving or renaming "
+        "the function starts a new job under a new name, which runs at once; pass an explicit name",
+        DerivedJobNameWarning,
+        stacklevel=3,  # the line that applies the decorator
+    )
+    return name
+
+
 def run_once(
     collection: AsyncCollectionLike, name: str | None = None, **options: Any
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
@@ -500,19 +520,22 @@ def run_once(
     process, and with ``every``, ``min_interval`` or ``hold_at_least`` (see
     [`AsyncMongoJob`][mongolock_async.jobs.AsyncMongoJob], whose keywords ``options`` are), at most
     once per period or at least that far apart. A call that does not run the function returns
-    None at once (and logs why at INFO); the arguments are checked now, before any I/O."""
+    None at once (and logs why at INFO); the arguments are checked now, before any I/O.
+
+    Give scheduled jobs an explicit ``name``: the derived one changes when the function moves or is
+    renamed, and the job then starts afresh (it runs at once, whatever the old name's record says).
+    Decorating without a name warns so (``DerivedJobNameWarning``, once per place it happens)."""
 
     checked = AsyncMongoJob(collection, name or "run_once", **options)  # every argument now, before any I/O
 
     def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
-        default_name = f"{function.__module__}.{function.__qualname__}"
-        job = checked if name else AsyncMongoJob(collection, default_name, **options)
+        job = checked if name else AsyncMongoJob(collection, derived_name(function), **options)
 
         @functools.wraps(function)
         async def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
             result = await job.run(function, *args, **kwargs)
             if not result.ran:
-                logger.info("skipped %s: %s", function.__qualname__, result)
+                logger.info("%s", result)  # "job 'name' skipped: why"
             return result.value
 
         return run

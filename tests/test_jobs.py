@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,7 +32,7 @@ from mongolock_async import (
     LockManager,
 )
 from mongolock_async.examples.periodic_job import SCHEDULERS
-from mongolock_async.jobs import Period, current_run, run_once
+from mongolock_async.jobs import DerivedJobNameWarning, Period, current_run, run_once
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter, child_environment
@@ -517,6 +518,38 @@ async def test_bad_arguments_are_refused_before_any_io(
     with pytest.raises(error, match=match):
         LockManager(counted_collection).run_once("job", **options)
     assert command_counter.names == []
+
+
+def test_a_derived_job_name_warns_once_where_the_function_is_decorated(lock_collection: Any) -> None:
+    async def nightly() -> None:
+        pass
+
+    locks = LockManager(lock_collection)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per place
+        for _ in range(3):  # a decoration that runs again (in a lifespan, say) warns once
+            run_once(lock_collection)(nightly)
+        locks.run_once()(nightly)
+        locks.run_once(wait=True)(nightly)
+        run_once(lock_collection, "nightly")(nightly)  # named: nothing to say
+        locks.run_once("nightly")(nightly)
+    derived = [warning for warning in caught if issubclass(warning.category, DerivedJobNameWarning)]
+    assert len(derived) == 3, [str(warning.message) for warning in caught]
+    name = f"{__name__}.test_a_derived_job_name_warns_once_where_the_function_is_decorated.<locals>.nightly"
+    assert all(f"the job name {name!r} is derived" in str(warning.message) for warning in derived)
+    assert {warning.filename for warning in derived} == {__file__}, "it points at the decorating line"
+
+
+async def test_a_skipped_call_logs_the_jobs_name(lock_collection: Any, caplog: pytest.LogCaptureFixture) -> None:
+    @run_once(lock_collection, "digest-of-the-hour", every=3600, offset=period_midway(3600.0))
+    async def digest() -> str:
+        return "built"
+
+    with caplog.at_level(logging.INFO, logger="mongolock_async"):
+        assert await digest() == "built"
+        assert await digest() is None
+    lines = [record.getMessage() for record in caplog.records if record.levelno == logging.INFO]
+    assert any(line.startswith("job 'digest-of-the-hour' skipped: done in the period from ") for line in lines), lines
 
 
 async def test_run_once_with_wait_takes_no_job_options(lock_collection: Any) -> None:
