@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from bson.codec_options import DatetimeConversion
 from pymongo import ReadPreference, ReturnDocument, UpdateOne
-from pymongo.errors import BulkWriteError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
@@ -248,10 +248,22 @@ class LockStore:
 
         The tokens are remembered as withdrawn, so that an attempt of theirs the server applies
         later (one cut off by its bound, still on its way) neither queues them again nor takes the
-        lock for a waiter that is gone. So this writes even when no place of theirs is there yet.
+        lock for a waiter that is gone. So this writes even when no place of theirs is there yet,
+        and creates the document when there is none yet: the attempt it withdraws may be the one
+        that would create it, landing after this.
         """
         pipeline = queries_for(permits).leave(tokens, fair=fair)
-        await self.send(_awaited(self._collection.update_one({"_id": name}, pipeline)), bound=bound)
+        await self.send(self._upsert_once(name, pipeline), bound=bound)
+
+    async def _upsert_once(self, name: str, pipeline: list[dict[str, Any]]) -> None:
+        """``update_one`` of ``name``'s document with ``upsert``, sent again when it raced another
+        request's upsert of the same new name (a duplicate key on ``_id``: the document is there now)."""
+        try:
+            await self._collection.update_one({"_id": name}, pipeline, upsert=True)
+        except DuplicateKeyError as error:
+            if (error.details or {}).get("keyPattern", {"_id": 1}) != {"_id": 1}:
+                raise  # another unique index of the user's: not the upsert race
+            await self._collection.update_one({"_id": name}, pipeline)
 
     async def guard_transaction(
         self,

@@ -33,6 +33,7 @@ from .expressions import (
     _TEMPORARY,
     MAX_TTL_MS,
     _array_or_empty,
+    _done_with,
     _first_or_null,
     _live_places,
     _new_place,
@@ -43,7 +44,6 @@ from .expressions import (
     _type_in,
     _values,
     _with_place,
-    _withdrawn,
     _without,
 )
 
@@ -97,6 +97,12 @@ def _remember_release() -> dict[str, Any]:
     return {"$cond": ["$_own", {"$slice": [remembered, -LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
 
 
+_RELEASED_TOKENS: dict[str, Any] = {
+    "$concatArrays": [{"$map": {"input": _array_or_empty("$recentReleases"), "in": "$$this.o"}}, ["$releasedOwner"]]
+}
+"""The owner tokens whose release the document remembers (see ``_remember_release``)."""
+
+
 def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
     values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder)}
     if place.follower is not None:
@@ -119,7 +125,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_q": _live_places()}},
-        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _withdrawn(me)}},
+        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _done_with(me, _RELEASED_TOKENS)}},
         # Places ahead of ours: all live places if we have none yet.
         {
             "$set": {

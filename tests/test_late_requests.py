@@ -1,0 +1,97 @@
+"""A request the server applies after its process has moved on leaves no lease and no place.
+
+An attempt that lands after its token's lease was released
+----------------------------------------------------------
+
+A waiter's acquire request that its timeout cuts off is still on its way: the server may apply it
+later (here a fail point holds it). The process does not know its outcome, so the next waiter in
+line attempts again with the same owner token: it takes the lock (or claims what the first
+request took), runs, and releases. When the first request lands after that release, it used to
+take the free lock for that token, a lease nobody holds, for a whole TTL; or, with the lock held by
+someone else by then, queue a place for it, which that holder's release then handed the lock to:
+a lease nobody holds for a TTL after a place that lasted a TTL, two TTLs after the outcome was
+lost (issue 36's chaos run saw a lease nobody held live for 3.0 s with a 1.5 s TTL: one way there).
+
+A token whose lease (or permit) was released is done with: a request of it that lands later
+takes, claims and queues nothing. The sweep moves the release across the late request's landing,
+on several names at once, so that a regression fails every run; the check is the one a user
+makes: once the last holder has released, a fresh handle takes the lock at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from mongolock_async.testing.clients import TEST_DATABASE, close_client
+from tests.conftest import FaultServer, set_fail_point
+from tests.giving_up_worker import acquire, handle
+
+TTL = 1.5
+HELD_FOR = 1.0
+"""How long the fail point holds each first attempt: they land about this long after the start."""
+GIVE_UP_AFTER = 0.3
+RELEASES = [0.45, 0.6, 0.75, 0.9]
+"""When the second waiter (which takes the lock once the first gives up) releases it: before the
+late requests land, and as they land."""
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair-lock", "semaphore", "rwlock"])
+async def test_an_attempt_that_lands_after_its_token_was_released_takes_nothing(
+    driver: str, fault_server: FaultServer, kind: str
+) -> None:
+    waiters, others = fault_server.client(driver), fault_server.client(driver, app_name=f"{fault_server.app_name}-2")
+    try:
+        collection = waiters[TEST_DATABASE][fault_server.collection]
+        elsewhere = others[TEST_DATABASE][fault_server.collection]
+        await collection.find_one({})  # connected, and the server's version checked, before the clock starts
+        names = [f"late-{n}" for n in range(2 * len(RELEASES))]
+        # Each name's first waiter sends its first attempt at once: the fail point holds each of them.
+        await set_fail_point(
+            collection, {"times": len(names)}, failCommands=["findAndModify"], blockConnection=True,
+            blockTimeMS=int(HELD_FOR * 1000),
+        )  # fmt: skip
+        started = time.monotonic()
+        # Each gives up: its only attempt is held (LockTimeoutError, or False, says so).
+        firsts = [asyncio.ensure_future(acquire(handle(collection, kind, name, TTL), GIVE_UP_AFTER)) for name in names]
+        await asyncio.sleep(0.05)  # their attempts are on their way
+        runs = [
+            _second_waiter(kind, collection, elsewhere, name, started, release_at, later_holder=index >= len(RELEASES))
+            for index, (name, release_at) in enumerate(zip(names, RELEASES * 2, strict=True))
+        ]
+        *_, gave_up = await asyncio.gather(asyncio.gather(*runs), asyncio.gather(*firsts))
+        assert not any(gave_up), "a first waiter got the lock: its attempt was not held"
+        await asyncio.sleep(max(0.0, started + HELD_FOR + 0.2 - time.monotonic()))  # every late attempt has landed
+        refused = {}
+        for name in names:
+            fresh = handle(elsewhere, kind, name, TTL)
+            if await fresh.acquire(blocking=False):
+                await fresh.release()
+            else:
+                refused[name] = await elsewhere.find_one({"_id": name}, {"owner": 1, "holders": 1, "queue": 1})
+        assert not refused, f"held by nobody after the last release: {refused}"
+    finally:
+        await set_fail_point(collection, "off")
+        await close_client(waiters)
+        await close_client(others)
+
+
+async def _second_waiter(
+    kind: str, collection: Any, elsewhere: Any, name: str, started: float, release_at: float, *, later_holder: bool
+) -> None:
+    """The second waiter of the same process, in line behind the first: it attempts again with the
+    same token once the first gives up, takes the lock, and releases it at ``release_at``. With
+    ``later_holder``, another process takes the lock right after and holds it past the late
+    request's landing."""
+    lock = handle(collection, kind, name, TTL)
+    assert await lock.acquire(timeout=5)
+    await asyncio.sleep(max(0.0, started + release_at - time.monotonic()))
+    assert await lock.release()
+    if later_holder:
+        holder = handle(elsewhere, kind, name, TTL)
+        assert await holder.acquire(blocking=False)
+        await asyncio.sleep(max(0.0, started + HELD_FOR + 0.2 - time.monotonic()))
+        assert await holder.release()
