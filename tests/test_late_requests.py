@@ -16,6 +16,16 @@ A token whose lease (or permit) was released is done with: a request of it that 
 takes, claims and queues nothing. The sweep moves the release across the late request's landing,
 on several names at once, so that a regression fails every run; the check is the one a user
 makes: once the last holder has released, a fresh handle takes the lock at once.
+
+A release that lands after its successor gave up
+------------------------------------------------
+A release names the first waiter of its process as the successor. If that waiter gives up while
+the release is on its way, it withdraws its process's place; the release, landing after that, used
+to queue the successor's place again when the lease went to another process's place first (served
+in turn, or past the local streak): a place nobody waits behind, which the next release handed the
+lock to. The chaos run found this one (benchmarks/lease_chaos.py). A successor that is done with
+is neither handed the lease nor queued; the sweep moves the waiter's giving up across the
+release's flight.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from mongolock_async import AsyncMongoLock
 from mongolock_async.testing.clients import TEST_DATABASE, close_client
 from tests.conftest import FaultServer, set_fail_point
 from tests.giving_up_worker import acquire, handle
@@ -95,3 +106,58 @@ async def _second_waiter(
         assert await holder.acquire(blocking=False)
         await asyncio.sleep(max(0.0, started + HELD_FOR + 0.2 - time.monotonic()))
         assert await holder.release()
+
+
+GIVE_UPS = [0.35, 0.5, 0.65, 0.8, 1.3]
+"""When each name's waiter gives up: while the release naming it is held (it lands at about
+``HELD_FOR + 0.2``), and after it landed."""
+OUR_TTL = 6.0
+
+
+async def test_a_release_that_lands_after_its_successor_gave_up_queues_it_nowhere(
+    driver: str, fault_server: FaultServer
+) -> None:
+    # Served in turn (fair): the release hands the lease to the other process's place, which is
+    # older, and used to queue its successor's place behind it.
+    here, there = fault_server.client(driver), fault_server.client(driver, app_name=f"{fault_server.app_name}-2")
+    try:
+        collection = here[TEST_DATABASE][fault_server.collection]
+        elsewhere = there[TEST_DATABASE][fault_server.collection]
+        names = [f"successor-{n}" for n in range(len(GIVE_UPS))]
+        # The holders' leases outlast their held releases (a release's bound is its lease's time left).
+        holders = [AsyncMongoLock(collection, name, ttl=10 * TTL, fair=True) for name in names]
+        for holder in holders:
+            assert await holder.acquire(blocking=False)
+        others = [AsyncMongoLock(elsewhere, name, ttl=TTL, fair=True) for name in names]
+        theirs = [asyncio.ensure_future(other.acquire(timeout=10)) for other in others]
+        await asyncio.sleep(0.2)  # the other process's places are queued first
+        # Our places' TTL is the length of a lease handed to them: long, so that one is still there
+        # when the check below comes, however loaded the machine.
+        ours = [
+            asyncio.ensure_future(acquire(AsyncMongoLock(collection, name, ttl=OUR_TTL, fair=True), give_up))
+            for name, give_up in zip(names, GIVE_UPS, strict=True)
+        ]
+        await asyncio.sleep(0.2)  # our places are queued behind theirs
+        # Each release (naming our waiter as its successor) is held; our waiters give up meanwhile.
+        await set_fail_point(
+            collection, {"times": len(names)}, failCommands=["findAndModify"], blockConnection=True,
+            blockTimeMS=int(HELD_FOR * 1000),
+        )  # fmt: skip
+        assert all(await asyncio.gather(*(holder.release() for holder in holders)))
+        assert not any(await asyncio.gather(*ours)), "our waiters were never handed the lock: theirs were first"
+        assert all(await asyncio.gather(*theirs))
+        assert all(await asyncio.gather(*(other.release() for other in others)))
+        released_at = time.monotonic()
+        refused = {}
+        for name in names:
+            fresh = AsyncMongoLock(elsewhere, name, ttl=TTL)
+            if await fresh.acquire(blocking=False):
+                await fresh.release()
+            else:
+                refused[name] = await elsewhere.find_one({"_id": name}, {"owner": 1, "queue": 1, "withdrawn": 1})
+        assert not refused, f"handed to a place nobody waits behind: {refused}"
+        assert time.monotonic() - released_at < OUR_TTL, "checked too late to tell: such a lease would have expired"
+    finally:
+        await set_fail_point(collection, "off")
+        await close_client(here)
+        await close_client(there)

@@ -198,23 +198,27 @@ def _release_stages(
     else:
         next_place = ("$_v.next", "$_v.nextTtl") if follower else None
         successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
-        candidates = _with_place("$_q", "$_v.successor", successor_place)
+        # A successor that is done with (its waiters gave up and withdrew it while this release was
+        # on its way) is neither handed the lease nor queued: queued, it would be a place nobody
+        # waits behind, and the next release would hand the lock to it.
+        candidates = {"$cond": ["$_gone", "$_q", _with_place("$_q", "$_v.successor", successor_place)]}
         others = _without("$_q", "$_v.successor")
         if fair:
             handee = _first_or_null(candidates)
         elif successor_first:
-            handee = successor_place
+            handee = {"$cond": ["$_gone", _first_or_null(others), successor_place]}
         else:
-            handee = {"$ifNull": [{"$first": [others]}, successor_place]}
+            handee = {"$ifNull": [{"$first": [others]}, {"$cond": ["$_gone", None, successor_place]}]}
     # The handee leaves the queue; its follower (if any) joins it last.
     remaining = {"$concatArrays": [_without(_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
     live_places: Any = _live_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
     successor_token = "$_v.successor" if successor else None
+    successor_gone = {"_gone": _done_with(successor_token, _RELEASED_TOKENS)} if successor else {}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _SANE, "_q": live_places}},
+        {"$set": {"_sane": _SANE, "_q": live_places, **successor_gone}},
         {"$set": {"_own": {"$and": [_LIVE, mine]}, "_c": candidates}},
         {"$set": {"_h": {"$cond": ["$_own", handee, None]}}},
         {
