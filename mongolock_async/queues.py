@@ -161,7 +161,10 @@ class LocalQueue:
             return PlaceRequest(self.slot, head.ttl_ms, head.holder, weight=head.weight)
         if len(self.waiters) > 1 and self.upcoming is None:
             self.upcoming = PlaceRequest(self.new_token(), self.waiters[1].ttl_ms, self.waiters[1].holder)
-        follower = self.upcoming if len(self.waiters) > 1 else None
+        # The follower the place records on the server is named again while it may be there, even
+        # with its waiter gone: a hand-off to the place queues it, and a claim that named none
+        # would leave that place queued, unknown here, for the next release to hand the lock to.
+        follower = self.upcoming if len(self.waiters) > 1 else self.place_follower
         return PlaceRequest(self.slot, head.ttl_ms, head.holder, follower)
 
     def tokens(self) -> list[str]:
