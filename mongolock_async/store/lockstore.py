@@ -119,6 +119,7 @@ class LockStore:
         enqueue: bool = ...,
         fair: bool = ...,
         follower: PlaceRequest | None = ...,
+        keep_expiry: bool = ...,
         permits: Permits | None = ...,
         operation_time: Literal[False] = ...,
         bound: float | None = ...,
@@ -136,6 +137,7 @@ class LockStore:
         enqueue: bool = ...,
         fair: bool = ...,
         follower: PlaceRequest | None = ...,
+        keep_expiry: bool = ...,
         permits: Permits | None = ...,
         operation_time: Literal[True],
         bound: float | None = ...,
@@ -152,6 +154,7 @@ class LockStore:
         enqueue: bool = False,
         fair: bool = False,
         follower: PlaceRequest | None = None,
+        keep_expiry: bool = False,
         permits: Permits | None = None,
         operation_time: bool = False,
         bound: float | None = None,
@@ -165,6 +168,7 @@ class LockStore:
         refreshes) ``owner``'s place in the queue when the lock is not taken; ``fair`` refuses a free
         lock while an older place waits. ``follower`` (see ``PlaceRequest``) is queued in the
         same write when the lock is taken, and recorded with the place when it is not.
+        ``keep_expiry`` claims without moving the expiry (see ``PlaceRequest.keep_expiry``).
         ``operation_time`` sends it in a session and returns the document with the request's
         ``operationTime`` (where a change stream that must report every later write starts).
 
@@ -172,7 +176,7 @@ class LockStore:
         the holders' weights leave room for it (or claims one handed to it). ``LockDataError`` if the
         document is of another kind.
         """
-        place = PlaceRequest(owner, ttl_ms, holder, follower)
+        place = PlaceRequest(owner, ttl_ms, holder, follower, keep_expiry=keep_expiry)
         pipeline = queries_for(permits).acquire(place, enqueue=enqueue, fair=fair)
         command = sending.find_and_modify_command(
             self._collection.name, self._write_concern_document, {"_id": name}, pipeline, upsert=True

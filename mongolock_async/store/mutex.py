@@ -104,7 +104,7 @@ _RELEASED_TOKENS: dict[str, Any] = {
 
 
 def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
-    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder)}
+    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder), "keep": place.keep_expiry}
     if place.follower is not None:
         follower = place.follower
         values.update(next=follower.token, nextTtl=follower.ttl_ms, nextHolder=dict(follower.holder))
@@ -117,6 +117,8 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
     my_place = _new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
     my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
     got_it = {"$or": ["$_claim", "$_take"]}
+    # A claim that keeps the expiry (see PlaceRequest.keep_expiry) writes nothing of the lease.
+    renewed = {"$or": ["$_take", {"$and": ["$_claim", {"$not": ["$_v.keep"]}]}]}
     waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
     taken_queue: Any = _without("$_q", me)
     if follower:
@@ -141,12 +143,12 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
         {
             "$set": {
                 "owner": {"$cond": [got_it, me, "$owner"]},
-                "expiresAt": {"$cond": [got_it, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
+                "expiresAt": {"$cond": [renewed, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
                 "fence": {"$cond": ["$_take", _NEXT_FENCE, "$fence"]},
-                "ttlMs": {"$cond": [got_it, "$_v.ttl", "$ttlMs"]},
+                "ttlMs": {"$cond": [renewed, "$_v.ttl", "$ttlMs"]},
                 "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
                 "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
-                "renewedAt": {"$cond": [got_it, _NOW, "$renewedAt"]},
+                "renewedAt": {"$cond": [renewed, _NOW, "$renewedAt"]},
                 "queue": {
                     "$cond": [
                         {"$not": ["$_sane"]},

@@ -167,7 +167,8 @@ def acquire_pipeline(
     place: PlaceRequest, permits: Permits, *, enqueue: bool, fair: bool
 ) -> list[dict[str, Any]]:
     """The acquire of a permit (a semaphore's or a read-write lock's): see ``_acquire_stages``."""
-    return [_values(**_permit_values(place, permits)), *_acquire_stages(enqueue=enqueue, fair=fair)]
+    values = {**_permit_values(place, permits), "keep": place.keep_expiry}
+    return [_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair)]
 
 
 @functools.cache
@@ -227,7 +228,8 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
                 "holders": {
                     "$cond": [
                         "$_claim",
-                        renewed_mine,
+                        # A claim that keeps the expiry (see PlaceRequest.keep_expiry) changes nothing.
+                        {"$cond": ["$_v.keep", "$_hs", renewed_mine]},
                         {
                             "$cond": [
                                 "$_take",
