@@ -79,7 +79,9 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/plots.py
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
-## then 5 minutes of fenced writes by processes paused at random past their TTL.
+## then 5 minutes of fenced writes by processes paused at random past their TTL, then 10 minutes of
+## the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms).
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
+	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)
