@@ -6,10 +6,14 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test lint docs screenshots demo bench soak
 
+## Root installs system packages itself; anyone else through a sudo that asks no password (GitHub's
+## hosted runners run jobs as the user runner, with one). With neither, the install fails and says so.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
 ## $(call debian,PACKAGE,WHAT NEEDS IT): Debian's PACKAGE (which has a command of its name) installed
-## when missing, as root; elsewhere a note saying what will fail without it.
-debian = @command -v $(1) >/dev/null || apt-get install -y -q $(1) >/dev/null 2>&1 || \
-	(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(1) >/dev/null 2>&1) || \
+## when missing; if that fails, a note saying what will fail without it.
+debian = @command -v $(1) >/dev/null || $(SUDO) apt-get install -y -q $(1) >/dev/null 2>&1 || \
+	($(SUDO) apt-get update -q >/dev/null 2>&1 && $(SUDO) apt-get install -y -q $(1) >/dev/null 2>&1) || \
 	echo "note: could not install $(1) (Debian's $(1) package); $(2)"
 
 $(PYTHON):
@@ -29,10 +33,11 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 ## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
 ## and the package check). The job tests run processes under a shifted wall clock: Debian's
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
-## browser). Both are installed here when missing (as root; elsewhere those tests say what to install).
+## browser; GitHub's runner image has one as chromium-browser). Both are installed here when missing
+## (see SUDO; without it those tests fail, saying what to install).
 test: $(STAMP)
 	$(call debian,faketime,the job tests that need it will fail)
-	$(call debian,chromium,the dashboard's browser tests will fail)
+	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
 	$(PYTHON) -m pytest -n 4
 
 ## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),
@@ -66,8 +71,8 @@ demo: $(DEMO_STAMP)
 ## Last, the SVG charts in benchmarks/charts/ (drawn from the figures bench.py and renewal.py wrote).
 bench: $(STAMP)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	command -v redis-server >/dev/null || (apt-get install -y -q redis-server || \
-		(apt-get update -q && apt-get install -y -q redis-server))
+	command -v redis-server >/dev/null || ($(SUDO) apt-get install -y -q redis-server || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server))
 	$(PYTHON) benchmarks/bench.py
 	$(PYTHON) benchmarks/renewal.py
 	$(PYTHON) benchmarks/fencing.py

@@ -236,7 +236,9 @@ _MS_QUANTUM = 0.001
 @dataclass(frozen=True, slots=True)
 class ClockReading:
     """One server's clock against this client's: ``offset`` (server minus client, seconds) is
-    within ``uncertainty`` of the truth; ``round_trip`` is the best sample's."""
+    within ``uncertainty`` of the truth; ``round_trip`` is the best sample's. ``host`` is the
+    server's name as the deployment advertises it; ``reached_at`` the address it answered at
+    when that is another (a mapped port, a proxy); ``error`` why it was not read."""
 
     host: str
     role: str
@@ -245,10 +247,20 @@ class ClockReading:
     uncertainty: float | None = None
     round_trip: float | None = None
     error: str | None = None
+    reached_at: str | None = None
+
+    @property
+    def read(self) -> bool:
+        return self.offset is not None and self.uncertainty is not None
 
 
 def clock_reading(
-    host: str, role: str, decides_expiry: bool, samples: Sequence[tuple[float, float, datetime]]
+    host: str,
+    role: str,
+    decides_expiry: bool,
+    samples: Sequence[tuple[float, float, datetime]],
+    *,
+    reached_at: str | None = None,
 ) -> ClockReading:
     """The reading from ``samples`` of ``(client wall time sent, client wall time answered, the
     server's $$NOW)``: the sample with the shortest round trip (like NTP), its server time taken
@@ -257,76 +269,89 @@ def clock_reading(
     sent, answered, now = min(samples, key=lambda sample: sample[1] - sample[0])
     middle = (sent + answered) / 2
     offset = now.timestamp() + _MS_QUANTUM / 2 - middle
-    return ClockReading(host, role, decides_expiry, offset, (answered - sent) / 2 + _MS_QUANTUM / 2, answered - sent)
+    uncertainty = (answered - sent) / 2 + _MS_QUANTUM / 2
+    return ClockReading(host, role, decides_expiry, offset, uncertainty, answered - sent, reached_at=reached_at)
 
 
 def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) -> list[Check]:
     """One check per server against this client, and one for the agreement of the clocks that decide
     expiry: a failure when two of them differ by more than the safety margin for certain, a warning
-    unless they are shown to agree within ``CLOCK_AGREEMENT_SHARE`` of it."""
-    checks = []
-    for reading in readings:
-        name = reading.host
-        if reading.offset is None or reading.uncertainty is None:
-            checks.append(
-                Check(
-                    "clocks",
-                    name,
-                    WARN,
-                    f"{reading.role}: not measured: {reading.error}",
-                    "make every server the cluster lists reachable from here (the clock of one not measured is not "
-                    "known to agree)",
-                    {"host": reading.host, "role": reading.role, "error": reading.error},
-                    key=f"server:{reading.host}",
-                )
-            )
-            continue
-        figures = {
-            "host": reading.host,
-            "role": reading.role,
-            "decides_expiry": reading.decides_expiry,
-            "offset_ms": reading.offset * 1000,
-            "uncertainty_ms": reading.uncertainty * 1000,
-            "round_trip_ms": (reading.round_trip or 0) * 1000,
-        }
-        shown = (
-            f"{reading.role}: {_signed_ms(reading.offset)} +/- {ms(reading.uncertainty)} against this client's "
-            f"clock (round trip {ms(reading.round_trip or 0)})"
-        )
-        if abs(reading.offset) - reading.uncertainty > margin:
-            checks.append(
-                Check(
-                    "clocks",
-                    name,
-                    WARN,
-                    shown,
-                    "this machine's clock, or the server's, is off (run NTP or chrony on both); locks never read "
-                    "this machine's clock, but the server's must agree with the other servers'",
-                    figures,
-                    key=f"server:{reading.host}",
-                )
-            )
-        else:
-            checks.append(Check("clocks", name, PASS, shown, None, figures, key=f"server:{reading.host}"))
-    deciding = [r for r in readings if r.decides_expiry and r.offset is not None and r.uncertainty is not None]
+    unless they are shown to agree within ``CLOCK_AGREEMENT_SHARE`` of it. A clock that decides
+    expiry and could not be read is unknown, never agreeing: the agreement then warns at best."""
+    checks = [_judge_reading(reading, margin) for reading in readings]
+    deciding = [reading for reading in readings if reading.decides_expiry and reading.read]
+    unknown = [reading.host for reading in readings if reading.decides_expiry and not reading.read]
     if not deciding:
         checks.append(
-            Check("clocks", "agreement", WARN, "no clock that decides expiry was measured", "see the lines above")
-        )
+            Check("clocks", "agreement", WARN, "no clock that decides expiry was measured", "see the lines above",
+                  {"clocks": 0, "unknown": unknown})
+        )  # fmt: skip
         return checks
+    return [*checks, _agreement(deciding, unknown, margin, ttl)]
+
+
+def _shown_host(reading: ClockReading) -> str:
+    return reading.host if reading.reached_at is None else f"{reading.host} (reached at {reading.reached_at})"
+
+
+def _judge_reading(reading: ClockReading, margin: float) -> Check:
+    key = f"server:{reading.host}"
+    if reading.offset is None or reading.uncertainty is None:
+        return Check(
+            "clocks",
+            reading.host,
+            WARN,
+            f"{reading.role}: not measured: {reading.error}",
+            "the clock of a server that was not read is not known to agree: run the check where every name the "
+            "deployment advertises resolves and answers (inside its network), or make them do so here",
+            {"host": reading.host, "role": reading.role, "error": reading.error, "reached_at": reading.reached_at},
+            key=key,
+        )
+    figures = {
+        "host": reading.host,
+        "role": reading.role,
+        "decides_expiry": reading.decides_expiry,
+        "offset_ms": reading.offset * 1000,
+        "uncertainty_ms": reading.uncertainty * 1000,
+        "round_trip_ms": (reading.round_trip or 0) * 1000,
+        "reached_at": reading.reached_at,
+    }
+    reached = "" if reading.reached_at is None else f"; advertised as {reading.host}, reached at {reading.reached_at}"
+    shown = (
+        f"{reading.role}: {_signed_ms(reading.offset)} +/- {ms(reading.uncertainty)} against this client's "
+        f"clock (round trip {ms(reading.round_trip or 0)}){reached}"
+    )
+    if abs(reading.offset) - reading.uncertainty > margin:
+        return Check(
+            "clocks",
+            reading.host,
+            WARN,
+            shown,
+            "this machine's clock, or the server's, is off (run NTP or chrony on both); locks never read "
+            "this machine's clock, but the server's must agree with the other servers'",
+            figures,
+            key=key,
+        )
+    return Check("clocks", reading.host, PASS, shown, None, figures, key=key)
+
+
+def _agreement(deciding: Sequence[ClockReading], unknown: Sequence[str], margin: float, ttl: float) -> Check:
+    """The agreement of the clocks that were read, judged as ``judge_clocks`` says; a pass turns
+    into a warning while clocks that decide expiry are ``unknown``."""
+    if unknown:
+        total, verb = len(deciding) + len(unknown), "was" if len(deciding) == 1 else "were"
+        read = f"{len(deciding)} of the {total} clocks that decide expiry {verb} read"
+    else:
+        read = "one clock decides expiry" if len(deciding) == 1 else f"{len(deciding)} clocks decide expiry"
+    not_read = f"; not read: {', '.join(unknown)}, so whether they agree is unknown" if unknown else ""
+    unread_fix = "read every clock that decides expiry (see the lines above)"
+    ntp = "run NTP or chrony on every server that can decide expiry (docs: Deploying, Which clock decides expiry)"
     if len(deciding) == 1:
-        checks.append(
-            Check(
-                "clocks",
-                "agreement",
-                PASS,
-                f"one clock decides expiry ({deciding[0].host}); the safety margin of the {ttl:g} s TTL is "
-                f"{ms(margin)}",
-                None,
-                {"clocks": 1, "safety_margin_ms": margin * 1000},
-            )
-        )
-        return checks
+        figures = {"clocks": 1, "unknown": list(unknown), "safety_margin_ms": margin * 1000}
+        shown = f"{read} ({_shown_host(deciding[0])}){not_read}; the safety margin of the {ttl:g} s TTL is {ms(margin)}"
+        if unknown:
+            return Check("clocks", "agreement", WARN, shown, unread_fix, figures)
+        return Check("clocks", "agreement", PASS, shown, None, figures)
     pairs = [(a, b) for index, a in enumerate(deciding) for b in deciding[index + 1 :]]
 
     def spread(pair: tuple[ClockReading, ClockReading]) -> tuple[float, float]:
@@ -339,44 +364,41 @@ def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) ->
     difference, uncertainty = spread(worst)
     figures = {
         "clocks": len(deciding),
+        "unknown": list(unknown),
         "largest_difference_ms": difference * 1000,
         "uncertainty_ms": uncertainty * 1000,
         "between": [worst[0].host, worst[1].host],
         "safety_margin_ms": margin * 1000,
     }
     shown = (
-        f"{len(deciding)} clocks decide expiry; the largest difference is {ms(difference)} +/- {ms(uncertainty)} "
-        f"({worst[0].host} and {worst[1].host}); the safety margin of the {ttl:g} s TTL is {ms(margin)}"
+        f"{read}; the largest difference is {ms(difference)} +/- "
+        f"{ms(uncertainty)} ({worst[0].host} and {worst[1].host}){not_read}; the safety margin of the {ttl:g} s "
+        f"TTL is {ms(margin)}"
     )
-    ntp = "run NTP or chrony on every server that can decide expiry (docs: Deploying, Which clock decides expiry)"
     if difference - uncertainty > margin:
-        return [
-            *checks,
-            Check(
-                "clocks",
-                "agreement",
-                FAIL,
-                shown,
-                f"a lease can be taken while its holder still believes it holds it: {ntp}; until then, raise the "
-                f"safety margin above {ms(difference + uncertainty)}",
-                figures,
-            ),
-        ]
+        return Check(
+            "clocks",
+            "agreement",
+            FAIL,
+            shown,
+            f"a lease can be taken while its holder still believes it holds it: {ntp}; until then, raise the "
+            f"safety margin above {ms(difference + uncertainty)}",
+            figures,
+        )
     if difference + uncertainty > CLOCK_AGREEMENT_SHARE * margin:
-        return [
-            *checks,
-            Check(
-                "clocks",
-                "agreement",
-                WARN,
-                shown,
-                f"not shown to agree within {CLOCK_AGREEMENT_SHARE:.0%} of the safety margin: {ntp}"
-                + (", and measure from closer to the servers (the round trips bound the precision)" if uncertainty
-                   > CLOCK_AGREEMENT_SHARE * margin else ""),
-                figures,
-            ),
-        ]
-    return [*checks, Check("clocks", "agreement", PASS, shown, None, figures)]
+        return Check(
+            "clocks",
+            "agreement",
+            WARN,
+            shown,
+            f"not shown to agree within {CLOCK_AGREEMENT_SHARE:.0%} of the safety margin: {ntp}"
+            + (", and measure from closer to the servers (the round trips bound the precision)" if uncertainty
+               > CLOCK_AGREEMENT_SHARE * margin else ""),
+            figures,
+        )  # fmt: skip
+    if unknown:
+        return Check("clocks", "agreement", WARN, shown, unread_fix, figures)
+    return Check("clocks", "agreement", PASS, shown, None, figures)
 
 
 def percent(share: float) -> str:

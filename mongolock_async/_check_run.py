@@ -642,43 +642,74 @@ async def _stable_api(options: CheckOptions, facts: _Facts, scratch: Scratch, cl
 # -- the clocks ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _DecidingServer:
+    """A server whose clock can decide expiry: its ``name`` as the deployment advertises it (None:
+    the URI's one server), its ``role``, and ``reached_at``, the address this client reached it
+    at when that is not its name (a mapped port, a proxy, a name only its own network resolves)."""
+
+    name: str | None
+    role: str
+    reached_at: str | None = None
+
+
 async def _clocks(
     probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts, clients: list[Any]
 ) -> list[Check]:
     """Every clock that can decide expiry, against this client's and each other: the replica set's
     members that can become primary, or every mongos the cluster lists (the client's own if it may
-    not read the list), or the one server."""
-    servers, note = await _deciding_servers(probe, client, facts)
+    not read the list), or the one server. A server is read at the address this client already
+    reaches it at, if any, else at its advertised name; one that cannot be reached is reported as
+    such, its clock unknown."""
+    direct = _DirectClients(options.uri, facts, clients)
+    servers, note = await _deciding_servers(probe, client, facts, direct)
     readings = []
-    for host, role in servers:
-        if host is None:
-            readings.append(await _reading(probe, client, "the load balancer" if role == "mongos" else "the server",
-                                           role))  # fmt: skip
+    for server in servers:
+        if server.name is None:
+            where = "the load balancer" if server.role == "mongos" else "the server"
+            readings.append(await _reading(probe, client, where, server.role))
             continue
         try:
-            direct = await _direct_client(options.uri, host, facts)
+            reaching = await direct(server.reached_at or server.name)
         except (ConfigurationError, ValueError) as error:
-            readings.append(ClockReading(host, role, True, error=cause_of(error)))
+            readings.append(ClockReading(server.name, server.role, True, error=cause_of(error)))
             continue
-        clients.append(direct)
-        readings.append(await _reading(probe, direct, host, role))
+        readings.append(await _reading(probe, reaching, server.name, server.role, reached_at=server.reached_at))
     checks = judge_clocks(readings, options.margin, options.ttl)
     if note is not None:
         checks.append(note)
     return checks
 
 
+class _DirectClients:
+    """One client per server address, each connected to that server alone, made on first use."""
+
+    def __init__(self, uri: str, facts: _Facts, clients: list[Any]) -> None:
+        self._uri, self._facts, self._clients = uri, facts, clients
+        self._by_address: dict[str, Any] = {}
+
+    async def __call__(self, address: str) -> Any:
+        if address not in self._by_address:
+            self._by_address[address] = await _direct_client(self._uri, address, self._facts)
+            self._clients.append(self._by_address[address])
+        return self._by_address[address]
+
+
 async def _deciding_servers(
-    probe: DeploymentProbe, client: Any, facts: _Facts
-) -> tuple[list[tuple[str | None, str]], Check | None]:
+    probe: DeploymentProbe, client: Any, facts: _Facts, direct: _DirectClients
+) -> tuple[list[_DecidingServer], Check | None]:
     hello = facts.hello
+    known = _addresses(client)
     if facts.kind == "replica set":
         primary = hello.get("primary")
-        return [(host, "primary" if host == primary else "secondary") for host in hello.get("hosts") or []], None
+        reached = _reached_under_another_name(client)
+        return [
+            _DecidingServer(host, "primary" if host == primary else "secondary", reached.get(host.lower()))
+            for host in hello.get("hosts") or []
+        ], None
     if facts.kind == "sharded":
         now = await probe.server_now()
         listed = await probe.listed_mongos(pinged_since=now - timedelta(seconds=MONGOS_ACTIVE_S))
-        known = sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
         if listed is None:
             note = Check(
                 "clocks",
@@ -688,14 +719,72 @@ async def _deciding_servers(
                 "run the check as a user who may read config.mongos (clusterMonitor) to measure every mongos "
                 "applications may use",
             )
-            return [(host, "mongos") for host in known], note
-        return [(host, "mongos") for host in sorted(set(listed) | set(known))], None
+            return [_DecidingServer(host, "mongos") for host in known], note
+        return await _listed_mongos(probe, listed, known, direct)
     if facts.kind == "load balanced":
-        return [(None, "mongos")], None
-    return [(None, "standalone")], None
+        return [_DecidingServer(None, "mongos")], None
+    return [_DecidingServer(None, "standalone")], None
 
 
-async def _reading(probe: DeploymentProbe, client: Any, host: str, role: str) -> ClockReading:
+async def _listed_mongos(
+    probe: DeploymentProbe, listed: list[str], known: list[str], direct: _DirectClients
+) -> tuple[list[_DecidingServer], Check | None]:
+    """Every mongos the cluster lists, each read at the URI's address that answered as it, if
+    one did; the URI's mongos that the list does not name (not pinged lately) as well."""
+    named: dict[str, str] = {}  # a listed name (lower case) -> the URI's address that answered as it
+    unnamed = 0
+    for address in known:
+        try:
+            listed_as = await probe.listed_as(await direct(address))
+        except (PyMongoError, ValueError):
+            listed_as = None  # not reachable now: its clock reading says why
+        if listed_as is None:
+            unnamed += 1
+        elif listed_as.lower() != address.lower():
+            named[listed_as.lower()] = address
+    servers = [_DecidingServer(name, "mongos", named.get(name.lower())) for name in listed]
+    listed_lower = {name.lower() for name in listed}
+    servers += [
+        _DecidingServer(address, "mongos")
+        for address in known
+        if address.lower() not in listed_lower and address not in named.values()
+    ]
+    known_lower = {address.lower() for address in known}
+    unmatched = [s for s in servers if s.reached_at is None and (s.name or "").lower() not in known_lower]
+    note = None
+    if unnamed and unmatched:
+        note = Check(
+            "clocks",
+            "mongos named",
+            WARN,
+            f"{unnamed} mongos of the URI did not say which listed mongos it is (serverStatus refused): each "
+            "listed mongos is read at the name it lists itself under",
+            "run the check as a user who may run serverStatus (clusterMonitor), so that a mongos reached at "
+            "another address than its listed name (a mapped port, a proxy) is recognised",
+        )
+    return servers, note
+
+
+def _addresses(client: Any) -> list[str]:
+    """The addresses this client reaches its servers at (the URI's hosts, or those discovered)."""
+    return sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+
+
+def _reached_under_another_name(client: Any) -> dict[str, str]:
+    """Advertised name (lower case) -> address, for each server this client reached at an address
+    other than the name it gives itself (``hello``'s ``me``): a member initiated as
+    ``localhost:27017`` in a container and reached through a mapped port, say."""
+    reached = {}
+    for (host, port), description in client.topology_description.server_descriptions().items():
+        me = description.me
+        if me is not None and (str(me[0]).lower(), me[1]) != (host.lower(), port):
+            reached[f"{me[0]}:{me[1]}".lower()] = f"{host}:{port}"
+    return reached
+
+
+async def _reading(
+    probe: DeploymentProbe, client: Any, host: str, role: str, *, reached_at: str | None = None
+) -> ClockReading:
     samples = []
     try:
         for _ in range(CLOCK_SAMPLES):
@@ -703,8 +792,11 @@ async def _reading(probe: DeploymentProbe, client: Any, host: str, role: str) ->
             now = await probe.server_now(client)
             samples.append((sent, time.time(), now))
     except PyMongoError as error:
-        return ClockReading(host, role, True, error=_reason(error))
-    return clock_reading(host, role, True, samples)
+        where = host if reached_at is None else reached_at
+        return ClockReading(
+            host, role, True, error=f"could not be read at {where}: {_reason(error)}", reached_at=reached_at
+        )
+    return clock_reading(host, role, True, samples, reached_at=reached_at)
 
 
 async def _direct_client(uri: str, host: str, facts: _Facts) -> Any:
