@@ -214,7 +214,8 @@ def private_server() -> Iterator[EmbeddedMongo]:
 # replaces: where the server is shared by this run's worker processes (MONGODB_URI), fault tests
 # take turns, holding a file lock in the run's temporary directory. configureFailPoint needs no
 # privilege (FaultInjectCmd in src/mongo/db/commands/fail_point_cmd.cpp: "No auth needed because it
-# only works when enabled via command line"), so the access-controlled job's user can arm them.
+# only works when enabled via command line"), so the access-controlled job's user can arm them. A
+# run that says it tests a real MongoDB (MONGOLOCK_TEST_EXPECT_SERVER) fails where it refuses them.
 
 SHARDED = os.environ.get("MONGOLOCK_TEST_SHARDED") == "1"
 _FAIL_POINT_TURNS = "mongolock-fail-point-turns.lock"
@@ -264,13 +265,32 @@ def _fail_point_turn(shared: bool) -> Iterator[None]:
             fcntl.flock(turns, fcntl.LOCK_UN)
 
 
+# Where the run says it tests a real MongoDB (the workflow's jobs), the fault tests must run there:
+# on a private embedded server instead they would pass and prove nothing about MongoDB.
+_REAL_SERVERS = ("uri", "testcontainers")
+NO_FAIL_POINTS_ON_TARGET = (
+    "the server under test refuses configureFailPoint, and MONGOLOCK_TEST_EXPECT_SERVER={expected} says it is the "
+    "MongoDB this run tests: start it with the test commands (mongod --setParameter enableTestCommands=1)"
+)
+
+
+def fail_points_expected_on_target() -> str | None:
+    """``MONGOLOCK_TEST_EXPECT_SERVER`` where it names a real MongoDB, whose fault tests must run on it."""
+    expected = os.environ.get("MONGOLOCK_TEST_EXPECT_SERVER")
+    return expected if expected in _REAL_SERVERS else None
+
+
 @pytest.fixture(scope="session")
 def target_has_fail_points(mongolock_server: ServerChoice) -> bool:
     # Asked as the administrator (MONGOLOCK_TEST_ADMIN_URI, if set): the embedded server wants a
     # privilege for configureFailPoint, where mongod wants none.
     uri = os.environ.get("MONGOLOCK_TEST_ADMIN_URI") or mongolock_server.uri
     with _fail_point_turn(mongolock_server.kind == "uri"):
-        return fail_points_answer(uri)
+        answered = fail_points_answer(uri)
+    expected = fail_points_expected_on_target()
+    if not answered and expected:
+        pytest.fail(NO_FAIL_POINTS_ON_TARGET.format(expected=expected))
+    return answered
 
 
 # The administrator's client of the current test's fault server (see ``set_fail_point``).
@@ -388,6 +408,9 @@ async def set_fail_point(collection: Any, mode: Any, **data: Any) -> None:
             return
         if error.code not in (_COMMAND_NOT_FOUND, _UNAUTHORIZED):
             raise
+        expected = fail_points_expected_on_target()
+        if expected:
+            pytest.fail(f"{NO_FAIL_POINTS_ON_TARGET.format(expected=expected)}: {error}")
         pytest.skip(f"this server has no failCommand fail point (start mongod with enableTestCommands=1): {error}")
 
 
