@@ -350,12 +350,13 @@ def _app_name(client: Any) -> str | None:
 # process (a user's project, a docs example, a worker, the command) must not inherit them: the
 # plugin in a child pytest would restrict its drivers or shard its collections on a server that
 # cannot, and a child that needs a server is given its URI.
-_RUN_SETTINGS = ("MONGODB_URI", "MONGOLOCK_")
+_RUN_SETTINGS = ("MONGODB_URI", "MONGOLOCK_", "PYTEST_ADDOPTS")
 
 
 def child_environment(**variables: str) -> dict[str, str]:
     """The environment for a child process: this process's, without the test run's own settings
-    (``MONGODB_URI``, ``MONGOLOCK_*``), plus ``variables``."""
+    (``MONGODB_URI``, ``MONGOLOCK_*``, and ``PYTEST_ADDOPTS``, which would select a user project's
+    tests), plus ``variables``."""
     inherited = {key: value for key, value in os.environ.items() if not key.startswith(_RUN_SETTINGS)}
     return {**inherited, **variables}
 
@@ -435,9 +436,9 @@ _SHARDED_FIXTURES = {"mongolock_collection", "lock_collection", "counted_collect
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With MONGOLOCK_TEST_WITHOUT_MONGOS=1 (.ci/workflow_environments.py runs the sharded job's
-    environment against the embedded server, which cannot shard), leave out the tests that need a
-    sharded collection."""
+    """With MONGOLOCK_TEST_WITHOUT_MONGOS=1 (.ci/rehearse.py runs the sharded job against a stand-in
+    mongos, an embedded server, which cannot shard), leave out the tests that need a sharded
+    collection."""
     if not (SHARDED and os.environ.get("MONGOLOCK_TEST_WITHOUT_MONGOS") == "1"):
         return
     kept, left_out = [], []

@@ -295,6 +295,7 @@ async def test_clocks_that_decide_expiry_are_judged_against_the_safety_margin(mo
     assert [check.verdict for check in judge_clocks([client_off], margin, 10.0)] == [WARN, PASS]
 
 
+@pytest.mark.environment  # every clock of the server under test, as this machine reaches it
 def test_a_client_clock_made_to_differ_is_reported(mongodb_uri: str, tmp_path: Path) -> None:
     # This process's clock is moved 5 s ahead as libfaketime would move it (not installed here): a
     # sitecustomize module of the test's replaces time.time in the check's process only.
