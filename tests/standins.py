@@ -42,17 +42,17 @@ src/mongo/s/sharding_uptime_reporter.cpp)."""
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """What a stand-in says it is.
+    """What a stand-in says it is: a mongod or mongos as its command line and container make it.
 
-    - ``replica_set``: the set it belongs to once initiated (None: a mongos).
-    - ``advertised``: ``host:port`` as its replica set configuration names it (``hello``'s
-      ``hosts``, ``me`` and ``primary``).
-    - ``other_members``: more members its configuration lists (in ``hosts``), which no server stands
-      in for (``replSetInitiate`` then expects them too).
-    - ``host_name``: its machine's host name (``serverStatus``'s ``host``; a container's id).
-    - ``port``: the port it believes it listens on (its own ``--port``), whatever port reaches it.
-    - ``initiated``: whether it starts initiated (the testcontainers MongoDB is initiated by the
-      suite itself, the workflow's by ``initiate.py``).
+    - ``replica_set``: its ``--replSet`` (None: a mongos).
+    - ``port``: its ``--port``, the port it believes it listens on, whatever port reaches it.
+    - ``host_name``: its machine's host name (a container's id): ``serverStatus``'s ``host``, and
+      with ``names``, the names ``replSetInitiate`` recognises as this server's own (a member is this
+      server when its port is ``port`` and its host is one of them, ``localhost`` or ``127.0.0.1``;
+      mongod asks each host whether it is itself, ``isSelf``, src/mongo/db/repl/isself.cpp).
+    - ``advertised``, ``other_members``: already initiated as that member of a set listing those
+      others too (the tests' shortcut for a set ``replSetInitiate`` has configured).
+    - ``version``: the MongoDB release it reports (``buildInfo``); None: SecantusDB's own.
     - ``localhost_exception``: with authentication, let a client that has not authenticated
       initiate the set and create the first user while the server has none, as mongod does for a
       connection from localhost (narrowed to creating the first user: SERVER-12621,
@@ -61,11 +61,12 @@ class Identity:
     """
 
     replica_set: str | None
-    advertised: str
-    other_members: tuple[str, ...] = ()
-    host_name: str = "localhost"
     port: int = MONGOD_PORT
-    initiated: bool = False
+    host_name: str = "localhost"
+    names: tuple[str, ...] = ()
+    advertised: str | None = None
+    other_members: tuple[str, ...] = ()
+    version: str | None = None
     localhost_exception: bool = False
 
     @property
@@ -89,18 +90,29 @@ import secantus.commands as _commands
 import secantus.server as _server
 
 _IDENTITY = _json.loads({identity!r})
-_INITIATED_FILE = "standin-initiated.json"
+_CONFIG_FILE = "standin-replica-set.json"
 _SET_FIELDS = ("setName", "setVersion", "hosts", "passives", "arbiters", "secondary", "primary", "me",
                "electionId", "lastWrite")
 _shards = []
 
 
-def _initiated():
-    return _IDENTITY["initiated"] or _os.path.exists(_INITIATED_FILE)
+def _config():
+    if _IDENTITY["advertised"] is not None:
+        return {{"me": _IDENTITY["advertised"], "hosts": [_IDENTITY["advertised"], *_IDENTITY["other_members"]]}}
+    if _os.path.exists(_CONFIG_FILE):
+        with open(_CONFIG_FILE) as stored:
+            return _json.load(stored)
+    return None
 
 
 def _error(code, name, message):
     return {{"ok": 0.0, "errmsg": message, "code": code, "codeName": name}}
+
+
+def _own(host):
+    name, _, port = host.rpartition(":")
+    own_names = {{"localhost", "127.0.0.1", _IDENTITY["host_name"], *_IDENTITY["names"]}}
+    return port == str(_IDENTITY["port"]) and name.lower() in own_names
 
 
 _hello = _commands._HANDLERS["hello"]
@@ -112,18 +124,16 @@ def _standin_hello(doc, ctx):
         return reply
     for field in _SET_FIELDS:
         reply.pop(field, None)
+    config = _config()
     if _IDENTITY["replica_set"] is None:
         reply["msg"] = "isdbgrid"
-    elif not _initiated():
+    elif config is None:
         # mongod before replSetInitiate: a member of no set yet, writable by no one.
         reply.update(isWritablePrimary=False, ismaster=False, secondary=False, isreplicaset=True,
                      info="Does not have a valid replica set config")
     else:
-        advertised = _IDENTITY["advertised"]
-        reply.update(setName=_IDENTITY["replica_set"], setVersion=1, hosts=[advertised, *_IDENTITY["other_members"]],
-                     me=advertised,
-                     primary=advertised, secondary=False,
-                     electionId=_bson.ObjectId("7fffffff0000000000000001"))
+        reply.update(setName=_IDENTITY["replica_set"], setVersion=1, hosts=config["hosts"], me=config["me"],
+                     primary=config["me"], secondary=False, electionId=_bson.ObjectId("7fffffff0000000000000001"))
     return reply
 
 
@@ -135,22 +145,40 @@ def _standin_server_status(doc, ctx):
     port = _IDENTITY["port"]
     reply["host"] = _IDENTITY["host_name"] if port == {default_port} else f"{{_IDENTITY['host_name']}}:{{port}}"
     reply["process"] = "mongos" if _IDENTITY["replica_set"] is None else "mongod"
+    if _IDENTITY["version"] is not None:
+        reply["version"] = _IDENTITY["version"]
+    return reply
+
+
+_build_info = _commands._HANDLERS["buildInfo"]
+
+
+def _standin_build_info(doc, ctx):
+    reply = _build_info(doc, ctx)
+    if _IDENTITY["version"] is not None:
+        reply["version"] = _IDENTITY["version"]
+        reply["versionArray"] = [int(part) for part in _IDENTITY["version"].split(".")] + [0]
     return reply
 
 
 def _repl_set_initiate(doc, ctx):
     if _IDENTITY["replica_set"] is None:
         return _error(59, "CommandNotFound", "no such command: 'replSetInitiate'")
-    if _initiated():
+    if _config() is not None:
         return _error(23, "AlreadyInitialized", "already initialized")
     config = doc.get("replSetInitiate") or {{}}
-    hosts = [member.get("host") for member in config.get("members") or []]
-    if config.get("_id") != _IDENTITY["replica_set"] or hosts != [_IDENTITY["advertised"], *_IDENTITY["other_members"]]:
+    if config.get("_id") != _IDENTITY["replica_set"]:
         return _error(93, "InvalidReplicaSetConfig",
-                      f"this stand-in is member {{_IDENTITY['advertised']}} of {{_IDENTITY['replica_set']}}, "
-                      f"not of {{config.get('_id')}} with members {{hosts}}")
-    with open(_INITIATED_FILE, "w") as out:
-        _json.dump(config, out, default=str)
+                      f"Attempting to initiate a replica set with name {{config.get('_id')}}, but command line "
+                      f"reports {{_IDENTITY['replica_set']}}; rejecting")
+    hosts = [str(member.get("host")) for member in config.get("members") or []]
+    own = [host for host in hosts if _own(host)]
+    if len(own) != 1:
+        return _error(74, "NodeNotFound",
+                      f"No host described in new configuration with {{{{version: 1, term: 0}}}} for replica set "
+                      f"{{config.get('_id')}} maps to this node" if not own else f"{{own}} all map to this node")
+    with open(_CONFIG_FILE, "w") as out:
+        _json.dump({{"me": own[0], "hosts": hosts}}, out)
     return {{"ok": 1.0}}
 
 
@@ -173,9 +201,14 @@ def _list_shards(doc, ctx):
 for _name in ("hello", "isMaster", "ismaster"):
     _commands._HANDLERS[_name] = _standin_hello
 _commands._HANDLERS["serverStatus"] = _standin_server_status
+for _name in ("buildInfo", "buildinfo"):
+    _commands._HANDLERS[_name] = _standin_build_info
 _commands._HANDLERS["replSetInitiate"] = _repl_set_initiate
 _commands._HANDLERS["addShard"] = _add_shard
 _commands._HANDLERS["listShards"] = _list_shards
+# mongod lets any user kill its own cursors (killCursors, "Kill Own Cursors", SERVER-36829); the
+# embedded server asks for the killCursors action.
+_commands._NO_PRIVILEGE_COMMANDS = _commands._NO_PRIVILEGE_COMMANDS | {{"killCursors"}}
 
 _LOCALHOST_EXCEPTION = frozenset(("replSetInitiate", "createUser"))
 _dispatch = _server.dispatch
@@ -243,7 +276,7 @@ class StandIn(EmbeddedMongo):
                             "ping": datetime.now(UTC),
                             "up": int(time.monotonic() - started),
                             "waiting": True,
-                            "mongoVersion": "8.0.0",
+                            "mongoVersion": self.identity.version or "8.0.0",
                             "advisoryHostFQDNs": [],
                         }},
                         upsert=True,

@@ -48,7 +48,7 @@ def clocks(uri: str) -> tuple[int, dict[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize(
-    "reached_through_a_port", [Identity("rs0", MEMBER, initiated=True)], indirect=True, ids=["member"]
+    "reached_through_a_port", [Identity("rs0", advertised=MEMBER)], indirect=True, ids=["member"]
 )
 def test_a_member_reached_through_a_mapped_port_is_read_there(reached_through_a_port: str) -> None:
     # As the testcontainers MongoDB: initiated as its name inside the container, reached through
@@ -63,7 +63,7 @@ def test_a_member_reached_through_a_mapped_port_is_read_there(reached_through_a_
 
 @pytest.mark.parametrize(
     "reached_through_a_port",
-    [Identity(None, "", host_name=MONGOS, initiated=True)],
+    [Identity(None, host_name=MONGOS)],
     indirect=True,
     ids=["mongos"],
 )
@@ -81,7 +81,7 @@ def test_a_mongos_listed_under_its_containers_name_is_recognised_where_it_answer
 
 @pytest.mark.parametrize(
     "reached_through_a_port",
-    [Identity("rs0", MEMBER, other_members=(OTHER_MEMBER,), initiated=True)],
+    [Identity("rs0", advertised=MEMBER, other_members=(OTHER_MEMBER,))],
     indirect=True,
     ids=["one-of-two"],
 )
