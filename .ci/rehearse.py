@@ -38,6 +38,7 @@ import glob
 import itertools
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +61,7 @@ _COMPOSE_UP = re.compile(r"^\s*docker compose -f (\S+) up\b.*$", re.MULTILINE)
 _OTHER_DOCKER = re.compile(r"^\s*docker\b.*$", re.MULTILINE)
 _WORKERS = re.compile(r"(-n|--numprocesses)\s+(\d+)")
 _WORKERS_ON_ONE_EMBEDDED_SERVER = 2
+_RELEASE_AXIS = "mongodb"  # the matrix axis that names the MongoDB release
 _REPOSITORY = "mongolock-async"  # the checkout's folder: ~runner/work/REPOSITORY/REPOSITORY, as on GitHub
 
 
@@ -262,17 +264,22 @@ def _should_run(condition: str, failed: bool) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="list the jobs, run nothing")
-    parser.add_argument("--commit", default="HEAD", help="the commit whose workflow steps run (default: HEAD)")
+    parser.add_argument("--commit", default="HEAD", help="the commit whose workflow runs (default: HEAD)")
     parser.add_argument("jobs", nargs="*", help="only the jobs whose id or name starts with one of these")
     arguments = parser.parse_args()
+    workflow = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{arguments.commit}:{WORKFLOW.relative_to(ROOT)}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
     jobs = [
         job
-        for job in jobs_of(yaml.safe_load(WORKFLOW.read_text()))
+        for job in jobs_of(yaml.safe_load(workflow))
         if not arguments.jobs or job.id.startswith(tuple(arguments.jobs)) or job.name.startswith(tuple(arguments.jobs))
     ]
+    rehearsed, same_as = _distinct(jobs)
     if arguments.list:
         for job in jobs:
-            print(f"{job.id}: {job.name}")
+            print(f"{job.id}: {job.name}" + (f" (as {same_as[job.name]})" if job.name in same_as else ""))
         return 0
     runner.ensure_runner()
 
@@ -280,6 +287,10 @@ def main() -> int:
         print(line, flush=True)
 
     for job in jobs:
+        if job.name in same_as:
+            say(f"\n== {job.name}: the same steps as {same_as[job.name]}, but for the MongoDB release its stand-ins "
+                "report: not rehearsed again")
+            continue
         say(f"\n== {job.name} ({job.id}), as the user {runner.USER}")
         try:
             Rehearsal(job, say, arguments.commit).run()
@@ -287,12 +298,32 @@ def main() -> int:
             job.failed_steps.append(f"the rehearsal itself: {type(error).__name__}: {error}")
         say(f"== {job.name}: {'failed: ' + '; '.join(job.failed_steps) if job.failed_steps else 'passed'} "
             f"in {job.seconds:.0f} s")  # fmt: skip
-    passed = [job for job in jobs if not job.failed_steps]
-    say(f"\n{len(passed)} of {len(jobs)} workflow jobs passed their rehearsal")
+    passed = [job for job in rehearsed if not job.failed_steps]
+    say(f"\n{len(passed)} of {len(rehearsed)} workflow jobs rehearsed passed ({len(jobs)} jobs in all)")
     for job in jobs:
+        if job.name in same_as:
+            say(f"   as {same_as[job.name]}: {job.name}")
+            continue
         say(f"   {'passed' if not job.failed_steps else 'FAILED'}  {job.name} ({job.seconds:.0f} s)"
             + ("" if not job.failed_steps else f": {'; '.join(job.failed_steps)}"))  # fmt: skip
-    return 0 if len(passed) == len(jobs) else 1
+    return 0 if len(passed) == len(rehearsed) else 1
+
+
+def _distinct(jobs: list[Job]) -> tuple[list[Job], dict[str, str]]:
+    """The jobs to rehearse, and for each other job the name of the one whose steps it shares: jobs
+    of one definition whose matrix differs in the MongoDB release alone (the stand-ins report the
+    release; nothing else here differs), the first in the matrix's order rehearsed."""
+    rehearsed: list[Job] = []
+    same_as: dict[str, str] = {}
+    first: dict[tuple[str, str], Job] = {}
+    for job in jobs:
+        shape = (job.id, repr(sorted((k, v) for k, v in job.matrix.items() if k != _RELEASE_AXIS)))
+        if shape in first:
+            same_as[job.name] = first[shape].name
+        else:
+            first[shape] = job
+            rehearsed.append(job)
+    return rehearsed, same_as
 
 
 if __name__ == "__main__":
