@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import glob
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -186,10 +187,26 @@ class Rehearsal:
             found = sorted(glob.glob(str(self.job.workspace / pattern)))
             shown = ", ".join(Path(path).name for path in found)
             self.say(f"   here: would upload {shown}" if found else f"   here: no file matches {pattern}")
+            for path in found:
+                self.show_check_report(Path(path))
             if not found and arguments.get("if-no-files-found") == "error":
                 self.job.failed_steps.append(f"upload {pattern}")
         else:
             self.note(f"{uses}: skipped (not an action the rehearsal knows)")
+
+    def show_check_report(self, path: Path) -> None:
+        """What a ``mongolock check --json`` report found besides passes, so that the rehearsal's
+        output says what a job's artifact would."""
+        try:
+            checks = json.loads(path.read_text())["checks"]
+        except (ValueError, KeyError, TypeError) as error:
+            self.say(f"      {path.name}: not a check report ({error})")
+            return
+        verdicts = [check["verdict"] for check in checks]
+        self.say(f"      {path.name}: " + ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts))))
+        for check in checks:
+            if check["verdict"] in ("warn", "fail"):
+                self.say(f"      {check['verdict']} {check['id']}: {check['measured']}")
 
     def script(self, name: str, script: str, step_env: dict[str, Any]) -> bool:
         env = self.environment(step_env, script)
