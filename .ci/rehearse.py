@@ -257,6 +257,10 @@ class Rehearsal:
         if env.get("MONGOLOCK_TEST_SHARDED") == "1":
             env["MONGOLOCK_TEST_WITHOUT_MONGOS"] = "1"
             self.note_once("MONGOLOCK_TEST_WITHOUT_MONGOS=1: the stand-in mongos shards nothing")
+        if env.get("MONGOLOCK_TEST_ADMIN_URI") and "MONGOLOCK_TEST_DRIVERS" not in env:
+            env["MONGOLOCK_TEST_DRIVERS"] = "pymongo"
+            self.note_once("MONGOLOCK_TEST_DRIVERS=pymongo where privileges are restricted: both drivers send the same "
+                           "commands, and one embedded server takes twice as long for two")  # fmt: skip
         if re.search(r"(^|\s)make test(\s|$)", script):
             env["PYTEST_ADDOPTS"] = "-m environment"
             self.note_once("make test: the tests marked environment (PYTEST_ADDOPTS=-m environment)")
