@@ -227,11 +227,13 @@ def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    code: int | str | None = EXIT_FAILED
+    parsed_only = False
     try:
         try:
-            code: int | str | None = _run(argv)
+            code = _run(argv)
         except SystemExit as exit_:  # argparse's --help, --version and usage errors
-            code = exit_.code
+            code, parsed_only = exit_.code, True
         # A reader that went away shows here, not in the interpreter's own flush at exit.
         sys.stdout.flush()
     except BrokenPipeError:
@@ -239,7 +241,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # docs): stdout pointed at devnull, so the flush at exit cannot fail again; no traceback.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        code = EXIT_FAILED
+        # A command cut short failed; help and version end as argparse ends them, whether their
+        # text was lost at its write (stdout unbuffered) or at this flush (buffered, the default).
+        if not parsed_only:
+            code = EXIT_FAILED
     sys.exit(code)
 
 
