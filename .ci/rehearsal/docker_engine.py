@@ -17,6 +17,7 @@ import re
 import socket
 import socketserver
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -251,6 +252,11 @@ class Reaper:
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-reply (docker-py closing its session at exit) is no error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
