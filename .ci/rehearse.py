@@ -122,10 +122,11 @@ def jobs_of(workflow: dict[str, Any]) -> list[Job]:
 class Rehearsal:
     """One job's run: its stand-ins, its Docker engine, its environment, its steps."""
 
-    def __init__(self, job: Job, say: Callable[[str], None], commit: str) -> None:
+    def __init__(self, job: Job, say: Callable[[str], None], commit: str, addopts: str) -> None:
         self.job = job
         self.say = say
         self.commit = commit
+        self.addopts = addopts
         self.servers: list[Server] = []
         self.engine: Engine | None = None
         self.python: dict[str, str] = {}
@@ -262,8 +263,8 @@ class Rehearsal:
             self.note_once("MONGOLOCK_TEST_DRIVERS=pymongo where privileges are restricted: both drivers send the same "
                            "commands, and one embedded server takes twice as long for two")  # fmt: skip
         if re.search(r"(^|\s)make test(\s|$)", script):
-            env["PYTEST_ADDOPTS"] = "-m environment"
-            self.note_once("make test: the tests marked environment (PYTEST_ADDOPTS=-m environment)")
+            env["PYTEST_ADDOPTS"] = self.addopts
+            self.note_once(f"make test: PYTEST_ADDOPTS={self.addopts} (.ci/run has run the whole suite)")
         return env
 
     def note_once(self, text: str) -> None:
@@ -286,6 +287,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="list the jobs, run nothing")
     parser.add_argument("--commit", default="HEAD", help="the commit whose workflow runs (default: HEAD)")
+    parser.add_argument(
+        "--addopts", default="-m environment", help="what make test runs (PYTEST_ADDOPTS; default: -m environment)"
+    )
     parser.add_argument("jobs", nargs="*", help="only the jobs whose id or name starts with one of these")
     arguments = parser.parse_args()
     workflow = subprocess.run(
@@ -314,7 +318,7 @@ def main() -> int:
             continue
         say(f"\n== {job.name} ({job.id}), as the user {runner.USER}")
         try:
-            Rehearsal(job, say, arguments.commit).run()
+            Rehearsal(job, say, arguments.commit, arguments.addopts).run()
         except Exception as error:  # a stand-in that could not start fails its job, not the rest
             job.failed_steps.append(f"the rehearsal itself: {type(error).__name__}: {error}")
         say(f"== {job.name}: {'failed: ' + '; '.join(job.failed_steps) if job.failed_steps else 'passed'} "
