@@ -80,8 +80,12 @@ def fresh_workspace(repository: Path, name: str, commit: str = "HEAD") -> Path:
     workspace = WORK / name / name
     shutil.rmtree(WORK / name, ignore_errors=True)
     workspace.parent.mkdir(parents=True)
+    revision = subprocess.run(
+        ["git", "-C", str(repository), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
     subprocess.run(["git", "clone", "--quiet", "--no-local", str(repository), str(workspace)], check=True)
-    subprocess.run(["git", "-C", str(workspace), "checkout", "--quiet", "--detach", commit], check=True)
+    subprocess.run(["git", "-C", str(workspace), "checkout", "--quiet", "--detach", revision], check=True)
     chown_to_runner(WORK)
     return workspace
 
