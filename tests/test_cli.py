@@ -642,14 +642,14 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(
     """``mongolock list | head -1``: the pipe is closed before the command writes; no traceback."""
     database, collection, _ = held_locks
     where = ["--db", database, "--collection", collection] if arguments[0] in ("list", "inspect", "release") else []
-    # Buffered, as Python's stdout is by default: PYTHONUNBUFFERED, set on this project's machines,
-    # hid a help text lost at the flush at exit (exit 1), as a hosted runner's job ran into.
-    env = {key: value for key, value in child_environment(MONGODB_URI=mongodb_uri).items() if key != "PYTHONUNBUFFERED"}
+    # Buffered, as Python's stdout is by default (an empty PYTHONUNBUFFERED is unset): set on this
+    # project's machines, it hid a help text lost at the flush at exit (exit 1), as a hosted
+    # runner's job ran into.
     command = subprocess.Popen(
         [sys.executable, "-m", "mongolock_async", *arguments, *where],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=child_environment(MONGODB_URI=mongodb_uri, PYTHONUNBUFFERED=""),
     )
     assert command.stdout is not None
     command.stdout.close()  # the reader is gone before the first line
