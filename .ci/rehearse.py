@@ -273,13 +273,12 @@ class Rehearsal:
 
 
 def _should_run(condition: str, failed: bool) -> bool:
-    condition = condition.strip()
-    if condition in ("always()", "${{ always() }}"):
+    """A step's ``if:`` (``success()`` when absent); nothing is cancelled in a rehearsal."""
+    condition = condition.strip().removeprefix("${{").removesuffix("}}").strip()
+    if condition in ("always()", "!cancelled()"):
         return True
-    if condition in ("failure()", "${{ failure() }}"):
-        return failed
-    if condition in ("success()", "${{ success() }}", "!cancelled()"):
-        return not failed if condition != "!cancelled()" else True
+    if condition in ("success()", "failure()"):
+        return failed == (condition == "failure()")
     raise ValueError(f"the rehearsal does not evaluate the condition {condition!r}")
 
 
