@@ -15,7 +15,8 @@ Only what cannot run here is replaced, and each replacement is printed:
   container would to its clients (``rehearsal/topology.py``, ``tests/standins.py``): configured by
   the container's own mongod/mongos command line, advertising its container's names (a mongos lists
   itself under its container's id, which nothing here resolves), reached through a forwarded port
-  where the compose file publishes one. Other ``docker`` commands (``logs``) are skipped.
+  where the compose file publishes one. The script's lines before it run first (the certificates a
+  service mounts), those after it once the stand-ins answer. Other ``docker`` commands are skipped.
 - Docker itself: a stand-in engine (``rehearsal/docker_engine.py``) answers at ``DOCKER_HOST``, so
   that testcontainers starts its MongoDB as a stand-in published on a random port.
 - ``actions/checkout`` is the fresh clone, ``actions/setup-python`` the tool-cache Python, and
@@ -58,7 +59,7 @@ from rehearsal.topology import Server, start_compose  # noqa: E402
 
 WORKFLOW = ROOT / ".github" / "workflows" / "real-mongodb.yml"
 _EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
-_COMPOSE_UP = re.compile(r"^\s*docker compose -f (\S+) up\b.*$", re.MULTILINE)
+_COMPOSE_UP = re.compile(r"^[ \t]*docker compose -f (\S+) up\b.*$", re.MULTILINE)
 _OTHER_DOCKER = re.compile(r"^\s*docker\b.*$", re.MULTILINE)
 _WORKERS = re.compile(r"(-n|--numprocesses)\s+(\d+)")
 _WORKERS_ON_ONE_EMBEDDED_SERVER = 2
@@ -210,12 +211,26 @@ class Rehearsal:
                 self.say(f"      {check['verdict']} {check['id']}: {check['measured']}")
 
     def script(self, name: str, script: str, step_env: dict[str, Any]) -> bool:
+        """Run a ``run:`` script in ``bash -e`` as the runner. A ``docker compose up`` line starts its
+        stand-ins where the line stands: what comes before it (certificates the services mount) runs
+        first, as its own script, and what follows runs once the stand-ins answer."""
         env = self.environment(step_env, script)
-        for match in _COMPOSE_UP.finditer(script):
-            compose = self.job.workspace / match.group(1)
-            self.say(f"   here: {match.group(0).strip()} -> stand-ins:")
-            self.servers += start_compose(compose, env, lambda line: self.say(f"      {line}"))
-        script = _COMPOSE_UP.sub(lambda match: f": stood in for: {match.group(0).strip()}", script)
+        started = time.monotonic()
+        pieces = _COMPOSE_UP.split(script)  # text, compose file, text, compose file, ..., text
+        code = 0
+        for index, piece in enumerate(pieces):
+            if index % 2:
+                self.say(f"   here: docker compose -f {piece} up -> stand-ins:")
+                compose = self.job.workspace / piece
+                self.servers += start_compose(compose, env, lambda line: self.say(f"      {line}"))
+            elif piece.strip():
+                code = self.run_piece(piece, env)
+                if code:
+                    break
+        self.say(f"   {name}: exit {code} in {time.monotonic() - started:.0f} s")
+        return code == 0
+
+    def run_piece(self, script: str, env: dict[str, str]) -> int:
         for match in _OTHER_DOCKER.finditer(script):
             self.say(f"   here: skipped: {match.group(0).strip()}")
         script = _OTHER_DOCKER.sub(lambda match: f": skipped: {match.group(0).strip()}", script)
@@ -225,11 +240,9 @@ class Rehearsal:
             file.write(script)
         runner.chown_to_runner(Path(file.name))
         timeout = float(self.job.definition.get("timeout-minutes", 360)) * 60
-        started = time.monotonic()
         code = runner.run_as_runner(["bash", "-e", file.name], env, self.job.workspace, timeout=timeout)
         Path(file.name).unlink()
-        self.say(f"   {name}: exit {code} in {time.monotonic() - started:.0f} s")
-        return code == 0
+        return code
 
     def fewer_workers(self, script: str) -> str:
         def replace(match: re.Match[str]) -> str:
