@@ -85,7 +85,9 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/plots.py
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
-## then 5 minutes of fenced writes by processes paused at random past their TTL.
+## then 5 minutes of fenced writes by processes paused at random past their TTL, then 200 cuts per
+## client swept across a request's wait for a pooled connection (the suite runs 40).
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
+	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/test_request_bounds.py
