@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ._inert import printable, shell_word
 from .documents import LockState
 from .errors import LockDataError
 from .privileges import lock_privileges, operator_privileges
@@ -87,6 +88,9 @@ class Check:
     figures: dict[str, Any] = field(default_factory=dict)
     key: str | None = None
     """The check's part of ``id`` (default: its name with ``_`` for spaces)."""
+    command: str | None = None
+    """A command line that applies the fix, shell-quoted (shown on a line of its own, never
+    wrapped, so that it pastes whole)."""
 
     @property
     def id(self) -> str:
@@ -102,6 +106,7 @@ class Check:
             "verdict": self.verdict,
             "measured": self.measured,
             "fix": self.fix,
+            "command": self.command,
             "figures": self.figures,
         }
 
@@ -540,9 +545,20 @@ def judge_indexes(indexes: Sequence[Mapping[str, Any]] | None, refused: str | No
     return Check("collection", "indexes", PASS, shown, None, figures)
 
 
-def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_all: bool) -> list[Check]:
+def repair_command(name: str, database: str, collection: str) -> str:
+    """``mongolock release NAME --force`` for the lock ``name`` of ``database.collection``, each
+    argument one shell word that is safe to show and to paste (see ``_inert.shell_word``)."""
+    return " ".join(
+        ["mongolock", "release", shell_word(name), "--force", "--db", shell_word(database), "--collection",
+         shell_word(collection)]
+    )  # fmt: skip
+
+
+def judge_documents(
+    total: int, documents: Sequence[Mapping[str, Any]], scanned_all: bool, database: str, collection: str
+) -> list[Check]:
     """The size, readability and expired leases of the scanned lock documents (each carrying the
-    server's ``_size`` and ``_expired``)."""
+    server's ``_size`` and ``_expired``) of ``database.collection``."""
     largest = max(documents, key=lambda document: int(document.get("_size", 0)), default=None)
     size = int(largest.get("_size", 0)) if largest is not None else 0
     share = size / MAX_DOCUMENT_BYTES
@@ -567,6 +583,7 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
     checks = [Check("collection", "documents", verdict, shown, None if verdict == PASS else fix, figures)]
 
     unreadable: list[tuple[str, str]] = []
+    repairable: list[str] = []
     expired: list[str] = []
     for document in documents:
         plain = {key: value for key, value in document.items() if key not in ("_size", "_expired")}
@@ -574,12 +591,13 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
             LockState.from_document(plain)
         except LockDataError as error:
             unreadable.append((repr(document.get("_id")), str(error)))
+            if isinstance(document.get("_id"), str):
+                repairable.append(document["_id"])
         if int(document.get("_expired", 0)) > 0:
             expired.append(repr(document.get("_id")))
     if unreadable:
         shown_names = "; ".join(f"{name}: {error}" for name, error in unreadable[:3])
         more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
-        first = unreadable[0][0]
         checks.append(
             Check(
                 "collection",
@@ -587,9 +605,11 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
                 FAIL,
                 f"{_count(len(unreadable), 'document')} this library refuses (LockDataError){scope}: "
                 f"{shown_names}{more}",
-                f"repair each with `mongolock release NAME --force` (e.g. mongolock release {first} --force), which "
-                "resets the lock fields; or remove documents that are not locks from the lock collection",
+                "repair each with `mongolock release NAME --force` (MONGODB_URI set), which resets the lock "
+                "fields; or remove documents that are not locks from the lock collection"
+                + ("; the first:" if repairable else ""),
                 {"unreadable": [name for name, _ in unreadable]},
+                command=repair_command(repairable[0], database, collection) if repairable else None,
             )
         )
     else:
@@ -772,7 +792,8 @@ def as_payload(checks: Sequence[Check], header: Mapping[str, Any]) -> dict[str, 
 
 
 def as_text(checks: Sequence[Check], width: int | None = None) -> list[str]:
-    """One line per check (wrapped to ``width``), under its section's title; the fix below it."""
+    """One line per check (wrapped to ``width``), under its section's title; the fix below it. Lock
+    names and server messages in them are shown printable (see ``_inert.printable``)."""
     width = width or _width()
     lines: list[str] = []
     section = None
@@ -781,9 +802,11 @@ def as_text(checks: Sequence[Check], width: int | None = None) -> list[str]:
             section = check.section
             lines.append(_TITLES[section])
         head = f"  {check.verdict.upper():4}  {check.name:<{_LABEL}}  "
-        lines.extend(_wrapped(check.measured, width, head, _TEXT) or [head.rstrip()])
+        lines.extend(_wrapped(printable(check.measured), width, head, _TEXT) or [head.rstrip()])
         if check.fix:
-            lines.extend(_wrapped(f"fix: {check.fix}", width, " " * _TEXT, _TEXT + 5))
+            lines.extend(_wrapped(printable(f"fix: {check.fix}"), width, " " * _TEXT, _TEXT + 5))
+        if check.command:
+            lines.append(" " * (_TEXT + 5) + printable(check.command))
     return lines
 
 

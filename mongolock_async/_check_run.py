@@ -491,7 +491,10 @@ async def _collection(probe: DeploymentProbe, options: CheckOptions, facts: _Fac
     scanned = await probe.scan(limit=options.scan_limit, own_prefix=scratch.prefix)
     if facts.collection_exists is None and scanned.total:
         facts.collection_exists = True  # listCollections was refused, but it has documents
-    documents = judge_documents(scanned.total, scanned.documents, len(scanned.documents) >= scanned.total)
+    documents = judge_documents(
+        scanned.total, scanned.documents, len(scanned.documents) >= scanned.total, options.database,
+        options.collection,
+    )  # fmt: skip
     if facts.collection_exists is False:
         first = documents[0]
         first.measured = f"{options.database}.{options.collection} does not exist yet (the first lock creates it)"

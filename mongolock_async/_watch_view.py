@@ -2,35 +2,29 @@
 ``rich`` on a terminal, else one line (or one JSON object) per event.
 
 Names, labels and hosts are other people's text: on the screen they are plain ``rich`` text, never
-markup, and in lines their control characters are escaped, so a lock name can neither style the
-screen nor move the cursor.
+markup, in printable form (see ``_inert.printable``: controls, C1 controls and bidi overrides
+escaped), and so are lines; JSON keeps them exact, escaped as ``\\uXXXX``. A lock name can neither
+style the screen, move the cursor, nor reorder what is shown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
+from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, holder_dict
 from .operations import LockInfo
 
 EVENTS_SHOWN = 8
 """Events kept under the table on the screen."""
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _BAR = 16
 """Characters of a time-left bar (half on a screen narrower than 100 columns)."""
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters (newlines, escapes) written as ``\\n``, ``\\x1b``..."""
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 async def show_lines(watch: LockWatch, stop: asyncio.Event, *, as_json: bool, write: Callable[[str], None]) -> None:
@@ -39,7 +33,8 @@ async def show_lines(watch: LockWatch, stop: asyncio.Event, *, as_json: bool, wr
     async for update in _until(watch, stop):
         if update.note != note:
             note = update.note
-            print(f"mongolock: {note}" if note else "mongolock: the change stream is back", file=sys.stderr, flush=True)
+            shown = f"mongolock: {printable(note)}" if note else "mongolock: the change stream is back"
+            print(shown, file=sys.stderr, flush=True)
         lines = held_lines(update, as_json=as_json) if update.first else []
         lines += [event_line(event, as_json=as_json) for event in update.events]
         for line in lines:
@@ -53,7 +48,7 @@ def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
         for holder in info.holders:
             if as_json:
                 lines.append(
-                    json.dumps(
+                    json_text(
                         {
                             "at": _iso(update.server_time),
                             "event": "held",
@@ -63,8 +58,7 @@ def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
                             "previous": None,
                             "fencing_token": holder.fencing_token,
                             "waiting": len(info.waiting),
-                        },
-                        ensure_ascii=False,
+                        }
                     )
                 )
                 continue
@@ -76,7 +70,7 @@ def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
 
 def event_line(event: LockEvent, *, as_json: bool) -> str:
     if as_json:
-        return json.dumps(event.as_dict(), ensure_ascii=False)
+        return json_text(event.as_dict())
     return _line(event.at, event.event, event.name, event.describe())
 
 

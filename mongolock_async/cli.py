@@ -40,6 +40,7 @@ from ._commandline import (
     connect,
     explain,
 )
+from ._inert import printable
 from .documents import LockReport, Permit
 from .operations import LockInfo
 from .store import ForcedRelease, store_for
@@ -266,7 +267,7 @@ def _run(argv: Sequence[str] | None) -> int:
         else:
             code = asyncio.run(_operate(arguments))
     except UserError as error:
-        print(f"mongolock: {error}", file=sys.stderr)
+        print(f"mongolock: {printable(str(error))}", file=sys.stderr)
         code = error.exit_code
     except KeyboardInterrupt:
         code = 130

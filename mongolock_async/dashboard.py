@@ -47,6 +47,7 @@ from pymongo.errors import PyMongoError
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, lock_dict
 from .operations import LockInfo, force_release
 
@@ -401,8 +402,8 @@ class Dashboard:
         token = f'<meta name="mongolock-token" content="{self._token}">' if self.allow_release else ""
         body = (
             text.replace("{{NONCE}}", nonce)
-            .replace("{{TITLE}}", html.escape(self.title))
-            .replace("{{COLLECTION}}", html.escape(self.full_name))
+            .replace("{{TITLE}}", html.escape(printable(self.title)))
+            .replace("{{COLLECTION}}", html.escape(printable(self.full_name)))
             .replace("{{TOKEN_META}}", token)
         )
         policy = (
@@ -654,7 +655,7 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[str
 
 
 async def _respond_json(send: Send, status: int, payload: Mapping[str, Any]) -> None:
-    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    body = json_text(payload).encode("utf-8")
     await _respond(send, status, body, [("content-type", "application/json"), ("cache-control", "no-store")])
 
 
@@ -685,8 +686,8 @@ def _client(scope: Scope) -> str:
 
 
 def _message(payload: Mapping[str, Any]) -> bytes:
-    # json.dumps escapes newlines, so one data line carries the whole message.
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+    # JSON escapes newlines (json_text also U+2028, U+2029), so one data line carries the whole message.
+    return b"data: " + json_text(payload).encode("utf-8") + b"\n\n"
 
 
 def _offer(queue: asyncio.Queue[bytes | None], message: bytes | None) -> bool:

@@ -27,6 +27,7 @@ from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._collection import AsyncCollectionLike
+from ._inert import printable
 from .documents import JOB_KIND, LockReport, LockState, Permit
 from .errors import LockDataError
 from .jobs import JobState
@@ -41,6 +42,7 @@ __all__ = [
     "inspect_lock",
     "list_locks",
     "lock_info",
+    "judged_report",
     "report_at",
 ]
 
@@ -177,7 +179,9 @@ def status_of(report: LockReport) -> str:
 
 
 def lock_info(report: LockReport) -> LockInfo:
-    """A report (``LockStore.report``, :func:`report_at`) as a :class:`LockInfo`."""
+    """A report (``LockStore.report``, :func:`report_at`) as a :class:`LockInfo`; a job whose
+    record cannot be judged is ``unreadable`` (see :func:`judged_report`)."""
+    job, report = _judged(report)
     state = report.state
     if state is None:
         name = report.name if isinstance(report.name, str) else repr(report.name)
@@ -206,7 +210,6 @@ def lock_info(report: LockReport) -> LockInfo:
         )
         for place in state.queue
     )
-    job = JobState.from_report(report) if state.kind == JOB_KIND and report.server_time is not None else None
     return LockInfo(
         name=state.name,
         kind=state.kind,
@@ -222,6 +225,27 @@ def lock_info(report: LockReport) -> LockInfo:
         report=report,
         job=job,
     )
+
+
+def judged_report(report: LockReport) -> LockReport:
+    """``report``, or, for a job whose record cannot be judged on the server's clock (a corrupt
+    ``job.every``, or a ``min_interval`` that puts its next run past the year 9999), the same
+    document reported as unreadable, with why: one odd document is shown as such, and never stops
+    a listing or a view of the others."""
+    return _judged(report)[1]
+
+
+def _judged(report: LockReport) -> tuple[JobState | None, LockReport]:
+    state = report.state
+    if state is None or state.kind != JOB_KIND or report.server_time is None:
+        return None, report
+    try:
+        return JobState.from_report(report), report
+    except (ArithmeticError, ValueError, TypeError) as error:  # OverflowError: a date past 9999
+        detail = f"cannot be judged on the server's clock ({type(error).__name__}: {error})"
+        remedy = "correct or unset its schedule in the document (`mongolock release --force` resets only the lease)"
+        unreadable = LockDataError(state.name, "job", detail, remedy)
+        return None, LockReport(state.name, None, None, error=unreadable, server_time=report.server_time)
 
 
 def report_at(document: Mapping[str, Any] | LockState, server_time: datetime) -> LockReport:
@@ -303,7 +327,11 @@ async def force_release(
             )
             or f"{_describe(broken.holder)} (owner {broken.owner}, fencing token {broken.fencing_token})"
         )
-        audit.warning("forced release of %r in %s by %s: broke %s", name, store.full_name, by or "an API call", who)
+        # One line per break whatever the labels hold: a newline in one could forge the next record.
+        audit.warning(
+            "forced release of %r in %s by %s: broke %s", name, store.full_name, printable(by or "an API call"),
+            printable(who),
+        )  # fmt: skip
     return broken
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -140,13 +141,44 @@ async def test_a_malformed_document_fails_the_check_and_read_only_writes_nothing
     assert payload["exit_code"] == 2
     readable = checks["collection.readable"]
     assert readable["verdict"] == FAIL and "'hand-edited'" in readable["measured"], readable
-    assert "mongolock release 'hand-edited' --force" in readable["fix"]
+    assert "mongolock release NAME --force" in readable["fix"]
+    assert readable["command"] == f"mongolock release hand-edited --force --db {TEST_DATABASE} --collection {name}"
     assert [entry["id"] for entry in payload["checks"] if entry["verdict"] == FAIL] == ["collection.readable"]
     assert checks["durability.majority_write"]["verdict"] == "skip"
     assert "--read-only" in checks["durability.majority_write"]["measured"]
     sent = set(counter.names)
     assert sent & {"find", "aggregate"} and not sent & WRITES, sent
     assert after == before and not payload["scratch"]["written"]
+
+
+@pytest.mark.parametrize(
+    ("name", "shell"), [("it's$(touch pwned)", "sh"), ("bad\x1b[2J\u202eevil `touch pwned`", "bash")],
+    ids=["shell-syntax", "escapes"],
+)
+def test_the_repair_command_pastes_as_the_one_name_it_repairs(
+    mongodb_uri: str, tmp_path: Path, name: str, shell: str
+) -> None:
+    collection = f"repair_{uuid.uuid4().hex[:8]}"
+    with MongoClient(mongodb_uri) as client:
+        locks = client[TEST_DATABASE][collection]
+        locks.insert_one({"_id": name, "owner": 42, "expiresAt": "tomorrow"})
+        try:
+            shown = mongolock_check(mongodb_uri, "--read-only", "--db", TEST_DATABASE, "--collection", collection)
+            lines = shown.stdout.splitlines()
+            (command,) = [line.strip() for line in lines if line.strip().startswith("mongolock release")]
+            # As an operator pastes it (--yes: no terminal here to confirm on).
+            pasted = subprocess.run(
+                [shell, "-c", command + " --yes"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                env=child_environment(MONGODB_URI=mongodb_uri,
+                                      PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+            )  # fmt: skip
+            repaired = locks.find_one({"_id": name})
+        finally:
+            client[TEST_DATABASE].drop_collection(collection)
+    assert shown.returncode == 2 and all(line.isprintable() for line in lines), shown.stdout
+    assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+    assert not (tmp_path / "pwned").exists(), "nothing in the name ran"
+    assert repaired is not None and repaired["owner"] is None and "forcedRelease" in repaired, repaired
 
 
 # -- privileges --------------------------------------------------------------------------------------
@@ -251,7 +283,8 @@ def test_the_thresholds_the_docs_state() -> None:
     assert judge_majority_writes([], [], ttl, "waiting for replication timed out").verdict == FAIL
     document = {"_id": "queue", "owner": None, "fence": 1}
     for size, verdict in ((100_000, PASS), (2_000_000, WARN), (9_000_000, FAIL)):
-        assert judge_documents(1, [{**document, "_size": size, "_expired": 0}], True)[0].verdict == verdict
+        judged = judge_documents(1, [{**document, "_size": size, "_expired": 0}], True, "db", "locks")
+        assert judged[0].verdict == verdict
 
 
 # -- clocks ------------------------------------------------------------------------------------------
