@@ -183,8 +183,8 @@ def print_detail(report: LockReport) -> None:
     _utf8_stdout()
     state = report.state
     if state is None:
-        _say(f"lock      {report.name!r}")
-        _say(f"state     unreadable: {report.error}")
+        say(f"lock      {report.name!r}")
+        say(f"state     unreadable: {report.error}")
         return
     if state.limit is not None:
         _print_semaphore(report, state)
@@ -192,23 +192,25 @@ def print_detail(report: LockReport) -> None:
     if state.kind == JOB_KIND and report.server_time is not None:
         _print_job(report, state, JobState.from_report(report))
         return
-    _say(f"lock      {state.name}")
-    _say(f"state     {_state_line(report, state)}")
+    say(f"lock      {state.name}")
+    say(f"state     {_state_line(report, state)}")
     held = report.remaining_ms is not None
-    _say(f"{'holder' if held else 'last by':9} {holder_text(state.holder) or '-'}")
-    _say(f"token     {state.fencing_token}")
-    _say(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
+    say(f"{'holder' if held else 'last by':9} {holder_text(state.holder) or '-'}")
+    if held:  # what `release --force --holder` names
+        say(f"owner     {state.owner}")
+    say(f"token     {state.fencing_token}")
+    say(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
     moments = [("acquired", state.acquired_at), ("renewed", state.renewed_at)]
     if not held:  # while held, the stored release time is the previous lease's
         moments.append(("released", state.released_at))
     for label, moment in [*moments, ("expires", state.expires_at)]:
-        _say(f"{label:9} {_when(moment)}")
+        say(f"{label:9} {_when(moment)}")
     waiting = [holder_text(place.holder) or place.token[:8] for place in state.queue]
-    _say(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+    say(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
 
 
 def _print_job(report: LockReport, state: LockState, job: JobState) -> None:
-    _say(f"job       {state.name}")
+    say(f"job       {state.name}")
     word = job_word(job)
     if job.running is not None or job.held:
         word += f", {(report.remaining_ms or 0) / 1000:.1f} s left"
@@ -216,33 +218,33 @@ def _print_job(report: LockReport, state: LockState, job: JobState) -> None:
         word += f" in this period after {job.attempts} attempts"
     elif word in ("done", "due"):
         word += " in this period"
-    _say(f"state     {word}")
+    say(f"state     {word}")
     schedule = []
     if job.every is not None:
         schedule.append(f"every {_span(job.every)}" + (f" (offset {_span(job.offset)})" if job.offset else ""))
         schedule.append(f"at most {job.max_attempts} attempts per period")
     if job.min_interval is not None:
         schedule.append(f"at least {_span(job.min_interval)} between runs")
-    _say(f"schedule  {', '.join(schedule) or 'one run at a time'}")
+    say(f"schedule  {', '.join(schedule) or 'one run at a time'}")
     if job.slot is not None:
         attempts = f"{job.attempts} attempt{'' if job.attempts == 1 else 's'} so far"
-        _say(f"period    {job.slot}, from {_when(job.slot_started_at)}, {attempts}")
+        say(f"period    {job.slot}, from {_when(job.slot_started_at)}, {attempts}")
     if job.not_before is not None and job.not_before > job.server_time:
-        _say(f"next      not before {_when(job.not_before)}")
+        say(f"next      not before {_when(job.not_before)}")
     if job.running is not None:
         running = job.running
         who = holder_text(running.holder) or "-"
-        _say(f"running   {who}, attempt {running.attempt}, since {_when(running.started_at)}")
+        say(f"running   {who}, attempt {running.attempt}, since {_when(running.started_at)}")
     last = job.last
     if last is None:
-        _say("last run  never")
+        say("last run  never")
     else:
         took = "" if last.duration is None else f" ({last.duration:.3f} s)"
-        _say(f"last run  {last.outcome or 'ended'}, attempt {last.attempt}, by {holder_text(last.holder) or '-'}")
-        _say(f"          {_when(last.started_at)} to {_when(last.ended_at)}{took}")
+        say(f"last run  {last.outcome or 'ended'}, attempt {last.attempt}, by {holder_text(last.holder) or '-'}")
+        say(f"          {_when(last.started_at)} to {_when(last.ended_at)}{took}")
         if last.error_type is not None:
-            _say(f"error     {last.error_type}: {last.error_message}")
-    _say(f"token     {state.fencing_token}")
+            say(f"error     {last.error_type}: {last.error_message}")
+    say(f"token     {state.fencing_token}")
 
 
 def _span(duration: Any) -> str:
@@ -261,31 +263,31 @@ def _writing(report: LockReport, state: LockState) -> bool:
 def _print_semaphore(report: LockReport, state: LockState) -> None:
     permits = report.live_permits
     if state.kind == "election":
-        _say(f"election  {state.name}")
-        _say(f"state     {'led' if permits else 'no leader'}" + ("" if permits else f" ({state_of(report)})"))
+        say(f"election  {state.name}")
+        say(f"state     {'led' if permits else 'no leader'}" + ("" if permits else f" ({state_of(report)})"))
     elif state.kind == "rwlock":
-        _say(f"rw lock   {state.name}")
+        say(f"rw lock   {state.name}")
         held = ("written" if _writing(report, state) else f"read by {len(permits)}") if permits else state_of(report)
-        _say(f"state     {held}")
+        say(f"state     {held}")
     else:
-        _say(f"semaphore {state.name}")
-        _say(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
-    _say(f"token     {state.fencing_token} (the latest handed out)")
+        say(f"semaphore {state.name}")
+        say(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
+    say(f"token     {state.fencing_token} (the latest handed out)")
     for permit in permits:
         left = report.permits_left_ms[permit.token] / 1000
         who = holder_text(permit.holder) or "an unlabelled holder"
         # The whole owner token: the tokens of one process's permits share their start, so only the
         # whole token is sure to select one holder for `release --force --holder`.
         if state.kind == "election":
-            _say(f"leader    {who}")
-            _say(f"          owner {permit.token}")
-            _say(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
+            say(f"leader    {who}")
+            say(f"          owner {permit.token}")
+            say(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
             continue
-        _say(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left")
-        _say(f"          owner {permit.token}")
+        say(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left")
+        say(f"          owner {permit.token}")
     waiting = [_waiter(place, state) for place in state.queue]
     label = "candidates" if state.kind == "election" else "waiting"
-    _say(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")
+    say(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")
 
 
 def _waiter(place: Place, state: LockState) -> str:
@@ -361,7 +363,7 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat().replace("+00:00", "Z")
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """One line for people: printable (each caller passes one line: a newline in it is someone
     else's, and shows as ``\\n``)."""
     print(printable(line))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import html
 import json
 import logging
@@ -47,9 +46,11 @@ from pymongo.errors import PyMongoError
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._dashboard_guard import LOOPBACK_HOSTS, host_allowed, host_names, release_token, token_matches
+from ._diagnosis import redacted_cause
 from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, lock_dict
-from .operations import LockInfo, force_release
+from .operations import LockInfo, force_release, inspect_lock
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -72,6 +73,14 @@ LINGER = 10.0
 _MAX_BODY = 16_384
 _SUBSCRIBER_BACKLOG = 256
 _TOKEN_HEADER = "x-mongolock-token"
+# Every answer but the page (which has its own) says what it is and must not be sniffed as
+# anything else: a browser never reads JSON or an event stream of ours as a script or a page.
+_ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+_EVENT_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    **_ANSWER_HEADERS,
+    "X-Accel-Buffering": "no",  # nginx: pass each event on at once
+}
 
 
 @dataclass(slots=True)
@@ -342,6 +351,15 @@ class Dashboard:
     :param title: shown in the page's heading (as text).
     :param window: seconds of history the timeline keeps (default 600).
     :param poll_interval: seconds between reads where there is no change stream (default 2).
+    :param allowed_hosts: the host names (or addresses) it is served under, as a request's
+        ``Host`` header names them; any other is refused with 403 before anything else is done
+        (DNS rebinding: see ``_dashboard_guard``). Default: loopback names only (``localhost``,
+        ``127.0.0.1`` and IPv6's loopback address). Add the name a proxy or the application serves it under;
+        ``["*"]`` answers every host, for an application that checks ``Host`` itself.
+    :param release_secret: a secret (at least 16 characters) the page's release token is derived
+        from, so that the token outlives a restart and is the same in every worker process that
+        serves the dashboard; default: a random token per ``Dashboard`` (releases from a page
+        loaded before a restart, or from another worker, are refused).
 
     Every argument is checked here, before any I/O. The view starts with the first page that
     opens, and stops ten seconds after the last one closed; :meth:`aclose` stops it at once.
@@ -356,6 +374,8 @@ class Dashboard:
         title: str = "locks",
         window: float = 600.0,
         poll_interval: float = 2.0,
+        allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
+        release_secret: str | None = None,
     ) -> None:
         self.collection = _validate.async_collection(collection)
         if not isinstance(prefix, str):
@@ -368,10 +388,11 @@ class Dashboard:
         self.window = _validate.seconds(window, "window", minimum=10.0)
         self.poll_interval = _validate.seconds(poll_interval, "poll_interval", minimum=0.05)
         self.full_name: str = collection.full_name
+        self.allowed_hosts = host_names(allowed_hosts)
         # Proves a release request came from this dashboard's page: a page of another origin
         # cannot read it, and a request carrying it in a header is not a "simple" cross-origin
         # request, so a browser asks first (a preflight this app never allows).
-        self._token = secrets.token_urlsafe(32)
+        self._token = release_token(release_secret, self.full_name)
         self._feeds: dict[asyncio.AbstractEventLoop, _Feed] = {}
 
     @property
@@ -448,7 +469,7 @@ class Dashboard:
         if not self.allow_release:
             logger.warning("refused a forced release from %s: releases are disabled on this dashboard", who)
             return 403, {"error": "releases are disabled on this dashboard (allow_release=False)"}
-        if not hmac.compare_digest(headers.get(_TOKEN_HEADER, ""), self._token):
+        if not token_matches(headers.get(_TOKEN_HEADER, ""), self._token):
             logger.warning("refused a forced release from %s: no valid token from the page", who)
             return 403, {"error": "no valid token: send the request from the dashboard's page"}
         origin, host = headers.get("origin"), headers.get("host")
@@ -456,33 +477,56 @@ class Dashboard:
             logger.warning("refused a forced release from %s: origin %r is not this page's", who, origin)
             return 403, {"error": "the request comes from another origin"}
         if headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            return 415, {"error": 'send JSON: {"name": ..., "confirm": ...}'}
+            return 415, {"error": 'send JSON: {"name": ..., "confirm": ..., "leases": [{"owner", "fencing_token"}]}'}
         try:
             request = json.loads(body)
-            name, confirm = request["name"], request["confirm"]
+            name, confirm, leases = request["name"], request["confirm"], _requested_leases(request["leases"])
             _validate.lock_name(name)
         except (ValueError, KeyError, TypeError) as error:
             return 400, {"error": f"a bad request: {error}"}
-        if confirm != name:
-            return 400, {"error": "confirm by typing the lock's name exactly"}
+        if confirm not in (name, printable(name)):
+            return 400, {"error": "confirm by typing the lock's name exactly (as the page shows it)"}
         if self.prefix and not name.startswith(self.prefix):
             return 404, {"error": f"this dashboard shows only names starting with {self.prefix!r}"}
         try:
-            broken = await force_release(self.collection, name, by=who)
+            return await self._break_leases(name, leases, who)
         except LookupError as error:
             return 404, {"error": str(error)}
         except PyMongoError as error:
-            return 502, {"error": f"MongoDB refused or failed: {type(error).__name__}: {error}"}
-        if broken is None:
-            return 200, {"name": name, "released": False, "broken": []}
-        permits = broken.permits or ((broken.owner or "", broken.holder, broken.fencing_token),)
-        return 200, {
-            "name": name,
-            "released": True,
-            "broken": [
-                {"owner": owner[:8], "holder": dict(holder), "fencing_token": token} for owner, holder, token in permits
-            ],
-        }
+            logger.warning("a forced release of %r from %s failed: %s", name, who, printable(repr(error)))
+            return 502, {"error": f"MongoDB refused or failed: {redacted_cause(error)}"}
+
+    async def _break_leases(
+        self, name: str, leases: list[tuple[str, int]], who: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Break each lease the page showed (owner token's start, fencing token), each only if it
+        is still that lease: the fencing token names one acquisition of ``name``, and the write
+        matches the whole owner token it has now."""
+        info = await inspect_lock(self.collection, name)
+        if info is None:
+            raise LookupError(f"no lock named {name!r}")
+        broken: list[dict[str, Any]] = []
+        ended: list[dict[str, Any]] = []
+        for owner_start, fence in leases:
+            live = next(
+                (holder for holder in info.holders
+                 if holder.fencing_token == fence and (holder.owner or "").startswith(owner_start)),
+                None,
+            )  # fmt: skip
+            result = None
+            if live is not None and live.owner is not None:
+                with contextlib.suppress(LookupError):  # it ended since the read above
+                    result = await force_release(self.collection, name, holder=live.owner, by=who)
+            if result is None:
+                ended.append({"owner": owner_start, "fencing_token": fence})
+                continue
+            for owner, holder, token in result.permits or ((result.owner or "", result.holder, result.fencing_token),):
+                broken.append({"owner": owner[:8], "holder": dict(holder), "fencing_token": token})
+        answer = {"name": name, "released": bool(broken), "broken": broken, "ended": ended}
+        if not broken:
+            logger.warning("a forced release of %r from %s broke nothing: the leases shown had ended", name, who)
+            return 409, {**answer, "error": "the lease shown had ended or changed hands: nothing was broken"}
+        return 200, answer
 
     # -- ASGI ---------------------------------------------------------------------------------------
 
@@ -492,6 +536,11 @@ class Dashboard:
             return
         if scope["type"] != "http":
             return  # websockets: not served
+        host = next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == b"host"), None)
+        if not host_allowed(host, self.allowed_hosts):
+            refusal = self._refuse_host(host, _client(scope))
+            await _respond(send, 403, refusal, [("content-type", "text/plain"), *_ANSWER_HEADERS.items()])
+            return
         path, method = _route_path(scope), scope.get("method", "GET")
         if path == "":
             await _respond(send, 307, b"", [("location", scope.get("root_path", "") + "/")])
@@ -512,9 +561,14 @@ class Dashboard:
             status, answer = await self.release(fields, request, _client(scope))
             await _respond_json(send, status, answer)
         elif path in ("/", "/events", "/state.json", "/release"):
-            await _respond(send, 405, b"method not allowed", [("content-type", "text/plain")])
+            await _respond(send, 405, b"method not allowed", [("content-type", "text/plain"), *_ANSWER_HEADERS.items()])
         else:
-            await _respond(send, 404, b"not found", [("content-type", "text/plain")])
+            await _respond(send, 404, b"not found", [("content-type", "text/plain"), *_ANSWER_HEADERS.items()])
+
+    def _refuse_host(self, host: str | None, client: str) -> bytes:
+        """Log a request for a host this dashboard does not serve; the body of its 403."""
+        logger.warning("refused a request from %s for host %s: not in allowed_hosts", client, printable(repr(host)))
+        return b"this dashboard does not answer for that host name (see allowed_hosts, --allow-host)"
 
     async def _ensure_started(self) -> None:
         """For a read without a page open: start the view, wait for its first state (at most 10 s)."""
@@ -531,11 +585,8 @@ class Dashboard:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-store"),
-                    (b"x-accel-buffering", b"no"),  # nginx: pass each event on at once
-                ],
+                "headers": [(key.lower().encode("latin-1"), value.encode("latin-1"))
+                            for key, value in _EVENT_HEADERS.items()],
             }
         )
         disconnected = asyncio.ensure_future(_disconnect(receive))
@@ -584,14 +635,25 @@ class Dashboard:
                 "pip install '.[aiohttp]')"
             ) from error
 
+        def json_response(payload: Mapping[str, Any], status: int = 200) -> web.Response:
+            return web.Response(
+                text=json_text(payload), status=status, content_type="application/json", headers=_ANSWER_HEADERS
+            )
+
+        @web.middleware
+        async def hosts(request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
+            host = request.headers.get("Host")
+            if not host_allowed(host, self.allowed_hosts):
+                refusal = self._refuse_host(host, request.remote or "?")
+                return web.Response(body=refusal, status=403, content_type="text/plain", headers=_ANSWER_HEADERS)
+            return await handler(request)
+
         async def page(request: web.Request) -> web.Response:
             body, headers = self.page()
             return web.Response(body=body, headers=dict(headers))
 
         async def events(request: web.Request) -> web.StreamResponse:
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store"}
-            )
+            response = web.StreamResponse(headers=_EVENT_HEADERS)
             await response.prepare(request)
             stream = self.events()
             try:
@@ -605,16 +667,16 @@ class Dashboard:
 
         async def state(request: web.Request) -> web.Response:
             await self._ensure_started()
-            return web.json_response(self.state())
+            return json_response(self.state())
 
         async def release(request: web.Request) -> web.Response:
             body = await request.content.read(_MAX_BODY + 1)
             if len(body) > _MAX_BODY:
-                return web.json_response({"error": "too large"}, status=413)
+                return json_response({"error": "too large"}, status=413)
             headers = {key.lower(): value for key, value in request.headers.items()}
             client = f"{request.remote or '?'}"
             status, answer = await self.release(headers, body, client)
-            return web.json_response(answer, status=status)
+            return json_response(answer, status=status)
 
         async def stop(app: web.Application) -> None:
             self.close_pages()
@@ -622,7 +684,7 @@ class Dashboard:
         async def cleanup(app: web.Application) -> None:
             await self.aclose()
 
-        app = web.Application()
+        app = web.Application(middlewares=[hosts])
         app.router.add_get("/", page)
         app.router.add_get("/events", events)
         app.router.add_get("/state.json", state)
@@ -630,6 +692,21 @@ class Dashboard:
         app.on_shutdown.append(stop)
         app.on_cleanup.append(cleanup)
         return app
+
+
+def _requested_leases(value: object) -> list[tuple[str, int]]:
+    """The leases a release request names: a list of ``{"owner": <its token's first 8 characters
+    or more>, "fencing_token": <int>}`` (what the page shows of each holder)."""
+    if not isinstance(value, list) or not value:
+        raise TypeError("leases must be a non-empty list of {owner, fencing_token}")
+    leases = []
+    for entry in value:
+        owner = entry.get("owner") if isinstance(entry, dict) else None
+        fence = entry.get("fencing_token") if isinstance(entry, dict) else None
+        if not isinstance(owner, str) or len(owner) < 8 or isinstance(fence, bool) or not isinstance(fence, int):
+            raise TypeError("each lease is {owner: the first 8 characters of its owner token, fencing_token: int}")
+        leases.append((owner, fence))
+    return leases
 
 
 def _route_path(scope: Scope) -> str:
@@ -656,7 +733,7 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[str
 
 async def _respond_json(send: Send, status: int, payload: Mapping[str, Any]) -> None:
     body = json_text(payload).encode("utf-8")
-    await _respond(send, status, body, [("content-type", "application/json"), ("cache-control", "no-store")])
+    await _respond(send, status, body, [("content-type", "application/json"), *_ANSWER_HEADERS.items()])
 
 
 async def _read_body(receive: Receive) -> bytes | None:

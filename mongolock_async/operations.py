@@ -298,19 +298,27 @@ async def inspect_lock(collection: AsyncCollectionLike, name: str) -> LockInfo |
 async def force_release(
     collection: AsyncCollectionLike, name: str, *, holder: str | None = None, by: str | None = None
 ) -> ForcedRelease | None:
-    """Break whatever lease ``name`` has, whoever owns it (``mongolock release --force``); return
-    what was broken, or None if nothing was live (and nothing needed repair).
+    """Break the one lease of ``name`` that ``holder`` names (``mongolock release --force``), and
+    only that one: ``holder`` is its owner token (:attr:`Holder.owner`, the ``owner`` that
+    ``mongolock inspect`` shows), or the start of it that no other live holder's token shares.
+    Return what was broken, or None if that lease ended between the read that selected it and
+    the write (released, expired, or broken already): then nothing is broken, whoever holds
+    ``name`` now.
 
-    On a semaphore, read-write lock or election it breaks every live holder, or with ``holder``
-    the one whose owner token is ``holder`` (or the only one that starts with it). The broken
-    holder still believes it holds the lease until its own deadline: fence what it protects. Each
-    break is logged at WARNING on the ``mongolock_async.audit`` logger, with ``by`` (who asked, for
-    the record: a user name, an address).
+    The write itself matches the owner token, so a lease that changed hands after the caller
+    looked is never the one broken. On a semaphore, read-write lock or election it is one
+    holder's permit. Without ``holder``, it only repairs a document whose lock fields are corrupt
+    (``unreadable``: they are reset, if still corrupt when the write lands) and never breaks a
+    live lease. The broken holder still believes it holds the lease until its own deadline: fence
+    what it protects. Each break is logged at WARNING on the ``mongolock_async.audit`` logger,
+    with ``by`` (who asked, for the record: a user name, an address).
 
     :raises TypeError: an argument has the wrong type (before any I/O).
-    :raises ValueError: ``name`` or ``holder`` is empty or too long (before any I/O), or several
-        live holders' owner tokens start with ``holder``.
-    :raises LookupError: ``holder`` selects no live holder, or ``name`` has no document.
+    :raises ValueError: ``name`` or ``holder`` is empty or too long (before any I/O); several
+        live holders' owner tokens start with ``holder``; or ``holder`` is None and ``name`` has a
+        live lease (the message lists its holders' owner tokens).
+    :raises LookupError: ``holder`` selects no live holder (its lease had ended already; the
+        message lists the live ones), or ``name`` has no document.
     """
     store = _store(collection)
     _validate.lock_name(name)
@@ -318,7 +326,10 @@ async def force_release(
         raise TypeError(f"holder must be a str (an owner token, or its start) or None, not {type(holder).__name__}")
     if by is not None and not isinstance(by, str):
         raise TypeError(f"by must be a str or None, not {type(by).__name__}")
-    broken = await store.force_release(name, holder=holder)
+    if holder is not None:
+        broken = await store.force_release(name, holder=holder)
+    else:
+        broken = await _repair(store, name)
     if broken is not None:
         who = (
             "; ".join(
@@ -333,6 +344,21 @@ async def force_release(
             printable(who),
         )  # fmt: skip
     return broken
+
+
+async def _repair(store: LockStore, name: str) -> ForcedRelease | None:
+    """Reset ``name``'s document if it is unreadable; a ``ValueError`` naming the live leases if it
+    has any (a forced release names the one it breaks)."""
+    found = await store.report([name])
+    if not found:
+        raise LookupError(f"no lock named {name!r} in {store.full_name}")
+    info = lock_info(found[0])
+    if info.holders:
+        owners = ", ".join(f"{holder.owner} ({holder.describe()})" for holder in info.holders)
+        raise ValueError(
+            f"{name!r} has a live lease: name the one to break with holder=<its owner token> (live: {owners})"
+        )
+    return await store.repair(name) if info.status == "unreadable" else None
 
 
 def _store(collection: object) -> LockStore:

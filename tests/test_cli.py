@@ -141,7 +141,7 @@ def test_release_force_breaks_the_lease(mongodb_uri: str, held_locks: tuple[str,
     assert as_json["released"] is True and as_json["broken"]["fencing_token"] == tokens["beta"]
     assert as_json["broken"]["holder"]["label"] == "beta-worker"
     nothing = json.loads(mongolock("release", "beta", "--force", "--yes", "--json", *where, uri=mongodb_uri).stdout)
-    assert nothing == {"name": "beta", "released": False, "broken": None}
+    assert nothing == {"name": "beta", "released": False, "broken": None, "ended": []}
 
 
 def test_list_filters_states_and_utf8_json(mongodb_uri: str) -> None:
@@ -354,7 +354,7 @@ def test_release_force_asks_on_a_terminal(
         os.close(controller)
         os.close(terminal)
     assert result.returncode == code, result.stdout + result.stderr
-    assert "About to break this lease" in result.stdout
+    assert "About to break the lease of alpha-worker" in result.stdout
     detail = json.loads(mongolock("inspect", "alpha", "--json", *where, uri=mongodb_uri).stdout)
     assert detail["held"] is held_after
 

@@ -69,7 +69,9 @@ async def test_the_view_tells_each_event_as_it_happens(lock_collection: Any) -> 
         assert not seen.told("released", "alpha"), "a hand-off is one event"
         assert seen.last is not None and seen.last.locks["alpha"].holders[0].label == "second"
 
-        assert await force_release(lock_collection, "alpha", by="test") is not None
+        owner = seen.last.locks["alpha"].holders[0].owner
+        assert owner is not None
+        assert await force_release(lock_collection, "alpha", holder=owner, by="test") is not None
         await seen.until(lambda seen: bool(seen.told("forced", "alpha")))
         assert seen.last is not None and not seen.last.locks["alpha"].held
 

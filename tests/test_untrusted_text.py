@@ -117,7 +117,7 @@ async def test_the_confirmation_of_a_forced_release_cannot_be_redrawn_by_a_label
             os.close(controller)
             os.close(terminal)
         assert await lock.release(), "declined: nothing was broken"
-    assert result.returncode == 1 and "About to break this lease" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 1 and "About to break the lease of" in result.stdout, result.stdout + result.stderr
     assert_inert(result.stdout)
     assert printable(LABEL) in result.stdout and printable(NAME) in result.stdout
 

@@ -519,6 +519,16 @@ class LockStore:
             return await reports.force_release_permits(self._collection, name, None)
         return await reports.force_release_lease(self._collection, name, None)
 
+    async def repair(self, name: str) -> reports.ForcedRelease | None:
+        """Reset the lock fields of ``name``'s document if they are corrupt when the write lands
+        (as :meth:`force_release` without ``holder`` does), never breaking a live lease of a sane
+        one: a document repaired by someone else meanwhile, and leased again, is left alone.
+        What was reset (the corrupt fields, read leniently), or None."""
+        current = await self._collection.find_one({"_id": name}, {"kind": 1})
+        if current is not None and current.get("kind") in PERMIT_KINDS:
+            return await reports.force_release_permits(self._collection, name, None, live=False)
+        return await reports.force_release_lease(self._collection, name, None, live=False)
+
     async def ensure_idle_cleanup_index(self, idle_after: int) -> str:
         """Create (or change) the TTL index that deletes lock documents idle for ``idle_after`` seconds."""
         for index in await (await sending.maybe_await(self._collection.list_indexes())).to_list(None):

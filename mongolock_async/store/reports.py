@@ -156,15 +156,17 @@ def selected_holder(name: str, found: LockReport, holder: str) -> tuple[str, boo
     return matches[0][0], state.limit is not None
 
 
-async def force_release_lease(collection: Any, name: str, owner: str | None) -> ForcedRelease | None:
+async def force_release_lease(
+    collection: Any, name: str, owner: str | None, *, live: bool = True
+) -> ForcedRelease | None:
     """Break the live lease of the lock (or job) ``name``, or only ``owner``'s (then never a corrupt
-    document's repair); what was broken, or None."""
+    document's repair); without ``live``, only repair a corrupt document. What was broken, or None."""
     stamp = _stamp()
     # With an owner: only that owner's lease, and never a corrupt document's "repair".
     selected = {} if owner is None else {"owner": owner, "$expr": mutex.FORCE_SANE}
     doc = await collection.find_one_and_update(
         {"_id": name, **selected},
-        mutex.force_release_pipeline(stamp, repair=owner is None),
+        mutex.force_release_pipeline(stamp, repair=owner is None, live=live),
         return_document=ReturnDocument.AFTER,
     )
     record = (doc or {}).get("forcedRelease")
@@ -179,14 +181,17 @@ async def force_release_lease(collection: Any, name: str, owner: str | None) -> 
     )
 
 
-async def force_release_permits(collection: Any, name: str, owner: str | None) -> ForcedRelease | None:
-    """Break every live permit of ``name``, or only the one of ``owner`` (a whole owner token)."""
+async def force_release_permits(
+    collection: Any, name: str, owner: str | None, *, live: bool = True
+) -> ForcedRelease | None:
+    """Break every live permit of ``name``, or only the one of ``owner`` (a whole owner token);
+    without ``live``, only repair a corrupt document."""
     stamp = _stamp()
     # Only a document that still lists that permit, and never a corrupt one's "repair".
     selected = {} if owner is None else {"holders.o": owner, "$expr": permits._permits_sane("$kind")}
     doc = await collection.find_one_and_update(
         {"_id": name, "kind": {"$in": list(PERMIT_KINDS)}, **selected},
-        permits.force_release_pipeline(stamp, owner),
+        permits.force_release_pipeline(stamp, owner, live=live),
         return_document=ReturnDocument.AFTER,
     )
     record = (doc or {}).get("forcedRelease")
