@@ -550,3 +550,42 @@ def test_release_on_an_address_others_reach_is_warned_about(mongodb_uri: str, tm
             client[TEST_DATABASE].drop_collection(name)
     assert tokens[0] == tokens[1], "the secret file keeps the token across a restart"
     assert oct(secret.stat().st_mode & 0o777) == "0o600"
+
+
+SAMPLES = [
+    "<img src=x onerror=\"alert('pwned')\">\x1b[2J\x1b]0;title\x07\u202etxt.exe\x9b31m",
+    "tab\there\nnew\rline\x7f\u200bzero\u2028sep\u00a0nbsp \U000e0001tag caf\u00e9 \u6ce8\u6587",
+    "plain:name-42",
+]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_page_shows_escapes_bidi_overrides_and_html_as_the_command_does(
+    browser: Browser, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
+    from mongolock_async._inert import printable
+
+    dialogs: list[str] = []
+    name, label = SAMPLES[0], "<b>worker</b>\u202e\x1b[5m"
+    async with (
+        dashboard_command(mongodb_uri, mongolock_admin_client) as served,
+        opened_page(browser, served.url, dialogs, []) as page,
+    ):
+        marked = AsyncMongoLock(served.collection, name, ttl=30, label=label)
+        assert await marked.acquire()
+        await shown(page, HOLDER_OF, name, printable(label))
+        cells = await page.eval_on_selector_all("#locks td.name", "cells => cells.map(c => c.textContent)")
+        holders = await page.eval_on_selector_all("#locks td.holder", "cells => cells.map(c => c.textContent)")
+        await shown(page, "([text]) => [...document.querySelectorAll('#events .lock')].some(e => e.textContent === text)",
+                    printable(name))  # fmt: skip
+        labels = await page.eval_on_selector_all("#timeline svg text", "nodes => nodes.map(n => n.textContent)")
+        in_the_page = await page.evaluate("(samples) => samples.map(printable)", SAMPLES)
+        assert await marked.release()
+        assert await page.locator("main img, main b, main script").count() == 0, "nothing of it became markup"
+    assert printable(name) in cells and not any(cell == name for cell in cells)
+    assert any(printable(label) in holder for holder in holders), holders
+    assert any(text.startswith(printable(name)[:29]) for text in labels), labels
+    assert in_the_page == [printable(sample) for sample in SAMPLES], "the page's printable form is the command's"
+    for text in [*cells, *holders, *labels]:
+        assert text.isprintable(), repr(text)
+    assert dialogs == []
