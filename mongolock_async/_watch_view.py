@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
+from ._diagnosis import cause_of
 from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, holder_dict
 from .operations import LockInfo
@@ -30,7 +31,11 @@ _BAR = 16
 async def show_lines(watch: LockWatch, stop: asyncio.Event, *, as_json: bool, write: Callable[[str], None]) -> None:
     """One line per event until ``stop`` is set; first one ``held`` line per live holder."""
     note: str | None = None
+    cut_off: datetime | None = None
     async for update in _until(watch, stop):
+        if update.disconnected_since != cut_off:
+            cut_off = update.disconnected_since
+            print(f"mongolock: {_connection_line(watch, cut_off)}", file=sys.stderr, flush=True)
         if update.note != note:
             note = update.note
             shown = f"mongolock: {printable(note)}" if note else "mongolock: the change stream is back"
@@ -39,6 +44,15 @@ async def show_lines(watch: LockWatch, stop: asyncio.Event, *, as_json: bool, wr
         lines += [event_line(event, as_json=as_json) for event in update.events]
         for line in lines:
             write(line)
+
+
+def _connection_line(watch: LockWatch, cut_off: datetime | None) -> str:
+    """That the view lost MongoDB (since when, and why: this is the operator's own terminal), or
+    has it back."""
+    if cut_off is None:
+        return "reconnected to MongoDB: the view is current again"
+    cause = "" if watch.last_error is None else f" ({printable(cause_of(watch.last_error))})"
+    return f"disconnected from MongoDB since {_iso(cut_off)}{cause}: the state shown is the last known, stale"
 
 
 def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
@@ -115,6 +129,9 @@ def screen(
         f"  {source}  {now:%H:%M:%S} UTC  Ctrl-C stops",
     )
     parts: list[Any] = [header]
+    if update.disconnected_since is not None:
+        since = f"{update.disconnected_since:%H:%M:%S} UTC"
+        parts.append(Text(f"disconnected from MongoDB since {since}: the last known state, stale", style="bold red"))
     if update.note:
         parts.append(Text(printable(update.note), style="yellow"))
     locks = [info for info in update.locks.values() if info.held or not held_only]
@@ -122,7 +139,8 @@ def screen(
     shown_events = list(events)
     room = max(1, height - len(parts) - 4 - (len(shown_events) + 2 if shown_events else 0))
     bar = _BAR if width >= 100 else _BAR // 2
-    rows = [_cells(info, now, bar) for info in locks[: room if len(locks) <= room else room - 1]]
+    stale = update.disconnected_since is not None
+    rows = [_cells(info, now, bar, stale=stale) for info in locks[: room if len(locks) <= room else room - 1]]
     headers = ["NAME", "KIND", "STATE", "HOLDER", "TIME LEFT", "WAITING", "TOKEN"]
     widest = [max([len(header)] + [row[index].cell_len for row in rows]) for index, header in enumerate(headers)]
     # The columns get what they need, but the name (a longer one wraps, never cut) and the holder
@@ -172,7 +190,9 @@ _EVENT_STYLES = {
 }
 
 
-def _cells(info: LockInfo, now: datetime, bar: int) -> list[Any]:
+def _cells(info: LockInfo, now: datetime, bar: int, *, stale: bool = False) -> list[Any]:
+    """A row of the screen; while the view is cut off from MongoDB, a held lease's time left is
+    ``stale`` (it may have been renewed)."""
     from rich.text import Text
 
     holders = info.holders
@@ -186,7 +206,9 @@ def _cells(info: LockInfo, now: datetime, bar: int) -> list[Any]:
         holder = ""
     ends = [h.expires_at for h in holders if h.expires_at is not None and h.expires_at > now]
     time_left = Text("")
-    if ends:
+    if stale and holders:
+        time_left = Text("stale", style="dim")
+    elif ends:
         end = max(ends)
         ttl = max((h.ttl_ms or 0) for h in holders) / 1000 or None
         left = (end - now).total_seconds()

@@ -457,6 +457,7 @@ async def _dashboard(arguments: argparse.Namespace) -> int:
     audit = logging.StreamHandler(sys.stderr)
     audit.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("mongolock_async.audit").addHandler(audit)
+    logging.getLogger("mongolock_async.dashboard").addHandler(audit)
     secret = None if arguments.secret_file is None else _dashboard_secret(arguments.secret_file)
     hosts = [*LOOPBACK_HOSTS, *arguments.allow_host]
     if arguments.host not in ("0.0.0.0", "::", ""):  # a wildcard address is no name a request uses

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["Dashboard"]
 
 logger = logging.getLogger("mongolock_async.audit")
+operations_log = logging.getLogger("mongolock_async.dashboard")
+"""Where the dashboard says what went wrong with its view, whole (driver errors name hosts)."""
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -163,6 +165,10 @@ class Timeline:
         for segment in history.segments:
             if segment.end is None and segment.owner not in live:
                 segment.end, segment.how = now, segment.how or "released"
+            elif segment.end is not None and segment.how == "expired" and segment.owner in live:
+                # Seen live again (a renewal the view could not see while it was cut off from
+                # MongoDB): the lease never ended, and its bar goes on.
+                segment.end, segment.how = None, None
         open_owners = {segment.owner for segment in history.segments if segment.end is None}
         for owner, holder in live.items():
             if owner not in open_owners:
@@ -271,8 +277,12 @@ class _Feed:
                     backoff.attempt = 0
                     async for update in watch:
                         self._take(update)
-            except PyMongoError as error:
-                self.error = f"cannot read the locks: {type(error).__name__}: {error}"
+            except Exception as error:  # whatever it is, the pages are told and the view starts again
+                # The viewers get the cause without hosts or topology; the operator's log gets it whole.
+                unexpected = not isinstance(error, PyMongoError)
+                operations_log.warning("the dashboard's view of %s failed: %s", self._dashboard.full_name,
+                                       printable(repr(error)), exc_info=unexpected)  # fmt: skip
+                self.error = f"cannot read the locks: {redacted_cause(error)}"
                 self._ready.set()
                 self._broadcast(_message({"type": "error", "text": self.error}))
                 if not self._pages:
@@ -282,6 +292,11 @@ class _Feed:
                 self.watch = None
 
     def _take(self, update: ViewUpdate) -> None:
+        watch = self.watch
+        if update.disconnected_since is not None and (self.update is None or self.update.disconnected_since is None):
+            error = watch.last_error if watch is not None else None
+            operations_log.warning("the dashboard lost MongoDB (%s): %s", self._dashboard.full_name,
+                                   printable(repr(error)))  # fmt: skip
         self.events.extend(update.events)
         self.timeline.add(update)
         first = update.first or self.update is None
@@ -298,6 +313,7 @@ class _Feed:
                     "server_time": _iso(update.server_time),
                     "mode": update.mode,
                     "note": update.note,
+                    "disconnected_since": _iso_or_none(update.disconnected_since),
                     "locks": [lock_dict(update.locks[name]) for name in names],
                     "removed": sorted(update.removed),
                     "events": [event.as_dict() for event in update.events],
@@ -322,6 +338,7 @@ class _Feed:
             "window_s": self._dashboard.window,
             "mode": update.mode,
             "note": update.note,
+            "disconnected_since": _iso_or_none(update.disconnected_since),
             "poll_interval_s": self._dashboard.poll_interval,
             "locks": [lock_dict(info) for info in update.locks.values()],
             "events": [event.as_dict() for event in self.events],
@@ -773,6 +790,10 @@ def _offer(queue: asyncio.Queue[bytes | None], message: bytes | None) -> bool:
     except asyncio.QueueFull:
         return False
     return True
+
+
+def _iso_or_none(moment: datetime | None) -> str | None:
+    return None if moment is None else _iso(moment)
 
 
 def _iso(moment: datetime) -> str:

@@ -26,9 +26,17 @@ write that also set ``releasedAt`` was released, and if another took it in that 
 release; an owner replaced without a release, or a permit dropped after its expiry, was lost.
 Expiry writes nothing, so the view keeps the server's clock (read with ``hello`` and moved forward
 by each event's ``wallTime``) and a timer at the next expiry: a lease that reaches its
-``expiresAt`` unrenewed is reported ``expired`` at that time. Events of writes that follow each
-other within one change's lookup are told from the latest document, so several steps between two
-events can show as one.
+``expiresAt`` unrenewed is reported ``expired`` at that time, once the view has heard from the
+server after it (a ``getMore`` that returned, a read), so that a renewal it could not see is never
+taken for an expiry. Events of writes that follow each other within one change's lookup are told
+from the latest document, so several steps between two events can show as one.
+
+**When MongoDB cannot be reached.** The view says so (:attr:`ViewUpdate.disconnected_since`: the
+server time of its last word from MongoDB) and keeps the last state it knew, stale, without
+judging any lease expired meanwhile; when the stream reopens it reads everything and reports what
+changed. :attr:`ViewUpdate.note` gives the cause in words that name no host, address or topology
+(fit for a dashboard's viewers); :attr:`LockWatch.last_error` is the driver's error itself, for the
+operator's log.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from pymongo.write_concern import WriteConcern
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._diagnosis import redacted_cause
 from .documents import LockReport, LockState
 from .errors import LockDataError
 from .operations import Holder, LockInfo, lock_info, permit_holder, report_at, stored_holder
@@ -133,6 +142,10 @@ class ViewUpdate:
     """Why it polls, or that the stream is being reopened (None when all is well)."""
     first: bool = False
     """Whether this is the first update (the state when the view opened)."""
+    disconnected_since: datetime | None = None
+    """While MongoDB cannot be reached: the server time of the view's last word from it. The
+    ``locks`` are then the last state known, stale (a lease shown held may have been renewed,
+    released or expired since); None while the view is current."""
 
 
 class LockWatch:
@@ -179,6 +192,12 @@ class LockWatch:
         self._first: ViewUpdate | None = None
         self._polling_reason: str | None = None
         self._failed_read = False
+        self._heard_at: datetime | None = None
+        self.disconnected_since: datetime | None = None
+        """See :attr:`ViewUpdate.disconnected_since`."""
+        self.last_error: BaseException | None = None
+        """The driver's error of the last failed read or stream, whole (it may name hosts and the
+        topology: for the operator's log, not for viewers); None once the view is current again."""
 
     def server_now(self) -> datetime:
         """The view's estimate of the server's clock now."""
@@ -197,6 +216,7 @@ class LockWatch:
         stream = await self._open()
         now = self.server_now()
         self._sync(await self._store.report(prefix=self.prefix or None), now, initial=True)
+        self._heard_at = now
         self._first = self._update([], set(self._infos), set(), now, first=True)
         self._task = asyncio.get_running_loop().create_task(self._run(stream), name="mongolock-watch")
         return self
@@ -227,8 +247,11 @@ class LockWatch:
         yield self._first
         while not self._closing:
             deadline = self._next_expiry()
-            # A millisecond past the expiry, so that the clock has passed it when the wait ends.
+            # A millisecond past the expiry, so that the clock has passed it when the wait ends; an
+            # expiry already past that the server has not confirmed yet waits for its next word.
             timeout = None if deadline is None else max(0.0, (deadline - self.server_now()).total_seconds() + 0.001)
+            if timeout == 0.0 and (self._heard_at is None or deadline is None or deadline > self._heard_at):
+                timeout = None
             items: list[tuple[str, Any]] = []
             with contextlib.suppress(TimeoutError):  # the next expiry is due
                 items.append(await asyncio.wait_for(self._queue.get(), timeout))
@@ -251,6 +274,7 @@ class LockWatch:
             elif kind == "sync":
                 reports, moment = payload
                 self._see_time(moment)
+                self._heard_at = self.server_now()
                 changed_before = set(self._infos)
                 events.extend(self._sync(reports, self.server_now(), initial=False))
                 removed |= changed_before - set(self._infos)
@@ -258,6 +282,16 @@ class LockWatch:
             elif kind == "note":
                 self.mode, self.note = payload
                 noted = True
+            elif kind == "heard":
+                self._heard_at = max(self._heard_at or payload, payload)
+            elif kind == "down":
+                since, error = payload
+                noted = noted or self.disconnected_since is None
+                self.disconnected_since = self.disconnected_since or since
+                self.last_error = error
+            elif kind == "up":
+                noted = noted or self.disconnected_since is not None
+                self.disconnected_since = self.last_error = None
         now = self.server_now()
         events.extend(self._expire(now, changed))
         for name in changed - removed:
@@ -329,13 +363,16 @@ class LockWatch:
             self._infos[name] = lock_info(report)
 
     def _expire(self, now: datetime, changed: set[str]) -> list[LockEvent]:
+        """The leases that reached their expiry unrenewed: by ``now``, and before the view last
+        heard from the server (a renewal sent meanwhile would have been seen)."""
         events = []
+        confirmed = min(now, self._heard_at) if self._heard_at is not None else now
         for name, state in self._states.items():
             if state is None:
                 continue
             for token, expires_at, holder, fence in _leases(state):
                 key = (name, token, expires_at)
-                if expires_at <= now and key not in self._expired_seen:
+                if expires_at <= confirmed and key not in self._expired_seen:
                     self._expired_seen.add(key)
                     events.append(LockEvent(expires_at, "expired", name, state.kind, holder, None, fence))
                     changed.add(name)
@@ -371,6 +408,7 @@ class LockWatch:
             mode=self.mode,
             note=self.note,
             first=first,
+            disconnected_since=self.disconnected_since,
         )
 
     def _see_time(self, moment: datetime) -> None:
@@ -418,17 +456,26 @@ class LockWatch:
             try:
                 while stream.alive and not self._closing:
                     change = await stream.try_next()
+                    # Each answer (an event, or none within max_await) is the server's word that
+                    # nothing else was written before it.
+                    self._queue.put_nowait(("heard", self.server_now()))
                     if change is not None:
                         reopen.attempt = 0
                         self._queue.put_nowait(("change", change))
                 failure = "the change stream ended (the collection was dropped or renamed)"
             except PyMongoError as error:
-                failure = f"the change stream failed ({error})"
+                lost: PyMongoError | None = error
+                failure = f"lost MongoDB ({redacted_cause(error)})"
+            else:
+                lost = None
             finally:
                 await _close(stream)
             stream = None
             while not self._closing:
-                self._queue.put_nowait(("note", ("stream", f"{failure}; reopening it")))
+                # The note and the loss in one step: the update that says "disconnected" says why.
+                self._queue.put_nowait(("note", ("stream", f"{failure}; reopening the change stream")))
+                if lost is not None:
+                    self._lost(lost)
                 await asyncio.sleep(reopen.next_delay())
                 if self._closing:
                     return
@@ -439,9 +486,10 @@ class LockWatch:
                     if stream is not None:
                         await _close(stream)
                         stream = None
-                    failure = f"reopening the change stream failed ({error})"
+                    lost, failure = error, f"cannot reach MongoDB ({redacted_cause(error)})"
                     continue
                 self._queue.put_nowait(("sync", (reports, self.server_now())))
+                self._queue.put_nowait(("up", None))
                 self._queue.put_nowait(("note", (self.mode, self.note if stream is None else None)))
                 break
 
@@ -452,15 +500,21 @@ class LockWatch:
         try:
             reports = await self._store.report(prefix=self.prefix or None)
         except PyMongoError as error:
-            failed = f"{self._polling_reason}; the last read failed ({error})"
+            failed = f"{self._polling_reason}; the last read failed ({redacted_cause(error)})"
             self._queue.put_nowait(("note", ("polling", failed)))
+            self._lost(error)
             self._failed_read = True
             return
         moment = max((report.server_time for report in reports if report.server_time is not None), default=None)
         self._queue.put_nowait(("sync", (reports, moment or self.server_now())))
         if self._failed_read:
             self._failed_read = False
+            self._queue.put_nowait(("up", None))
             self._queue.put_nowait(("note", ("polling", self._polling_reason)))
+
+    def _lost(self, error: PyMongoError) -> None:
+        """MongoDB could not be reached: the view is stale from its last word on."""
+        self._queue.put_nowait(("down", (self._heard_at or self.server_now(), error)))
 
 
 def derive_events(old: LockState | None, new: LockState | None, at: datetime) -> list[LockEvent]:

@@ -576,11 +576,11 @@ async def test_the_page_shows_escapes_bidi_overrides_and_html_as_the_command_doe
         await shown(page, HOLDER_OF, name, printable(label))
         cells = await page.eval_on_selector_all("#locks td.name", "cells => cells.map(c => c.textContent)")
         holders = await page.eval_on_selector_all("#locks td.holder", "cells => cells.map(c => c.textContent)")
-        in_events = "([text]) => [...document.querySelectorAll('#events .lock')].some(e => e.textContent === text)"
-        await shown(page, in_events, printable(name))
         labels = await page.eval_on_selector_all("#timeline svg text", "nodes => nodes.map(n => n.textContent)")
         in_the_page = await page.evaluate("(samples) => samples.map(printable)", SAMPLES)
-        assert await marked.release()
+        assert await marked.release()  # seen live by the page (its row showed): the event reaches it
+        in_events = "([text]) => [...document.querySelectorAll('#events .lock')].some(e => e.textContent === text)"
+        await shown(page, in_events, printable(name))
         assert await page.locator("main img, main b, main script").count() == 0, "nothing of it became markup"
     assert printable(name) in cells and not any(cell == name for cell in cells)
     assert any(printable(label) in holder for holder in holders), holders
