@@ -110,12 +110,16 @@ async def test_a_view_cut_off_from_mongodb_keeps_the_last_state_stale_and_invent
                 following = asyncio.create_task(follow())
                 try:
                     ledger = await cut_for_a_while(proxy, locks)
+                    def back() -> bool:
+                        return bool(
+                            updates and updates[-1][0].disconnected_since is None
+                            and any(u.disconnected_since for u, _ in updates)
+                            and any(e.event == "expired" and e.name == "crashed" for u, _ in updates for e in u.events)
+                        )
+
                     async with asyncio.timeout(30):
-                        while not (updates and updates[-1][0].disconnected_since is None
-                                   and any(u.disconnected_since for u, _ in updates)
-                                   and any(e.event == "expired" and e.name == "crashed"
-                                           for u, _ in updates for e in u.events)):  # fmt: skip
-                            await asyncio.sleep(0.1)  # noqa: ASYNC110 - the updates are the follower's
+                        while not back():  # noqa: ASYNC110 - the updates are the follower's
+                            await asyncio.sleep(0.1)
                 finally:
                     following.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -157,10 +161,13 @@ async def test_the_dashboard_says_disconnected_keeps_its_timeline_and_redacts_th
                     reading = asyncio.create_task(read())
                     try:
                         ledger = await cut_for_a_while(proxy, locks)
+                        def back() -> bool:
+                            cut = any(message.get("disconnected_since") for message in messages)
+                            return cut and messages[-1].get("disconnected_since") is None
+
                         async with asyncio.timeout(30):
-                            while not (any(m.get("disconnected_since") for m in messages)
-                                       and messages[-1].get("disconnected_since") is None):  # fmt: skip
-                                await asyncio.sleep(0.1)  # noqa: ASYNC110 - the messages are the reader's
+                            while not back():  # noqa: ASYNC110 - the messages are the reader's
+                                await asyncio.sleep(0.1)
                             await asyncio.sleep(1.0)
                         state = await (await session.get(web.make_url("/state.json"))).json()
                     finally:
