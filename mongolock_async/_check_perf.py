@@ -246,6 +246,17 @@ STOP_BOUND = 2 * HAND_OFF_BOUND
 
 
 async def _stop(workers: list[asyncio.Task[None]]) -> None:
+    try:
+        await _stopped(workers)
+    finally:
+        # Read: the first failure is raised by the window's check, the others tell the same story
+        # (a server gone); unread, asyncio would print each with its traceback when it is collected.
+        for worker in workers:
+            if worker.done() and not worker.cancelled():
+                worker.exception()
+
+
+async def _stopped(workers: list[asyncio.Task[None]]) -> None:
     _, running = await asyncio.wait(workers, timeout=STOP_BOUND)
     if not running:
         return

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import logging
 import math
 import secrets
 import signal
@@ -60,10 +62,20 @@ from ._check import (
     summary,
 )
 from ._check_perf import HAND_OFF_BOUND, PerfOptions, hand_off_latencies, holder_of_check, measure
-from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, client_options, connect, explain, redact_uri
+from ._commandline import (
+    EXIT_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    UserError,
+    client_options,
+    connect,
+    explain,
+    redact_uri,
+)
 from ._diagnosis import cause_of
 from ._report_view import _utf8_stdout, print_json
 from ._shield import RequestTimeout
+from .errors import ServerUnreachableError
 from .lease import default_safety_margin
 from .store import LockStore
 from .store.probe import DeploymentProbe, is_refusal, new_scratch_prefix
@@ -177,9 +189,14 @@ class Scratch:
     written: bool = False
     removed: int = 0
     left: int | None = None
+    clean_up_error: str | None = None
+    """Why the clean-up failed (None: it did not, or did not run)."""
+    clean_up_unreachable: bool = False
+    """Whether it failed for want of a server (the command then exits 3)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "written": self.written, "removed": self.removed, "left": self.left or 0}
+        return {"prefix": self.prefix, "written": self.written, "removed": self.removed, "left": self.left or 0,
+                "clean_up_error": self.clean_up_error}  # fmt: skip
 
 
 @dataclass
@@ -253,10 +270,14 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
                     )  # fmt: skip
                 else:
                     checks.append(skipped("perf", "measurements", facts.why_not_write))
-        except PyMongoError as error:
+        except (PyMongoError, ServerUnreachableError) as error:
             # Unreachable (3) and rejected credentials (6) keep the command's exit codes; anything
-            # else that stopped the whole check is a failure of it (2).
-            explained = await explain(error, options.uri, client)
+            # else that stopped the whole check is a failure of it (2). A lock that could not reach
+            # the server (--perf's) says so with the driver's error as its cause.
+            driver_error = error if isinstance(error, PyMongoError) else error.__cause__
+            if not isinstance(driver_error, PyMongoError):
+                raise UserError(f"cannot reach MongoDB: {error}", EXIT_UNREACHABLE) from None
+            explained = await explain(driver_error, options.uri, client)
             if explained.exit_code == EXIT_FAILED:
                 explained.exit_code = EXIT_CHECK_FAILED
             raise explained from None
@@ -264,7 +285,7 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
         progress.step("removing the scratch documents")
         try:
             if probe is not None and scratch.written:
-                await _remove_scratch(probe, scratch)
+                await _clean_up(probe, scratch)
         finally:
             for each in clients:
                 with contextlib.suppress(Exception):
@@ -283,6 +304,8 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
         "scratch": scratch.as_dict(),
         "versions": {"mongolock_async": __version__, "pymongo": version("pymongo")},
     }
+    if scratch.clean_up_error is not None:
+        checks.append(_clean_up_failure(scratch, options))
     return CheckRun(checks, header)
 
 
@@ -728,6 +751,48 @@ async def _direct_client(uri: str, host: str, facts: _Facts) -> Any:
 # -- clean-up --------------------------------------------------------------------------------------
 
 
+async def _clean_up(probe: DeploymentProbe, scratch: Scratch) -> None:
+    """Remove the scratch documents; if that fails (the server went away), record why in
+    ``scratch`` rather than raise: an error here must not replace the one that ended the check,
+    and the report names the prefix to remove by hand."""
+    try:
+        await _remove_scratch(probe, scratch)
+    except (PyMongoError, TimeoutError) as error:
+        scratch.clean_up_error = f"{type(error).__name__}: {cause_of(error)}"
+        scratch.clean_up_unreachable = isinstance(error, ConnectionFailure | TimeoutError)
+
+
+def by_hand(scratch: Scratch, options: CheckOptions) -> str:
+    """The mongosh command that removes the scratch documents a failed clean-up left."""
+    return (
+        f"db.getSiblingDB({json.dumps(options.database)}).getCollection({json.dumps(options.collection)})"
+        f".deleteMany({{_id: /^{scratch.prefix}/}})"  # the prefix: letters, digits, "-" and ":"
+    )
+
+
+def _clean_up_failure(scratch: Scratch, options: CheckOptions) -> Check:
+    return Check(
+        "collection",
+        "scratch clean-up",
+        FAIL,
+        f"the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error})",
+        "remove them by hand once MongoDB answers, while no check runs:",
+        {"prefix": scratch.prefix, "error": scratch.clean_up_error},
+        command=by_hand(scratch, options),
+    )
+
+
+def _with_clean_up_failure(error: UserError, scratch: Scratch, options: CheckOptions) -> UserError:
+    """The error that ended the check, and the clean-up's failure after it, in one line."""
+    if scratch.clean_up_error is None:
+        return error
+    return UserError(
+        f"{error}; and the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error}): "
+        f"remove them by hand once MongoDB answers: {by_hand(scratch, options)}",
+        error.exit_code,
+    )
+
+
 async def _remove_scratch(probe: DeploymentProbe, scratch: Scratch) -> None:
     """Remove the scratch documents, and look again: a request of the library still on its way
     (a waiter's withdrawal) could write one after the removal, never create one (only acquires
@@ -772,10 +837,18 @@ def run(arguments: argparse.Namespace) -> int:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
 
+    # What the library's locks say while they run (a server that stops answering) is this
+    # command's own report to make: one line, not the library's warnings.
+    logging.getLogger("mongolock_async").addHandler(logging.NullHandler())
+    logging.getLogger("mongolock_async").propagate = False
     try:
         result = asyncio.run(main())
+    except UserError as error:
+        raise _with_clean_up_failure(error, scratch, options) from None
     except (KeyboardInterrupt, asyncio.CancelledError):
         left = f", {scratch.left} left" if scratch.left else ""
+        if scratch.clean_up_error is not None:
+            left += f"; the rest could not be removed ({scratch.clean_up_error}): {by_hand(scratch, options)}"
         print(
             f"mongolock check: interrupted; removed {scratch.removed} scratch documents "
             f"({scratch.prefix}*){left}",
@@ -786,7 +859,7 @@ def run(arguments: argparse.Namespace) -> int:
         print_json(as_payload(result.checks, result.header))
     else:
         _print_text(result, options)
-    return exit_code(result.checks)
+    return EXIT_UNREACHABLE if scratch.clean_up_unreachable else exit_code(result.checks)
 
 
 def _print_text(result: CheckRun, options: CheckOptions) -> None:

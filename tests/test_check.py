@@ -412,3 +412,54 @@ def test_an_interrupted_check_removes_what_it_wrote(mongodb_uri: str, sent: sign
     assert process.returncode == code, out + err
     assert re.search(r"interrupted; removed [1-9]\d* scratch documents \(mongolock-check-[0-9a-f]+:\*\)\n$", err), err
     assert "Traceback" not in err and left == 0
+
+
+def test_a_server_lost_during_perf_reports_both_errors_and_the_scratch_prefix(tmp_path: Path) -> None:
+    with EmbeddedMongo() as server:
+        arguments = [*PERF, "--perf-seconds", "5", "--db", TEST_DATABASE, "--collection", "lost"]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mongolock_async", "check", "--uri", server.uri, *arguments],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(), text=True,
+        )  # fmt: skip
+        try:
+            with MongoClient(server.uri) as client:
+                give_up_at = time.monotonic() + 60
+                # Stopped in the hot-lock windows: scratch documents written, tasks at work.
+                hot = {"_id": re.compile("^mongolock-check-[0-9a-f]+:hot-")}
+                while not client[TEST_DATABASE]["lost"].find_one(hot):
+                    assert process.poll() is None and time.monotonic() < give_up_at, process.communicate()
+                    time.sleep(0.02)
+            server.stop()
+            out, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 3, out + err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("mongolock: cannot reach MongoDB at "), err
+    prefix = re.search(r"the scratch documents (mongolock-check-[0-9a-f]+:)\* could not be removed", err)
+    assert prefix is not None, err
+    assert f'deleteMany({{_id: /^{prefix.group(1)}/}})' in err, "the command that removes them by hand"
+
+
+async def test_a_clean_up_that_fails_after_the_checks_is_a_failure_naming_what_to_remove(
+    mongodb_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pymongo.errors import ServerSelectionTimeoutError
+
+    async def server_gone(probe: Any, scratch: Scratch) -> None:
+        raise ServerSelectionTimeoutError("127.0.0.1:1: connection refused")
+
+    monkeypatch.setattr(_check_run, "_remove_scratch", server_gone)
+    name = f"unclean_{uuid.uuid4().hex[:8]}"
+    try:
+        payload = await check(mongodb_uri, "--db", TEST_DATABASE, "--collection", name, "--ttl", "10")
+    finally:
+        with MongoClient(mongodb_uri) as client:
+            client[TEST_DATABASE].drop_collection(name)
+    entry = by_id(payload)["collection.scratch_clean-up"]
+    prefix = payload["scratch"]["prefix"]
+    assert entry["verdict"] == FAIL and prefix in entry["measured"] and "connection refused" in entry["measured"]
+    where = f'db.getSiblingDB("{TEST_DATABASE}").getCollection("{name}")'
+    assert entry["command"] == f"{where}.deleteMany({{_id: /^{prefix}/}})"
+    assert payload["scratch"]["clean_up_error"].startswith("ServerSelectionTimeoutError")
