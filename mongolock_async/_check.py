@@ -26,10 +26,11 @@ from .privileges import lock_privileges, operator_privileges
 from .store import IDLE_CLEANUP_INDEX
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-SECTIONS = ("server", "durability", "clocks", "privileges", "collection", "perf")
+SECTIONS = ("server", "durability", "replication", "clocks", "privileges", "collection", "perf")
 _TITLES = {
     "server": "Server",
     "durability": "Durability",
+    "replication": "Replication",
     "clocks": "Clocks",
     "privileges": "Privileges",
     "collection": "Collection",
@@ -74,6 +75,9 @@ RENEWAL_BUDGET_SHARE = 0.5
 """--perf: warn when renewing all the leases takes more than this share of the default heartbeat
 interval (a third of the TTL)."""
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+SUSTAINED_WARN_RATIO = 2.0
+"""--perf: warn when the p99 of ``async with lock:`` under the sustained load is more than this many
+times the p99 of its two raw requests under the same load."""
 
 
 @dataclass
@@ -766,6 +770,44 @@ def judge_renewal(leases: int, library: float, raw: float, ttl: float) -> Check:
             figures,
         )
     return Check("perf", "heartbeat", PASS, shown, None, figures)
+
+
+def judge_sustained_load(
+    library: Sequence[float], raw: Sequence[float], seconds: float, tasks: int, ttl: float
+) -> Check:
+    """The sustained load's p99 against the raw requests' (a ratio), and against the TTL (as the
+    durability check judges a majority write's p99)."""
+    ratio = percentile(library, 99) / percentile(raw, 99)
+    p99 = percentile(library, 99)
+    figures = {
+        "seconds": seconds,
+        "tasks": tasks,
+        "cycles": len(library),
+        "library_p50_ms": percentile(library, 50) * 1000,
+        "library_p99_ms": p99 * 1000,
+        "library_p999_ms": percentile(library, 99.9) * 1000,
+        "library_max_ms": max(library) * 1000,
+        "raw_p50_ms": percentile(raw, 50) * 1000,
+        "raw_p99_ms": percentile(raw, 99) * 1000,
+        "ratio_p99": ratio,
+        "p99_share_of_ttl": p99 / ttl,
+        "warn_above": SUSTAINED_WARN_RATIO,
+    }
+    shown = (
+        f"{_count(tasks, 'task')} for {seconds:g} s, {len(library)} acquire + release cycles: p50 "
+        f"{ms(percentile(library, 50))}, p99 {ms(p99)}, p99.9 {ms(percentile(library, 99.9))}, max {ms(max(library))}; "
+        f"the raw requests p99 {ms(percentile(raw, 99))} over {len(raw)}: {ratio:.2f}x (warn above "
+        f"{SUSTAINED_WARN_RATIO:g}x); p99 is {percent(p99 / ttl)} of the {ttl:g} s TTL"
+    )
+    if p99 > WRITE_WARN_SHARE * ttl:
+        return Check("perf", "sustained load", WARN, shown, f"under load a lock's requests take more than "
+                     f"{percent(WRITE_WARN_SHARE)} of the TTL at p99: use a longer TTL, or find what slows majority "
+                     "writes", figures)  # fmt: skip
+    if ratio > SUSTAINED_WARN_RATIO:
+        starved = "is this machine's CPU starved? (the raw requests ran in the same tasks, taking turns)"
+        return Check("perf", "sustained load", WARN, shown, f"the library's own work dominates under load: {starved}",
+                     figures)  # fmt: skip
+    return Check("perf", "sustained load", PASS, shown, None, figures)
 
 
 # -- output --------------------------------------------------------------------------------------

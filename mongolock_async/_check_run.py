@@ -61,6 +61,15 @@ from ._check import (
     skipped,
     summary,
 )
+from ._check_deployment import (
+    judge_arbiters,
+    judge_collection_options,
+    judge_failover,
+    judge_journaling,
+    judge_members,
+    judge_oplog,
+    judge_support,
+)
 from ._check_perf import HAND_OFF_BOUND, PerfOptions, hand_off_latencies, holder_of_check, measure
 from ._commandline import (
     EXIT_FAILED,
@@ -77,7 +86,7 @@ from ._report_view import _utf8_stdout, print_json
 from ._shield import RequestTimeout
 from .errors import ServerUnreachableError
 from .lease import default_safety_margin
-from .store import LockStore
+from .store import LockStore, replication
 from .store.probe import DeploymentProbe, is_refusal, new_scratch_prefix
 
 CLOCK_SAMPLES = 5
@@ -88,6 +97,7 @@ _REQUIRES_API_VERSION = 498870  # "The apiVersion parameter is required" (requir
 _API_STRICT_ERROR = 323
 _NOT_FOR_ONE_HOST = ("replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts")
 _CLEAN_UP_BOUND = 20.0
+_NOT_SUPPORTED = (59, 26, 115)  # CommandNotFound, NamespaceNotFound, CommandNotSupported
 EXIT_CHECK_FAILED = 2
 """``mongolock check``'s exit code when a check failed (or the check could not go on)."""
 WRITE_BOUND = 30.0
@@ -138,11 +148,13 @@ def options_from(arguments: argparse.Namespace) -> CheckOptions:
         positive("perf-hand-offs", arguments.perf_hand_offs, integer=True, at_most=10_000)
         positive("perf-seconds", arguments.perf_seconds, at_most=3600)
         positive("perf-leases", arguments.perf_leases, integer=True, at_most=100_000)
+        positive("perf-duration", arguments.perf_duration, at_most=3600)
         perf = PerfOptions(
             cycles=arguments.perf_cycles,
             hand_offs=arguments.perf_hand_offs,
             seconds=arguments.perf_seconds,
             leases=arguments.perf_leases,
+            load_seconds=arguments.perf_duration,
         )
     if not arguments.uri:
         raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
@@ -243,6 +255,8 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
             await _read_privileges(probe, facts, progress)
             progress.step("reading the collection")
             await _guarded(checks, "collection", "documents", _collection(probe, options, facts, scratch))
+            progress.step("reading the replica set's health")
+            await _guarded(checks, "replication", "members", _depth(probe, client, options, facts))
             if options.read_only:
                 for action in ("remove", "insert", "update", "createIndex", "collMod"):
                     facts.attempts[action] = (NOT_TRIED, "--read-only sends no write")
@@ -307,6 +321,54 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
     if scratch.clean_up_error is not None:
         checks.append(_clean_up_failure(scratch, options))
     return CheckRun(checks, header)
+
+
+async def _depth(probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts) -> list[Check]:
+    """The checks at the depth of ``rs.status()``: the release's support, the collection's options,
+    and on a replica set its members, lag, oplog window, failover gap, arbiters and journaling.
+    What this user may not read (they need ``clusterMonitor``) or this server does not support is
+    reported as not run, and why."""
+    entry, why_not_options = await _readable(replication.collection_options(probe.database, options.collection))
+    checks = [
+        judge_support(await probe.build_info(), datetime.now(UTC).date()),
+        skipped("collection", "options", f"listCollections: {why_not_options}")
+        if why_not_options
+        else judge_collection_options(entry),
+    ]
+    if facts.kind != "replica set":
+        where = "through mongos: run the check with each shard's replica set URI" if facts.kind == "sharded" else (
+            "no replica set here")  # fmt: skip
+        return [*checks, skipped("replication", "members", f"{where} ({facts.kind})")]
+    checks.append(judge_arbiters(facts.hello))
+    status, why_not_status = await _readable(replication.replica_set_status(client))
+    config, why_not_config = await _readable(replication.replica_set_config(client))
+    if status is None:
+        checks.append(skipped("replication", "members", f"replSetGetStatus: {why_not_status}"))
+    else:
+        checks.extend(judge_members(status, config, options.ttl))
+        checks.append(judge_failover(config, status, options.ttl, options.margin, why_not_config or ""))
+    checks.append(
+        judge_journaling(config)
+        if config is not None
+        else skipped("replication", "journaling", f"replSetGetConfig: {why_not_config}")
+    )
+    span, why_not_oplog = await _readable(replication.oplog_span(client))
+    oplog = skipped("replication", "oplog window", f"local.oplog.rs: {why_not_oplog}") if why_not_oplog else None
+    checks.append(oplog or judge_oplog(span))
+    return checks
+
+
+async def _readable(work: Awaitable[Any]) -> tuple[Any, str | None]:
+    """What ``work`` read, or None and why it could not: refused to this user, or not a command this
+    server has. Any other failure is raised."""
+    try:
+        return await work, None
+    except OperationFailure as error:
+        if is_refusal(error):
+            return None, f"refused to this user ({_reason(error)}; clusterMonitor grants it)"
+        if error.code in _NOT_SUPPORTED:
+            return None, f"not supported by this server ({_reason(error)})"
+        raise
 
 
 async def _guarded(checks: list[Check], section: str, name: str, work: Awaitable[list[Check] | Check | None]) -> None:
@@ -773,7 +835,7 @@ def by_hand(scratch: Scratch, options: CheckOptions) -> str:
 def _clean_up_failure(scratch: Scratch, options: CheckOptions) -> Check:
     return Check(
         "collection",
-        "scratch clean-up",
+        "clean-up",
         FAIL,
         f"the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error})",
         "remove them by hand once MongoDB answers, while no check runs:",
