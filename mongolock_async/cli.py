@@ -213,8 +213,9 @@ def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output
         description="Checks the server (version and its support, topology, change streams, transactions, "
         "wake-ups, the Stable API), majority-write latency, the replica set (members, lag, oplog window, failover "
         "time, arbiters, journaling), the clocks that decide expiry, this user's privileges and the lock "
-        "collection (its documents and options); with --perf, what a lock costs against the raw driver. Each line: pass, warn or fail, what "
-        "was measured, and the fix. Exit code 0 all passed, 1 a warning, 2 a failure. Writes only lock names "
+        "collection (its documents and options); with --perf, what a lock costs against the raw driver. Each "
+        "line: pass, warn, fail or skip, what was measured, and the fix. Exit code 0 all passed, 1 a warning, "
+        "2 a failure. Writes only lock names "
         "under a scratch prefix (mongolock-check-<random>:) and removes them before it exits, also on Ctrl-C.",
     )
     check.add_argument(
