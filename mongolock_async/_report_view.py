@@ -166,12 +166,80 @@ def print_table(reports: Sequence[LockReport]) -> None:
             console.print(table)
             return
     _utf8_stdout()
+    widths = _fitted(widths)
+    for line in (COLUMNS, *rows):
+        _print_row(line, widths)
+
+
+def _fitted(widths: list[int]) -> list[int]:
+    """On a terminal (or with ``COLUMNS`` set), the holder column shortened to fit its width."""
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         excess = sum(widths) + 2 * (len(widths) - 1) - shutil.get_terminal_size().columns
-        widths[2] = max(len(COLUMNS[2]), widths[2] - max(0, excess))
-        rows = [(*row[:2], _shortened(row[2], widths[2]), *row[3:]) for row in rows]
-    for line in (COLUMNS, *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+        widths = [*widths[:2], max(len(COLUMNS[2]), widths[2] - max(0, excess)), *widths[3:]]
+    return widths
+
+
+def _print_row(line: Sequence[str], widths: Sequence[int]) -> None:
+    cells = [*line[:2], _shortened(line[2], widths[2]), *line[3:]]
+    print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip())
+
+
+CHUNK = 1000
+"""Locks a streamed listing holds at once."""
+
+
+class JsonArray:
+    """A JSON array printed an element at a time, as ``print_json`` would print it whole."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, reports: Sequence[LockReport]) -> None:
+        _utf8_stdout()
+        for report in reports:
+            element = json_text(as_dict(report), indent=2).replace("\n", "\n  ")
+            print(("[\n  " if self.count == 0 else ",\n  ") + element, end="")
+            self.count += 1
+
+    def finish(self) -> int:
+        print("[]" if self.count == 0 else "\n]")
+        return self.count
+
+
+class StreamedTable:
+    """The table of :func:`print_table`, for a listing of any size: one that fits a chunk is
+    printed as before (rich on a terminal); a longer one as plain rows a chunk at a time, its
+    columns as wide as the first chunk needs (a longer cell later pushes its row along)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._first: list[LockReport] | None = None
+        self._widths: list[int] | None = None
+
+    def add(self, reports: Sequence[LockReport]) -> None:
+        if not reports:
+            return
+        self.count += len(reports)
+        if self._first is None and self._widths is None:
+            self._first = list(reports)
+            return
+        self._plain(reports)
+
+    def finish(self) -> int:
+        if self._first is not None:
+            print_table(self._first)
+        return self.count
+
+    def _plain(self, reports: Sequence[LockReport]) -> None:
+        _utf8_stdout()
+        if self._widths is None:
+            first, self._first = self._first or [], None
+            rows = [_row(report) for report in first]
+            self._widths = _fitted([max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)])
+            for line in (COLUMNS, *rows):
+                _print_row(line, self._widths)
+        for report in reports:
+            _print_row(_row(report), self._widths)
 
 
 def _shortened(text: str, width: int) -> str:

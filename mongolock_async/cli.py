@@ -42,7 +42,7 @@ from ._commandline import (
     explain,
 )
 from ._dashboard_guard import LOOPBACK_HOSTS, MIN_SECRET_LENGTH, is_loopback
-from ._inert import printable
+from ._inert import printable, shell_word
 from .documents import LockReport
 from .operations import LockInfo
 from .store import ForcedRelease, store_for
@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--held", action="store_true", help="only locks whose lease is live")
     listing.add_argument("--prefix", default="", help="only locks whose name starts with this")
+    listing.add_argument(
+        "--limit", type=int, default=None, help="at most this many locks; stderr then says how to ask for the next page"
+    )
+    listing.add_argument("--after", default=None, metavar="NAME", help="start after this name (the last of a page)")
 
     inspect = commands.add_parser("inspect", parents=[connection, output], help="show one lock in detail")
     inspect.add_argument("name", help="the lock's name (its document's _id)")
@@ -342,6 +346,11 @@ async def _operate(arguments: argparse.Namespace) -> int:
             _validate.lock_name(arguments.name)
         except (TypeError, ValueError) as error:
             raise UserError(f"invalid lock name: {error}", EXIT_USAGE) from None
+    if arguments.command == "list":
+        if arguments.limit is not None and arguments.limit < 1:
+            raise UserError(f"--limit must be at least 1, got {arguments.limit}", EXIT_USAGE)
+        if arguments.after is not None and not arguments.after:
+            raise UserError("--after must name a lock (the last one of the page before)", EXIT_USAGE)
     client = connect(arguments.uri)
     try:
         collection = await _lock_collection(client, arguments)
@@ -379,15 +388,31 @@ async def _info_of(collection: Any, name: str) -> LockInfo:
 
 
 async def _list(collection: Any, arguments: argparse.Namespace) -> int:
-    locks = await operations.list_locks(collection, prefix=arguments.prefix or None, held=arguments.held)
-    reports = [info.report for info in locks]
-    if arguments.json:
-        view.print_json([view.as_dict(report) for report in reports])
-    elif reports:
-        view.print_table(reports)
-    else:
+    """The listing, read a batch at a time and printed as it comes (a table a chunk of rows at a
+    time, or a JSON array an element at a time): its memory does not grow with the collection.
+    With ``--limit``, one more lock is read to tell whether there is a next page."""
+    locks = operations.iterate_locks(
+        collection, prefix=arguments.prefix or None, held=arguments.held, after=arguments.after,
+        limit=None if arguments.limit is None else arguments.limit + 1,
+    )  # fmt: skip
+    shown: list[LockReport] = []
+    last = None
+    async with contextlib.aclosing(locks):
+        printer = view.JsonArray() if arguments.json else view.StreamedTable()
+        async for info in locks:
+            if arguments.limit is not None and len(shown) + printer.count >= arguments.limit:
+                print(f"mongolock: more: --after {shell_word(last or '')}", file=sys.stderr)
+                break
+            shown.append(info.report)
+            last = info.name
+            if len(shown) >= view.CHUNK:
+                printer.add(shown)
+                shown = []
+        printer.add(shown)
+        count = printer.finish()
+    if not count and not arguments.json:
         held = " held" if arguments.held else ""
-        print(f"no locks{held}" + (f" named {arguments.prefix}*" if arguments.prefix else ""))
+        print(printable(f"no locks{held}" + (f" named {arguments.prefix}*" if arguments.prefix else "")))
     return 0
 
 

@@ -47,6 +47,7 @@ from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
 from ._dashboard_guard import LOOPBACK_HOSTS, host_allowed, host_names, release_token, token_matches
+from ._dashboard_window import NameIndex, Window, WindowSpec
 from ._diagnosis import redacted_cause
 from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, lock_dict
@@ -121,6 +122,7 @@ class Timeline:
     def __init__(self, window: float) -> None:
         self.window = timedelta(seconds=window)
         self._locks: dict[str, _LockHistory] = {}
+        self._forgotten_at: datetime | None = None
 
     def add(self, update: ViewUpdate) -> None:
         """Take an update's events and states into the history."""
@@ -140,7 +142,11 @@ class Timeline:
                         segment.end, segment.how = update.server_time, "released"
         for name in update.changed:
             self._reconcile(name, update.locks[name], update.server_time)
-        self._forget(update.server_time - self.window)
+        # At most once a second: with 100,000 locks, a pass over every history per update would
+        # cost more than the update.
+        if self._forgotten_at is None or update.server_time - self._forgotten_at >= timedelta(seconds=1):
+            self._forgotten_at = update.server_time
+            self._forget(update.server_time - self.window)
 
     def of(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The history of ``names`` as JSON-ready values (times in ISO 8601 UTC)."""
@@ -206,25 +212,36 @@ class Timeline:
                 del self._locks[name]
 
 
+@dataclass(slots=True, eq=False)
+class _Page:
+    """One open page: its queue of messages and the window of locks it shows."""
+
+    queue: asyncio.Queue[bytes | None]
+    spec: WindowSpec
+    window: Window | None = None
+
+
 class _Feed:
-    """One ``LockWatch`` for every open page: the state, the last events, the timeline, and a
-    queue of messages per page."""
+    """One ``LockWatch`` for every open page: the state, the last events, the timeline, the names
+    in order, and per page its window and a queue of messages: each page gets its window and the
+    window's changes, not the collection."""
 
     def __init__(self, dashboard: Dashboard) -> None:
         self._dashboard = dashboard
-        self._pages: set[asyncio.Queue[bytes | None]] = set()
+        self._pages: dict[asyncio.Queue[bytes | None], _Page] = {}
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
         self.update: ViewUpdate | None = None
         self.events: deque[LockEvent] = deque(maxlen=EVENTS_KEPT)
         self.timeline = Timeline(dashboard.window)
+        self.names = NameIndex()
         self.error: str | None = None
         self.watch: LockWatch | None = None
         self._ready = asyncio.Event()
 
-    def subscribe(self) -> asyncio.Queue[bytes | None]:
+    def subscribe(self, spec: WindowSpec | None = None) -> asyncio.Queue[bytes | None]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_SUBSCRIBER_BACKLOG)
-        self._pages.add(queue)
+        page = self._pages[queue] = _Page(queue, spec or WindowSpec())
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
@@ -232,11 +249,11 @@ class _Feed:
             self._ready.clear()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="mongolock-dashboard-feed")
         elif self._ready.is_set():
-            queue.put_nowait(self.snapshot_message())
+            queue.put_nowait(_message(self._snapshot_of(page)))
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue[bytes | None]) -> None:
-        self._pages.discard(queue)
+        self._pages.pop(queue, None)
         if not self._pages and self._linger is None:
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._stop_if_idle)
 
@@ -284,7 +301,8 @@ class _Feed:
                                        printable(repr(error)), exc_info=unexpected)  # fmt: skip
                 self.error = f"cannot read the locks: {redacted_cause(error)}"
                 self._ready.set()
-                self._broadcast(_message({"type": "error", "text": self.error}))
+                for page in list(self._pages.values()):
+                    self._send(page, _message({"type": "error", "text": self.error}))
                 if not self._pages:
                     return
                 await asyncio.sleep(backoff.next_delay() + 0.5)
@@ -299,35 +317,81 @@ class _Feed:
                                    printable(repr(error)))  # fmt: skip
         self.events.extend(update.events)
         self.timeline.add(update)
-        first = update.first or self.update is None
+        before, first = self.update, update.first or self.update is None
         self.update = update
         if first:
+            self.names.reset(update.locks)
             self._ready.set()
-            self._broadcast(self.snapshot_message())
+            for page in list(self._pages.values()):
+                self._send(page, _message(self._snapshot_of(page)))
             return
-        names = sorted(update.changed)
-        self._broadcast(
-            _message(
-                {
-                    "type": "update",
-                    "server_time": _iso(update.server_time),
-                    "mode": update.mode,
-                    "note": update.note,
-                    "disconnected_since": _iso_or_none(update.disconnected_since),
-                    "locks": [lock_dict(update.locks[name]) for name in names],
-                    "removed": sorted(update.removed),
-                    "events": [event.as_dict() for event in update.events],
-                    "timeline": self.timeline.of(names),
-                }
-            )
-        )
+        for name in update.removed:
+            self.names.remove(name)
+        for name in update.changed:
+            self.names.add(name)
+        assert before is not None
+        told = before.mode != update.mode or before.note != update.note or (
+            before.disconnected_since != update.disconnected_since)  # fmt: skip
+        for page in list(self._pages.values()):
+            message = self._update_of(page, update, before.locks, told=told)
+            if message is not None:
+                self._send(page, _message(message))
 
-    def snapshot(self) -> dict[str, Any]:
+    def _update_of(
+        self, page: _Page, update: ViewUpdate, before: Mapping[str, LockInfo], *, told: bool
+    ) -> dict[str, Any] | None:
+        """What ``page`` needs of ``update``: the locks of its window that changed or came into it,
+        its window's names if they changed, its events; None if nothing concerns it."""
+        spec, window = page.spec, page.window
+        touched = [
+            name
+            for name in update.changed | update.removed
+            if spec.matches(name, before.get(name)) or spec.matches(name, update.locks.get(name))
+        ]
+        events = [event for event in update.events if spec.covers(event.name)]
+        if not (touched or events or told) or window is None:
+            return None
+        if touched:
+            matching = window.matching + sum(
+                spec.matches(name, update.locks.get(name)) - spec.matches(name, before.get(name)) for name in touched
+            )
+            page.window = self.names.window(spec, update.locks, matching)
+        new = page.window
+        assert new is not None
+        sent = [name for name in new.names if name in update.changed or name not in window.names]
+        return {
+            "type": "update",
+            "server_time": _iso(update.server_time),
+            "mode": update.mode,
+            "note": update.note,
+            "disconnected_since": _iso_or_none(update.disconnected_since),
+            **self._window_fields(new, changed_names=new.names != window.names),
+            "locks": [lock_dict(update.locks[name]) for name in sent],
+            "events": [event.as_dict() for event in events],
+            "timeline": self.timeline.of(sent),
+        }
+
+    def _window_fields(self, window: Window, *, changed_names: bool = True) -> dict[str, Any]:
+        return {
+            **({"names": list(window.names)} if changed_names else {}),
+            "more_before": window.more_before,
+            "more_after": window.more_after,
+            "matching": window.matching,
+            "total": len(self.names),
+        }
+
+    def snapshot(self, spec: WindowSpec | None = None) -> dict[str, Any]:
+        """What a page (or ``/state.json``) gets first: the window ``spec`` asks for (the first
+        hundred names by default), the last events of its names, and its timeline."""
+        return self._snapshot_of(_Page(asyncio.Queue(), spec or WindowSpec()))
+
+    def _snapshot_of(self, page: _Page) -> dict[str, Any]:
         update = self.update
         if update is None:
             return {"type": "error", "text": self.error or "starting"}
         watch = self.watch
         now = watch.server_now() if watch is not None else update.server_time
+        page.window = window = self.names.window(page.spec, update.locks)
         return {
             "type": "snapshot",
             "title": self._dashboard.title,
@@ -340,22 +404,20 @@ class _Feed:
             "note": update.note,
             "disconnected_since": _iso_or_none(update.disconnected_since),
             "poll_interval_s": self._dashboard.poll_interval,
-            "locks": [lock_dict(info) for info in update.locks.values()],
-            "events": [event.as_dict() for event in self.events],
-            "timeline": self.timeline.of(update.locks.keys() | set(self.timeline.names())),
+            "window": page.spec.as_dict(),
+            **self._window_fields(window),
+            "locks": [lock_dict(update.locks[name]) for name in window.names],
+            "events": [event.as_dict() for event in self.events if page.spec.covers(event.name)],
+            "timeline": self.timeline.of(window.names),
         }
 
-    def snapshot_message(self) -> bytes:
-        return _message(self.snapshot())
-
-    def _broadcast(self, message: bytes) -> None:
-        for queue in list(self._pages):
-            if not _offer(queue, message):
-                # A page that reads nothing is dropped (it reconnects and gets a snapshot).
-                self._pages.discard(queue)
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.get_nowait()
-                _offer(queue, None)
+    def _send(self, page: _Page, message: bytes) -> None:
+        if not _offer(page.queue, message):
+            # A page that reads nothing is dropped (it reconnects and gets a snapshot).
+            self._pages.pop(page.queue, None)
+            with contextlib.suppress(asyncio.QueueFull):
+                page.queue.get_nowait()
+            _offer(page.queue, None)
 
 
 class Dashboard:
@@ -457,15 +519,19 @@ class Dashboard:
         ]
         return body.encode("utf-8"), headers
 
-    def state(self) -> dict[str, Any]:
-        """What a page gets first: every lock, the last events and the timeline (JSON-ready)."""
-        return self._feed.snapshot()
+    def state(self, window: WindowSpec | None = None) -> dict[str, Any]:
+        """What a page gets first (JSON-ready): the ``window`` of locks it asks for (default the first
+        100 names), with ``names`` in order, ``matching`` and ``total`` counts, whether more lie
+        ``more_before`` and ``more_after``; the last events of those names, and their timeline."""
+        return self._feed.snapshot(window)
 
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        """The page's event stream: a snapshot, then an update per change, and a comment every
-        :data:`KEEPALIVE` seconds when idle. Ends when the dashboard is closed."""
+    async def events(self, window: WindowSpec | None = None) -> AsyncGenerator[bytes, None]:
+        """The page's event stream: a snapshot of its ``window``, then an update whenever something
+        in it changed (its locks that changed or came into it, its names when they changed, its
+        events), and a comment every :data:`KEEPALIVE` seconds when idle. Ends when the dashboard is
+        closed."""
         feed = self._feed
-        queue = feed.subscribe()
+        queue = feed.subscribe(window)
         try:
             yield b"retry: 2000\n\n"
             while True:
@@ -564,11 +630,17 @@ class Dashboard:
         elif path == "/" and method in ("GET", "HEAD"):
             body, headers = self.page()
             await _respond(send, 200, b"" if method == "HEAD" else body, headers)
-        elif path == "/events" and method == "GET":
-            await self._stream(receive, send)
-        elif path == "/state.json" and method == "GET":
-            await self._ensure_started()
-            await _respond_json(send, 200, self.state())
+        elif path in ("/events", "/state.json") and method == "GET":
+            try:
+                window = WindowSpec.from_query(bytes(scope.get("query_string", b"")).decode("latin-1"))
+            except ValueError as error:
+                await _respond_json(send, 400, {"error": f"a bad window: {error}"})
+                return
+            if path == "/events":
+                await self._stream(receive, send, window)
+            else:
+                await self._ensure_started()
+                await _respond_json(send, 200, self.state(window))
         elif path == "/release" and method == "POST":
             request = await _read_body(receive)
             if request is None:
@@ -597,7 +669,7 @@ class Dashboard:
         finally:
             feed.unsubscribe(queue)
 
-    async def _stream(self, receive: Receive, send: Send) -> None:
+    async def _stream(self, receive: Receive, send: Send, window: WindowSpec) -> None:
         await send(
             {
                 "type": "http.response.start",
@@ -607,7 +679,7 @@ class Dashboard:
             }
         )
         disconnected = asyncio.ensure_future(_disconnect(receive))
-        events = self.events()
+        events = self.events(window)
         try:
             while True:
                 following = asyncio.ensure_future(anext(events))
@@ -670,9 +742,13 @@ class Dashboard:
             return web.Response(body=body, headers=dict(headers))
 
         async def events(request: web.Request) -> web.StreamResponse:
+            try:
+                window = WindowSpec.from_query(request.query_string)
+            except ValueError as error:
+                return json_response({"error": f"a bad window: {error}"}, status=400)
             response = web.StreamResponse(headers=_EVENT_HEADERS)
             await response.prepare(request)
-            stream = self.events()
+            stream = self.events(window)
             try:
                 async for chunk in stream:
                     await response.write(chunk)
@@ -682,9 +758,13 @@ class Dashboard:
                 await stream.aclose()
             return response
 
-        async def state(request: web.Request) -> web.Response:
+        async def state(request: web.Request) -> web.StreamResponse:
+            try:
+                window = WindowSpec.from_query(request.query_string)
+            except ValueError as error:
+                return json_response({"error": f"a bad window: {error}"}, status=400)
             await self._ensure_started()
-            return json_response(self.state())
+            return json_response(self.state(window))
 
         async def release(request: web.Request) -> web.Response:
             body = await request.content.read(_MAX_BODY + 1)

@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
@@ -128,7 +130,7 @@ class ViewUpdate:
     """The view after some changes: every lock now, which changed, and the events that changed them."""
 
     locks: Mapping[str, LockInfo]
-    """Every lock document the view covers, by name (sorted), as of ``server_time``."""
+    """Every lock document the view covers, by name (in no particular order), as of ``server_time``."""
     events: tuple[LockEvent, ...]
     changed: frozenset[str]
     """Names whose document or state changed (all of them in the first update)."""
@@ -183,7 +185,13 @@ class LockWatch:
         self._states: dict[str, LockState | None] = {}
         self._reports: dict[str, LockReport] = {}
         self._infos: dict[str, LockInfo] = {}
-        self._expired_seen: set[tuple[str, str, datetime]] = set()
+        # Every lease's expiry, soonest first, as (expires at, name, owner token): the view's timer
+        # and its expiry check look at the front only, however many locks there are. An entry whose
+        # lease was renewed or ended since is dropped when it comes up.
+        self._deadlines: list[tuple[datetime, str, str]] = []
+        self._queued: set[tuple[str, str, datetime]] = set()
+        self._reported: dict[str, set[tuple[str, datetime]]] = {}
+        """Per name, the leases already told as expired (or already past when the view opened)."""
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._anchor: tuple[datetime, float] = (datetime.now(UTC), time.monotonic())
         self._task: asyncio.Task[None] | None = None
@@ -206,8 +214,9 @@ class LockWatch:
 
     @property
     def locks(self) -> Mapping[str, LockInfo]:
-        """Every lock the view covers now, by name."""
-        return dict(sorted(self._infos.items()))
+        """Every lock the view covers now, by name (in no particular order: a view of 100,000 locks
+        does not sort them for every update; sort, or pick, what you show)."""
+        return MappingProxyType(dict(self._infos))
 
     async def __aenter__(self) -> LockWatch:
         if self._entered:
@@ -313,6 +322,7 @@ class LockWatch:
         at = _utc(wall) if isinstance(wall, datetime) else self.server_now()
         if operation == "delete":
             old = self._states.pop(name, None)
+            self._reported.pop(name, None)
             if name in self._infos:
                 del self._infos[name]
                 self._reports.pop(name, None)
@@ -328,6 +338,7 @@ class LockWatch:
             new = None
         old = self._states.get(name)
         self._states[name] = new
+        self._track(name, new)
         self._reports[name] = report_at(document, at)
         removed.discard(name)
         changed.add(name)
@@ -344,16 +355,41 @@ class LockWatch:
             if not initial:
                 events.extend(derive_events(self._states.get(name), new, now))
             self._states[name] = new
+            # Leases that ran out before the view opened are not news.
+            self._track(name, new, past=now if initial else None)
             self._reports[name] = report
         for name in set(self._states) - seen:
             events.extend(derive_events(self._states.pop(name), None, now))
             self._reports.pop(name, None)
             self._infos.pop(name, None)
+            self._reported.pop(name, None)
         for name in seen:
             self._refresh(name, now)
-            if initial:  # leases that ran out before the view opened are not news
-                self._expired_seen.update(_expired(name, self._states[name], now))
         return events
+
+    def _track(self, name: str, state: LockState | None, *, past: datetime | None = None) -> None:
+        """Queue the expiry of each lease ``state`` holds (those before ``past`` count as told)."""
+        leases = {(token, expires_at) for token, expires_at, _, _ in _leases(state)}
+        reported = self._reported.get(name, set()) & leases  # forget what no document holds any more
+        if past is not None:
+            reported |= {lease for lease in leases if lease[1] <= past}
+        if reported:
+            self._reported[name] = reported
+        else:
+            self._reported.pop(name, None)
+        for token, expires_at in leases - reported:
+            key = (name, token, expires_at)
+            if key not in self._queued:
+                self._queued.add(key)
+                heapq.heappush(self._deadlines, (expires_at, name, token))
+
+    def _lease(self, name: str, token: str, expires_at: datetime) -> tuple[LockState, Holder, int | None] | None:
+        """The lease ``token`` of ``name`` if its document still holds it with that expiry."""
+        state = self._states.get(name)
+        for owner, expires, holder, fence in _leases(state):
+            if owner == token and expires == expires_at and state is not None:
+                return state, holder, fence
+        return None
 
     def _refresh(self, name: str, now: datetime) -> None:
         state = self._states.get(name)
@@ -367,34 +403,26 @@ class LockWatch:
         heard from the server (a renewal sent meanwhile would have been seen)."""
         events = []
         confirmed = min(now, self._heard_at) if self._heard_at is not None else now
-        for name, state in self._states.items():
-            if state is None:
-                continue
-            for token, expires_at, holder, fence in _leases(state):
-                key = (name, token, expires_at)
-                if expires_at <= confirmed and key not in self._expired_seen:
-                    self._expired_seen.add(key)
-                    events.append(LockEvent(expires_at, "expired", name, state.kind, holder, None, fence))
-                    changed.add(name)
-        # Forget what no document holds any more: a renewal moved the expiry, or the lease ended.
-        current = {
-            (name, token, expires_at)
-            for name, state in self._states.items()
-            if state is not None
-            for token, expires_at, _, _ in _leases(state)
-        }
-        self._expired_seen &= current
+        while self._deadlines and self._deadlines[0][0] <= confirmed:
+            expires_at, name, token = heapq.heappop(self._deadlines)
+            self._queued.discard((name, token, expires_at))
+            lease = self._lease(name, token, expires_at)
+            if lease is None:
+                continue  # renewed, released or taken over since
+            state, holder, fence = lease
+            self._reported.setdefault(name, set()).add((token, expires_at))
+            events.append(LockEvent(expires_at, "expired", name, state.kind, holder, None, fence))
+            changed.add(name)
         return events
 
     def _next_expiry(self) -> datetime | None:
-        upcoming = [
-            expires_at
-            for name, state in self._states.items()
-            if state is not None
-            for token, expires_at, _, _ in _leases(state)
-            if (name, token, expires_at) not in self._expired_seen
-        ]
-        return min(upcoming, default=None)
+        while self._deadlines:
+            expires_at, name, token = self._deadlines[0]
+            if self._lease(name, token, expires_at) is not None:
+                return expires_at
+            heapq.heappop(self._deadlines)  # renewed or ended: not a deadline any more
+            self._queued.discard((name, token, expires_at))
+        return None
 
     def _update(
         self, events: list[LockEvent], changed: set[str], removed: set[str], now: datetime, *, first: bool = False
@@ -591,10 +619,6 @@ def _leases(state: LockState | None) -> list[tuple[str, datetime, Holder, int | 
     if state.owner is None or state.expires_at is None:
         return []
     return [(state.owner, state.expires_at, stored_holder(state, owner=state.owner), state.fencing_token)]
-
-
-def _expired(name: str, state: LockState | None, now: datetime) -> set[tuple[str, str, datetime]]:
-    return {(name, token, expires) for token, expires, _, _ in _leases(state) if expires <= now}
 
 
 def holder_dict(holder: Holder | None) -> dict[str, Any] | None:

@@ -17,8 +17,9 @@ needs MongoDB's ``find`` action on the collection (the built-in ``read`` role ha
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -285,6 +286,39 @@ async def list_locks(
     _validate.flag(held, "held")
     infos = [lock_info(report) for report in await store.report(prefix=prefix or None)]
     return [info for info in infos if info.held] if held else infos
+
+
+async def iterate_locks(
+    collection: AsyncCollectionLike,
+    *,
+    prefix: str | None = None,
+    held: bool = False,
+    after: str | None = None,
+    limit: int | None = None,
+) -> AsyncGenerator[LockInfo, None]:
+    """The locks :func:`list_locks` lists, by name, read from the server a batch at a time: a
+    listing of 100,000 locks never holds them all. ``after`` starts after that name (the last one
+    of a page), ``limit`` stops after that many (counted after ``held``). Arguments are checked
+    before any I/O."""
+    store = _store(collection)
+    for argument, value in (("prefix", prefix), ("after", after)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{argument} must be a str or None, not {type(value).__name__}")
+    _validate.flag(held, "held")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive int or None, not {limit!r}")
+    shown = 0
+    # Without held, the server stops at the limit; with it, this stops reading once it has enough.
+    reports = store.iterate_reports(prefix=prefix or None, after=after, limit=None if held else limit)
+    async with contextlib.aclosing(reports):
+        async for report in reports:
+            info = lock_info(report)
+            if held and not info.held:
+                continue
+            yield info
+            shown += 1
+            if limit is not None and shown >= limit:
+                return
 
 
 async def inspect_lock(collection: AsyncCollectionLike, name: str) -> LockInfo | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar, overload
 
@@ -470,6 +470,13 @@ class LockStore:
         """Lock documents (all, those named, or those whose name starts with ``prefix``) with their
         remaining lease on the server's clock. A corrupt document is reported with its error."""
         return await self.send(reports.report(self._majority_reads, names, prefix), bound=bound)
+
+    def iterate_reports(
+        self, *, prefix: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> AsyncGenerator[LockReport, None]:
+        """Lock documents as :meth:`report` reports them, in name order, read a batch at a time
+        (see ``reports.iterate``): for listings of any size. Unbounded: the caller stops reading."""
+        return reports.iterate(self._majority_reads, prefix, after, limit)
 
     async def leadership(self, name: str, *, bound: float | None = None) -> Leadership | None:
         """Who leads the election ``name`` now, on the server's clock; None if nobody does.

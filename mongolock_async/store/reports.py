@@ -7,7 +7,7 @@ back (a deposed primary's, or a write that fails over before it replicates, coul
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +46,14 @@ async def read(reads: Any, name: str) -> LockState | None:
     return None if doc is None else LockState.from_document(doc)
 
 
-def _report_pipeline(match: dict[str, Any]) -> list[dict[str, Any]]:
+def _report_pipeline(match: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
     now = expressions.SERVER_NOW
     dated = {"$filter": {"input": permits._live_holders(now), "cond": {"$eq": [{"$type": "$$this.exp"}, "date"]}}}
     live_permits_left = {"$map": {"input": dated, "in": ["$$this.o", {"$subtract": ["$$this.exp", now]}]}}
     return [
         {"$match": match},
         {"$sort": {"_id": 1}},
+        *([{"$limit": limit}] if limit is not None else []),
         {
             "$addFields": {
                 "_serverNow": now,
@@ -75,6 +76,26 @@ async def report(reads: Any, names: Iterable[str] | None, prefix: str | None) ->
         match["_id"] = {"$gte": prefix, "$lt": prefix + "\U0010ffff"}
     cursor = await maybe_await(reads.aggregate(_report_pipeline(match)))
     return [_parsed_report(doc) for doc in await cursor.to_list(None)]
+
+
+async def iterate(
+    reads: Any, prefix: str | None, after: str | None, limit: int | None
+) -> AsyncGenerator[LockReport, None]:
+    """Lock documents as :func:`report` reports them, in ``_id`` order, one batch at a time (a
+    listing of 100,000 locks holds one batch, not all of them): those whose name starts with
+    ``prefix``, after the name ``after`` (exclusive), at most ``limit``."""
+    names: dict[str, Any] = {}
+    if prefix:
+        names.update({"$gte": prefix, "$lt": prefix + "\U0010ffff"})
+    if after is not None and (not prefix or after >= prefix):
+        names.pop("$gte", None)
+        names["$gt"] = after
+    cursor = await maybe_await(reads.aggregate(_report_pipeline({"_id": names} if names else {}, limit)))
+    try:
+        async for doc in cursor:
+            yield _parsed_report(doc)
+    finally:
+        await maybe_await(cursor.close())  # a reader that stopped early leaves no cursor open
 
 
 def _parsed_report(doc: dict[str, Any]) -> LockReport:
