@@ -359,6 +359,8 @@ class _Feed:
         new = page.window
         assert new is not None
         sent = [name for name in new.names if name in update.changed or name not in window.names]
+        if not (sent or events or told) and new == window:
+            return None  # a change out of view that moved nothing in it: the page is told nothing
         return {
             "type": "update",
             "server_time": _iso(update.server_time),
