@@ -224,7 +224,7 @@ class LockWatch:
         self._entered = True
         stream = await self._open()
         now = self.server_now()
-        self._sync(await self._store.report(prefix=self.prefix or None), now, initial=True)
+        self._sync(await self._read_all(), now, initial=True)
         self._heard_at = now
         self._first = self._update([], set(self._infos), set(), now, first=True)
         self._task = asyncio.get_running_loop().create_task(self._run(stream), name="mongolock-watch")
@@ -471,6 +471,12 @@ class LockWatch:
         self._anchor = (moment, time.monotonic())
         return stream
 
+    async def _read_all(self, *, clock_read: bool = True) -> list[LockReport]:
+        """Every document the view covers, read a batch at a time (see ``LockStore.iterate_reports``),
+        judged on the view's clock when ``clock_read`` (it was just read), else on the server's."""
+        now = self.server_now() if clock_read else None
+        return [report async for report in self._store.iterate_reports(prefix=self.prefix or None, now=now)]
+
     def _poll_because(self, why: str) -> None:
         self.mode, self.note = "polling", why
         self._polling_reason = why
@@ -509,7 +515,7 @@ class LockWatch:
                     return
                 try:
                     stream = await self._open()
-                    reports = await self._store.report(prefix=self.prefix or None)
+                    reports = await self._read_all()
                 except PyMongoError as error:
                     if stream is not None:
                         await _close(stream)
@@ -526,7 +532,7 @@ class LockWatch:
         if self._closing:
             return
         try:
-            reports = await self._store.report(prefix=self.prefix or None)
+            reports = await self._read_all(clock_read=False)
         except PyMongoError as error:
             failed = f"{self._polling_reason}; the last read failed ({redacted_cause(error)})"
             self._queue.put_nowait(("note", ("polling", failed)))

@@ -33,6 +33,7 @@ from .documents import JOB_KIND, LockReport, LockState, Permit
 from .errors import LockDataError
 from .jobs import JobState
 from .store import ForcedRelease, LockStore, store_for
+from .store.reports import report_at as reports_at
 
 __all__ = [
     "ForcedRelease",
@@ -254,24 +255,7 @@ def report_at(document: Mapping[str, Any] | LockState, server_time: datetime) ->
     ``server_time`` (a time on the server's clock): for a view that gets documents from a change
     stream and keeps the server's time itself. A corrupt document is reported with its error, as
     there."""
-    if isinstance(document, LockState):
-        state = document
-    else:
-        try:
-            state = LockState.from_document(document)
-        except LockDataError as error:
-            return LockReport(name=document.get("_id"), state=None, remaining_ms=None, error=error)
-    if state.limit is not None:
-        left = {
-            permit.token: _milliseconds(permit.expires_at - server_time)
-            for permit in state.permits
-            if permit.expires_at > server_time
-        }
-        longest = max(left.values(), default=None)
-        return LockReport(state.name, state, longest, permits_left_ms=left, server_time=server_time)
-    live = state.owner is not None and state.expires_at is not None and state.expires_at > server_time
-    remaining = _milliseconds(state.expires_at - server_time) if live and state.expires_at is not None else None
-    return LockReport(state.name, state, remaining, server_time=server_time)
+    return reports_at(document, server_time)
 
 
 async def list_locks(
@@ -458,7 +442,3 @@ def _text(value: object) -> str | None:
 
 def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _milliseconds(span: timedelta) -> int:
-    return int(span.total_seconds() * 1000)

@@ -472,11 +472,22 @@ class LockStore:
         return await self.send(reports.report(self._majority_reads, names, prefix), bound=bound)
 
     def iterate_reports(
-        self, *, prefix: str | None = None, after: str | None = None, limit: int | None = None
+        self,
+        *,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+        now: datetime | None = None,
     ) -> AsyncGenerator[LockReport, None]:
         """Lock documents as :meth:`report` reports them, in name order, read a batch at a time
-        (see ``reports.iterate``): for listings of any size. Unbounded: the caller stops reading."""
-        return reports.iterate(self._majority_reads, prefix, after, limit)
+        (see ``reports.iterate``): for listings of any size. Unbounded: the caller stops reading.
+        Judged at ``now`` on the server's clock if given (a view that has just read it), else at
+        the server's clock read first."""
+
+        async def server_time() -> datetime:
+            return now if now is not None else await self.server_time()
+
+        return reports.iterate(self._majority_reads, server_time, prefix, after, limit)
 
     async def leadership(self, name: str, *, bound: float | None = None) -> Leadership | None:
         """Who leads the election ``name`` now, on the server's clock; None if nobody does.
