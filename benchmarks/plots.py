@@ -261,6 +261,14 @@ def _log_axis(label: str, values: Sequence[float], text: Callable[[float], str])
     return Axis(label, low, high, log=True, ticks=ticks, tick_text=text)
 
 
+def _compact(value: float) -> str:
+    """1,000 as 1k and 10,000,000 as 10M: tick labels that fit the axis's margin."""
+    for size, unit in ((1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}"
+
+
 def view_scale(figures: dict[str, Any]) -> str:
     runs = sorted(figures["runs"], key=lambda run: run["locks"])
     locks = [float(run["locks"]) for run in runs]
@@ -293,8 +301,8 @@ def view_scale(figures: dict[str, Any]) -> str:
         return [point[1] for one in group for point in one.points]
 
     panels = [
-        Panel("bytes a page is sent", x, _log_axis("bytes (log scale)", values(sent), lambda v: f"{v:,.0f}"), sent),
-        Panel("time", x, _log_axis("ms (log scale)", values(timed), lambda v: f"{v:,.0f}"), timed),
+        Panel("bytes a page is sent", x, _log_axis("bytes (log scale)", values(sent), _compact), sent),
+        Panel("time", x, _log_axis("ms (log scale)", values(timed), _compact), timed),
         Panel("memory (peak, or resident for the dashboard)", x,
               _log_axis("MB (log scale)", values(memory), lambda v: f"{v:,.0f}"), memory),
     ]  # fmt: skip
