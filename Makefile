@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/election.py
 	$(PYTHON) benchmarks/dead_places.py
 	$(PYTHON) benchmarks/view_cost.py
+	$(PYTHON) benchmarks/view_scale.py
 	$(PYTHON) benchmarks/plots.py
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,

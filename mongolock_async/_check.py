@@ -19,16 +19,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ._inert import printable, shell_word
 from .documents import LockState
 from .errors import LockDataError
 from .privileges import lock_privileges, operator_privileges
 from .store import IDLE_CLEANUP_INDEX
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-SECTIONS = ("server", "durability", "clocks", "privileges", "collection", "perf")
+SECTIONS = ("server", "durability", "replication", "clocks", "privileges", "collection", "perf")
 _TITLES = {
     "server": "Server",
     "durability": "Durability",
+    "replication": "Replication",
     "clocks": "Clocks",
     "privileges": "Privileges",
     "collection": "Collection",
@@ -73,6 +75,9 @@ RENEWAL_BUDGET_SHARE = 0.5
 """--perf: warn when renewing all the leases takes more than this share of the default heartbeat
 interval (a third of the TTL)."""
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+SUSTAINED_WARN_RATIO = 2.0
+"""--perf: warn when the p99 of ``async with lock:`` under the sustained load is more than this many
+times the p99 of its two raw requests under the same load."""
 
 
 @dataclass
@@ -87,6 +92,9 @@ class Check:
     figures: dict[str, Any] = field(default_factory=dict)
     key: str | None = None
     """The check's part of ``id`` (default: its name with ``_`` for spaces)."""
+    command: str | None = None
+    """A command line that applies the fix, shell-quoted (shown on a line of its own, never
+    wrapped, so that it pastes whole)."""
 
     @property
     def id(self) -> str:
@@ -102,6 +110,7 @@ class Check:
             "verdict": self.verdict,
             "measured": self.measured,
             "fix": self.fix,
+            "command": self.command,
             "figures": self.figures,
         }
 
@@ -562,9 +571,20 @@ def judge_indexes(indexes: Sequence[Mapping[str, Any]] | None, refused: str | No
     return Check("collection", "indexes", PASS, shown, None, figures)
 
 
-def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_all: bool) -> list[Check]:
+def repair_command(name: str, database: str, collection: str) -> str:
+    """``mongolock release NAME --force`` for the lock ``name`` of ``database.collection``, each
+    argument one shell word that is safe to show and to paste (see ``_inert.shell_word``)."""
+    return " ".join(
+        ["mongolock", "release", shell_word(name), "--force", "--db", shell_word(database), "--collection",
+         shell_word(collection)]
+    )  # fmt: skip
+
+
+def judge_documents(
+    total: int, documents: Sequence[Mapping[str, Any]], scanned_all: bool, database: str, collection: str
+) -> list[Check]:
     """The size, readability and expired leases of the scanned lock documents (each carrying the
-    server's ``_size`` and ``_expired``)."""
+    server's ``_size`` and ``_expired``) of ``database.collection``."""
     largest = max(documents, key=lambda document: int(document.get("_size", 0)), default=None)
     size = int(largest.get("_size", 0)) if largest is not None else 0
     share = size / MAX_DOCUMENT_BYTES
@@ -589,6 +609,7 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
     checks = [Check("collection", "documents", verdict, shown, None if verdict == PASS else fix, figures)]
 
     unreadable: list[tuple[str, str]] = []
+    repairable: list[str] = []
     expired: list[str] = []
     for document in documents:
         plain = {key: value for key, value in document.items() if key not in ("_size", "_expired")}
@@ -596,12 +617,13 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
             LockState.from_document(plain)
         except LockDataError as error:
             unreadable.append((repr(document.get("_id")), str(error)))
+            if isinstance(document.get("_id"), str):
+                repairable.append(document["_id"])
         if int(document.get("_expired", 0)) > 0:
             expired.append(repr(document.get("_id")))
     if unreadable:
         shown_names = "; ".join(f"{name}: {error}" for name, error in unreadable[:3])
         more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
-        first = unreadable[0][0]
         checks.append(
             Check(
                 "collection",
@@ -609,9 +631,11 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
                 FAIL,
                 f"{_count(len(unreadable), 'document')} this library refuses (LockDataError){scope}: "
                 f"{shown_names}{more}",
-                f"repair each with `mongolock release NAME --force` (e.g. mongolock release {first} --force), which "
-                "resets the lock fields; or remove documents that are not locks from the lock collection",
+                "repair each with `mongolock release NAME --force` (MONGODB_URI set), which resets the lock "
+                "fields; or remove documents that are not locks from the lock collection"
+                + ("; the first:" if repairable else ""),
                 {"unreadable": [name for name, _ in unreadable]},
+                command=repair_command(repairable[0], database, collection) if repairable else None,
             )
         )
     else:
@@ -770,6 +794,44 @@ def judge_renewal(leases: int, library: float, raw: float, ttl: float) -> Check:
     return Check("perf", "heartbeat", PASS, shown, None, figures)
 
 
+def judge_sustained_load(
+    library: Sequence[float], raw: Sequence[float], seconds: float, tasks: int, ttl: float
+) -> Check:
+    """The sustained load's p99 against the raw requests' (a ratio), and against the TTL (as the
+    durability check judges a majority write's p99)."""
+    ratio = percentile(library, 99) / percentile(raw, 99)
+    p99 = percentile(library, 99)
+    figures = {
+        "seconds": seconds,
+        "tasks": tasks,
+        "cycles": len(library),
+        "library_p50_ms": percentile(library, 50) * 1000,
+        "library_p99_ms": p99 * 1000,
+        "library_p999_ms": percentile(library, 99.9) * 1000,
+        "library_max_ms": max(library) * 1000,
+        "raw_p50_ms": percentile(raw, 50) * 1000,
+        "raw_p99_ms": percentile(raw, 99) * 1000,
+        "ratio_p99": ratio,
+        "p99_share_of_ttl": p99 / ttl,
+        "warn_above": SUSTAINED_WARN_RATIO,
+    }
+    shown = (
+        f"{_count(tasks, 'task')} for {seconds:g} s, {len(library)} acquire + release cycles: p50 "
+        f"{ms(percentile(library, 50))}, p99 {ms(p99)}, p99.9 {ms(percentile(library, 99.9))}, max {ms(max(library))}; "
+        f"the raw requests p99 {ms(percentile(raw, 99))} over {len(raw)}: {ratio:.2f}x (warn above "
+        f"{SUSTAINED_WARN_RATIO:g}x); p99 is {percent(p99 / ttl)} of the {ttl:g} s TTL"
+    )
+    if p99 > WRITE_WARN_SHARE * ttl:
+        return Check("perf", "sustained load", WARN, shown, f"under load a lock's requests take more than "
+                     f"{percent(WRITE_WARN_SHARE)} of the TTL at p99: use a longer TTL, or find what slows majority "
+                     "writes", figures)  # fmt: skip
+    if ratio > SUSTAINED_WARN_RATIO:
+        starved = "is this machine's CPU starved? (the raw requests ran in the same tasks, taking turns)"
+        return Check("perf", "sustained load", WARN, shown, f"the library's own work dominates under load: {starved}",
+                     figures)  # fmt: skip
+    return Check("perf", "sustained load", PASS, shown, None, figures)
+
+
 # -- output --------------------------------------------------------------------------------------
 
 
@@ -794,7 +856,8 @@ def as_payload(checks: Sequence[Check], header: Mapping[str, Any]) -> dict[str, 
 
 
 def as_text(checks: Sequence[Check], width: int | None = None) -> list[str]:
-    """One line per check (wrapped to ``width``), under its section's title; the fix below it."""
+    """One line per check (wrapped to ``width``), under its section's title; the fix below it. Lock
+    names and server messages in them are shown printable (see ``_inert.printable``)."""
     width = width or _width()
     lines: list[str] = []
     section = None
@@ -803,9 +866,11 @@ def as_text(checks: Sequence[Check], width: int | None = None) -> list[str]:
             section = check.section
             lines.append(_TITLES[section])
         head = f"  {check.verdict.upper():4}  {check.name:<{_LABEL}}  "
-        lines.extend(_wrapped(check.measured, width, head, _TEXT) or [head.rstrip()])
+        lines.extend(_wrapped(printable(check.measured), width, head, _TEXT) or [head.rstrip()])
         if check.fix:
-            lines.extend(_wrapped(f"fix: {check.fix}", width, " " * _TEXT, _TEXT + 5))
+            lines.extend(_wrapped(printable(f"fix: {check.fix}"), width, " " * _TEXT, _TEXT + 5))
+        if check.command:
+            lines.append(" " * (_TEXT + 5) + printable(check.command))
     return lines
 
 
