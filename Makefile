@@ -6,10 +6,14 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test lint docs screenshots demo bench soak
 
+## Root installs system packages itself; anyone else through a sudo that asks no password (GitHub's
+## hosted runners run jobs as the user runner, with one). With neither, the install fails and says so.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
 ## $(call debian,PACKAGE,WHAT NEEDS IT): Debian's PACKAGE (which has a command of its name) installed
-## when missing, as root; elsewhere a note saying what will fail without it.
-debian = @command -v $(1) >/dev/null || apt-get install -y -q $(1) >/dev/null 2>&1 || \
-	(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(1) >/dev/null 2>&1) || \
+## when missing; if that fails, a note saying what will fail without it.
+debian = @command -v $(1) >/dev/null || $(SUDO) apt-get install -y -q $(1) >/dev/null 2>&1 || \
+	($(SUDO) apt-get update -q >/dev/null 2>&1 && $(SUDO) apt-get install -y -q $(1) >/dev/null 2>&1) || \
 	echo "note: could not install $(1) (Debian's $(1) package); $(2)"
 
 $(PYTHON):
@@ -29,10 +33,11 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 ## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
 ## and the package check). The job tests run processes under a shifted wall clock: Debian's
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
-## browser). Both are installed here when missing (as root; elsewhere those tests say what to install).
+## browser; GitHub's runner image has one as chromium-browser). Both are installed here when missing
+## (see SUDO; without it those tests fail, saying what to install).
 test: $(STAMP)
 	$(call debian,faketime,the job tests that need it will fail)
-	$(call debian,chromium,the dashboard's browser tests will fail)
+	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
 	$(PYTHON) -m pytest -n 4
 
 ## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),
@@ -42,8 +47,9 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict mongolock_async tests/typing
 	examples=$$(mktemp -d) && $(PYTHON) tests/doc_examples.py $$examples && \
 		$(VENV)/bin/mypy --strict $$examples; status=$$?; rm -rf $$examples; exit $$status
-	$(VENV)/bin/mypy --strict .ci/mongodb/initiate.py .ci/mongodb/check_in_container.py .ci/mkdocs_hooks.py \
-		.ci/workflow_environments.py
+	$(VENV)/bin/mypy --strict .ci/mongodb/initiate.py .ci/mongodb/check_in_container.py .ci/mongodb/certificates.py \
+		.ci/mkdocs_hooks.py
+	MYPYPATH=.ci $(VENV)/bin/mypy --strict .ci/rehearse.py .ci/rehearsal
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(VENV)/bin/check-jsonschema --builtin-schema custom.github-workflows-require-timeout .github/workflows/*.yml
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec .ci/mongodb/*.yml
@@ -66,8 +72,8 @@ demo: $(DEMO_STAMP)
 ## Last, the SVG charts in benchmarks/charts/ (drawn from the figures bench.py and renewal.py wrote).
 bench: $(STAMP)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	command -v redis-server >/dev/null || (apt-get install -y -q redis-server || \
-		(apt-get update -q && apt-get install -y -q redis-server))
+	command -v redis-server >/dev/null || ($(SUDO) apt-get install -y -q redis-server || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server))
 	$(PYTHON) benchmarks/bench.py
 	$(PYTHON) benchmarks/renewal.py
 	$(PYTHON) benchmarks/fencing.py
@@ -76,12 +82,15 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/election.py
 	$(PYTHON) benchmarks/dead_places.py
 	$(PYTHON) benchmarks/view_cost.py
+	$(PYTHON) benchmarks/view_scale.py
 	$(PYTHON) benchmarks/plots.py
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
-## then 5 minutes of fenced writes by processes paused at random past their TTL, then 10 minutes of
-## the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms).
+## then 5 minutes of fenced writes by processes paused at random past their TTL, then 200 cuts per
+## client swept across a request's wait for a pooled connection (the suite runs 40), then 10 minutes
+## of the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms).
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
+	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/test_request_bounds.py
 	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pymongo
 from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from bson import SON
 from pymongo import AsyncMongoClient, monitoring
@@ -185,11 +186,20 @@ async def layers(
         await store.try_acquire("sent", owner, 30_000, holder, enqueue=True, bound=30.0)
         await store.release("sent", owner, bound=30.0)
 
+    async def sent_under_deadline() -> None:
+        # What a driver deadline on every request would cost (the library gives one only where a
+        # cut can be lost: store/sending.py); the request's task takes its caller's context.
+        owner = uuid.uuid4().hex
+        with pymongo.timeout(30.0):
+            await store.try_acquire("deadline", owner, 30_000, holder, enqueue=True, bound=30.0)
+            await store.release("deadline", owner, bound=30.0)
+
     steps = {
         "replay (database.command)": replay,
         "+ a task and timer per request": shielded,
         "store methods (pipeline values, reply parsing)": store_methods,
         "store methods with their bound": sent,
+        "the same, under the driver's deadline": sent_under_deadline,
         "library (async with)": library,
     }
     cpu: dict[str, list[float]] = {name: [] for name in steps}

@@ -9,6 +9,8 @@ drawn next to them. Nothing is measured here, and a chart whose figures are miss
 - ``handoff.svg``: the distribution of cross-process hand-off latency (one process leaves its
   critical section, the other enters its own), as the share of hand-offs faster than each latency.
 - ``renewal.svg``: the heartbeat's renewal time per lease against the leases one process holds.
+- ``view_scale.svg``: the dashboard and ``mongolock list`` at 1,000 to 100,000 locks (bytes a page
+  is sent, times, memory) against the raw driver reading the same documents (``view_scale.py``).
 
 No plotting library: a few SVG elements written as text, the same figures giving the same file.
 """
@@ -252,10 +254,72 @@ def renewal(figures: dict[str, Any]) -> str:
     )
 
 
+def _log_axis(label: str, values: Sequence[float], text: Callable[[float], str]) -> Axis:
+    low = 10 ** math.floor(math.log10(max(1e-3, min(values))))
+    high = 10 ** math.ceil(math.log10(max(values)))
+    ticks = [10.0**power for power in range(round(math.log10(low)), round(math.log10(high)) + 1)]
+    return Axis(label, low, high, log=True, ticks=ticks, tick_text=text)
+
+
+def _compact(value: float) -> str:
+    """1,000 as 1k and 10,000,000 as 10M: tick labels that fit the axis's margin."""
+    for size, unit in ((1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}"
+
+
+def view_scale(figures: dict[str, Any]) -> str:
+    runs = sorted(figures["runs"], key=lambda run: run["locks"])
+    locks = [float(run["locks"]) for run in runs]
+    x = Axis("lock documents (log scale)", min(locks) / 1.5, max(locks) * 1.5, log=True, ticks=locks,
+             tick_text=lambda value: f"{value:,.0f}")  # fmt: skip
+
+    def series(name: str, key: str, colour: str, dash: str = "", scale: float = 1.0) -> Series:
+        return Series(name, [(float(run["locks"]), max(1e-3, float(run[key]) * scale)) for run in runs], colour, dash)
+
+    sent = [
+        series("dashboard: the first page (its window)", "first_page_bytes", COLOURS[0]),
+        series("raw: every document as JSON", "raw_json_bytes", COLOURS[4], "6 3"),
+        series("dashboard: an update in view", "update_bytes_inside", COLOURS[1]),
+        series("raw: that write's change event", "raw_event_bytes_inside", COLOURS[3], "2 3"),
+    ]
+    timed = [
+        series("dashboard: first paint, view opening", "first_paint_cold_ms", COLOURS[0]),
+        series("dashboard: first paint, view open", "first_paint_warm_ms", COLOURS[1]),
+        series("mongolock list --json", "list_json_s", COLOURS[2], scale=1000),
+        series("raw: read every document", "raw_stream_s", COLOURS[4], "6 3", scale=1000),
+    ]
+    memory = [
+        series("dashboard process", "dashboard_mb", COLOURS[0]),
+        series("mongolock list --json", "list_json_mb", COLOURS[2]),
+        series("raw: read a batch at a time", "raw_stream_mb", COLOURS[4], "6 3"),
+        series("raw: every document held", "raw_hold_mb", COLOURS[3], "2 3"),
+    ]
+
+    def values(group: list[Series]) -> list[float]:
+        return [point[1] for one in group for point in one.points]
+
+    panels = [
+        Panel("bytes a page is sent", x, _log_axis("bytes (log scale)", values(sent), _compact), sent),
+        Panel("time", x, _log_axis("ms (log scale)", values(timed), _compact), timed),
+        Panel("memory (peak, or resident for the dashboard)", x,
+              _log_axis("MB (log scale)", values(memory), lambda v: f"{v:,.0f}"), memory),
+    ]  # fmt: skip
+    return chart(
+        "The views at scale, against the raw driver reading the same documents",
+        ["benchmarks/view_scale.py: a page's window of 100 names, list streaming a batch at a time",
+         _machine(figures)],
+        panels,
+        panel_width=360,
+    )  # fmt: skip
+
+
 DRAWN: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "throughput.svg": ("bench.json", throughput),
     "handoff.svg": ("bench.json", handoff),
     "renewal.svg": ("renewal.json", renewal),
+    "view_scale.svg": ("view_scale.json", view_scale),
 }
 
 

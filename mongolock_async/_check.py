@@ -19,16 +19,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ._inert import printable, shell_word
 from .documents import LockState
 from .errors import LockDataError
 from .privileges import lock_privileges, operator_privileges
 from .store import IDLE_CLEANUP_INDEX
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-SECTIONS = ("server", "durability", "clocks", "privileges", "collection", "perf")
+SECTIONS = ("server", "durability", "replication", "clocks", "privileges", "collection", "perf")
 _TITLES = {
     "server": "Server",
     "durability": "Durability",
+    "replication": "Replication",
     "clocks": "Clocks",
     "privileges": "Privileges",
     "collection": "Collection",
@@ -73,6 +75,9 @@ RENEWAL_BUDGET_SHARE = 0.5
 """--perf: warn when renewing all the leases takes more than this share of the default heartbeat
 interval (a third of the TTL)."""
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+SUSTAINED_WARN_RATIO = 2.0
+"""--perf: warn when the p99 of ``async with lock:`` under the sustained load is more than this many
+times the p99 of its two raw requests under the same load."""
 
 
 @dataclass
@@ -87,6 +92,9 @@ class Check:
     figures: dict[str, Any] = field(default_factory=dict)
     key: str | None = None
     """The check's part of ``id`` (default: its name with ``_`` for spaces)."""
+    command: str | None = None
+    """A command line that applies the fix, shell-quoted (shown on a line of its own, never
+    wrapped, so that it pastes whole)."""
 
     @property
     def id(self) -> str:
@@ -102,6 +110,7 @@ class Check:
             "verdict": self.verdict,
             "measured": self.measured,
             "fix": self.fix,
+            "command": self.command,
             "figures": self.figures,
         }
 
@@ -236,7 +245,9 @@ _MS_QUANTUM = 0.001
 @dataclass(frozen=True, slots=True)
 class ClockReading:
     """One server's clock against this client's: ``offset`` (server minus client, seconds) is
-    within ``uncertainty`` of the truth; ``round_trip`` is the best sample's."""
+    within ``uncertainty`` of the truth; ``round_trip`` is the best sample's. ``host`` is the
+    server's name as the deployment advertises it; ``reached_at`` the address it answered at
+    when that is another (a mapped port, a proxy); ``error`` why it was not read."""
 
     host: str
     role: str
@@ -245,10 +256,20 @@ class ClockReading:
     uncertainty: float | None = None
     round_trip: float | None = None
     error: str | None = None
+    reached_at: str | None = None
+
+    @property
+    def read(self) -> bool:
+        return self.offset is not None and self.uncertainty is not None
 
 
 def clock_reading(
-    host: str, role: str, decides_expiry: bool, samples: Sequence[tuple[float, float, datetime]]
+    host: str,
+    role: str,
+    decides_expiry: bool,
+    samples: Sequence[tuple[float, float, datetime]],
+    *,
+    reached_at: str | None = None,
 ) -> ClockReading:
     """The reading from ``samples`` of ``(client wall time sent, client wall time answered, the
     server's $$NOW)``: the sample with the shortest round trip (like NTP), its server time taken
@@ -257,76 +278,89 @@ def clock_reading(
     sent, answered, now = min(samples, key=lambda sample: sample[1] - sample[0])
     middle = (sent + answered) / 2
     offset = now.timestamp() + _MS_QUANTUM / 2 - middle
-    return ClockReading(host, role, decides_expiry, offset, (answered - sent) / 2 + _MS_QUANTUM / 2, answered - sent)
+    uncertainty = (answered - sent) / 2 + _MS_QUANTUM / 2
+    return ClockReading(host, role, decides_expiry, offset, uncertainty, answered - sent, reached_at=reached_at)
 
 
 def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) -> list[Check]:
     """One check per server against this client, and one for the agreement of the clocks that decide
     expiry: a failure when two of them differ by more than the safety margin for certain, a warning
-    unless they are shown to agree within ``CLOCK_AGREEMENT_SHARE`` of it."""
-    checks = []
-    for reading in readings:
-        name = reading.host
-        if reading.offset is None or reading.uncertainty is None:
-            checks.append(
-                Check(
-                    "clocks",
-                    name,
-                    WARN,
-                    f"{reading.role}: not measured: {reading.error}",
-                    "make every server the cluster lists reachable from here (the clock of one not measured is not "
-                    "known to agree)",
-                    {"host": reading.host, "role": reading.role, "error": reading.error},
-                    key=f"server:{reading.host}",
-                )
-            )
-            continue
-        figures = {
-            "host": reading.host,
-            "role": reading.role,
-            "decides_expiry": reading.decides_expiry,
-            "offset_ms": reading.offset * 1000,
-            "uncertainty_ms": reading.uncertainty * 1000,
-            "round_trip_ms": (reading.round_trip or 0) * 1000,
-        }
-        shown = (
-            f"{reading.role}: {_signed_ms(reading.offset)} +/- {ms(reading.uncertainty)} against this client's "
-            f"clock (round trip {ms(reading.round_trip or 0)})"
-        )
-        if abs(reading.offset) - reading.uncertainty > margin:
-            checks.append(
-                Check(
-                    "clocks",
-                    name,
-                    WARN,
-                    shown,
-                    "this machine's clock, or the server's, is off (run NTP or chrony on both); locks never read "
-                    "this machine's clock, but the server's must agree with the other servers'",
-                    figures,
-                    key=f"server:{reading.host}",
-                )
-            )
-        else:
-            checks.append(Check("clocks", name, PASS, shown, None, figures, key=f"server:{reading.host}"))
-    deciding = [r for r in readings if r.decides_expiry and r.offset is not None and r.uncertainty is not None]
+    unless they are shown to agree within ``CLOCK_AGREEMENT_SHARE`` of it. A clock that decides
+    expiry and could not be read is unknown, never agreeing: the agreement then warns at best."""
+    checks = [_judge_reading(reading, margin) for reading in readings]
+    deciding = [reading for reading in readings if reading.decides_expiry and reading.read]
+    unknown = [reading.host for reading in readings if reading.decides_expiry and not reading.read]
     if not deciding:
         checks.append(
-            Check("clocks", "agreement", WARN, "no clock that decides expiry was measured", "see the lines above")
-        )
+            Check("clocks", "agreement", WARN, "no clock that decides expiry was measured", "see the lines above",
+                  {"clocks": 0, "unknown": unknown})
+        )  # fmt: skip
         return checks
+    return [*checks, _agreement(deciding, unknown, margin, ttl)]
+
+
+def _shown_host(reading: ClockReading) -> str:
+    return reading.host if reading.reached_at is None else f"{reading.host} (reached at {reading.reached_at})"
+
+
+def _judge_reading(reading: ClockReading, margin: float) -> Check:
+    key = f"server:{reading.host}"
+    if reading.offset is None or reading.uncertainty is None:
+        return Check(
+            "clocks",
+            reading.host,
+            WARN,
+            f"{reading.role}: not measured: {reading.error}",
+            "the clock of a server that was not read is not known to agree: run the check where every name the "
+            "deployment advertises resolves and answers (inside its network), or make them do so here",
+            {"host": reading.host, "role": reading.role, "error": reading.error, "reached_at": reading.reached_at},
+            key=key,
+        )
+    figures = {
+        "host": reading.host,
+        "role": reading.role,
+        "decides_expiry": reading.decides_expiry,
+        "offset_ms": reading.offset * 1000,
+        "uncertainty_ms": reading.uncertainty * 1000,
+        "round_trip_ms": (reading.round_trip or 0) * 1000,
+        "reached_at": reading.reached_at,
+    }
+    reached = "" if reading.reached_at is None else f"; advertised as {reading.host}, reached at {reading.reached_at}"
+    shown = (
+        f"{reading.role}: {_signed_ms(reading.offset)} +/- {ms(reading.uncertainty)} against this client's "
+        f"clock (round trip {ms(reading.round_trip or 0)}){reached}"
+    )
+    if abs(reading.offset) - reading.uncertainty > margin:
+        return Check(
+            "clocks",
+            reading.host,
+            WARN,
+            shown,
+            "this machine's clock, or the server's, is off (run NTP or chrony on both); locks never read "
+            "this machine's clock, but the server's must agree with the other servers'",
+            figures,
+            key=key,
+        )
+    return Check("clocks", reading.host, PASS, shown, None, figures, key=key)
+
+
+def _agreement(deciding: Sequence[ClockReading], unknown: Sequence[str], margin: float, ttl: float) -> Check:
+    """The agreement of the clocks that were read, judged as ``judge_clocks`` says; a pass turns
+    into a warning while clocks that decide expiry are ``unknown``."""
+    if unknown:
+        total, verb = len(deciding) + len(unknown), "was" if len(deciding) == 1 else "were"
+        read = f"{len(deciding)} of the {total} clocks that decide expiry {verb} read"
+    else:
+        read = "one clock decides expiry" if len(deciding) == 1 else f"{len(deciding)} clocks decide expiry"
+    not_read = f"; not read: {', '.join(unknown)}, so whether they agree is unknown" if unknown else ""
+    unread_fix = "read every clock that decides expiry (see the lines above)"
+    ntp = "run NTP or chrony on every server that can decide expiry (docs: Deploying, Which clock decides expiry)"
     if len(deciding) == 1:
-        checks.append(
-            Check(
-                "clocks",
-                "agreement",
-                PASS,
-                f"one clock decides expiry ({deciding[0].host}); the safety margin of the {ttl:g} s TTL is "
-                f"{ms(margin)}",
-                None,
-                {"clocks": 1, "safety_margin_ms": margin * 1000},
-            )
-        )
-        return checks
+        figures = {"clocks": 1, "unknown": list(unknown), "safety_margin_ms": margin * 1000}
+        shown = f"{read} ({_shown_host(deciding[0])}){not_read}; the safety margin of the {ttl:g} s TTL is {ms(margin)}"
+        if unknown:
+            return Check("clocks", "agreement", WARN, shown, unread_fix, figures)
+        return Check("clocks", "agreement", PASS, shown, None, figures)
     pairs = [(a, b) for index, a in enumerate(deciding) for b in deciding[index + 1 :]]
 
     def spread(pair: tuple[ClockReading, ClockReading]) -> tuple[float, float]:
@@ -339,44 +373,41 @@ def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) ->
     difference, uncertainty = spread(worst)
     figures = {
         "clocks": len(deciding),
+        "unknown": list(unknown),
         "largest_difference_ms": difference * 1000,
         "uncertainty_ms": uncertainty * 1000,
         "between": [worst[0].host, worst[1].host],
         "safety_margin_ms": margin * 1000,
     }
     shown = (
-        f"{len(deciding)} clocks decide expiry; the largest difference is {ms(difference)} +/- {ms(uncertainty)} "
-        f"({worst[0].host} and {worst[1].host}); the safety margin of the {ttl:g} s TTL is {ms(margin)}"
+        f"{read}; the largest difference is {ms(difference)} +/- "
+        f"{ms(uncertainty)} ({worst[0].host} and {worst[1].host}){not_read}; the safety margin of the {ttl:g} s "
+        f"TTL is {ms(margin)}"
     )
-    ntp = "run NTP or chrony on every server that can decide expiry (docs: Deploying, Which clock decides expiry)"
     if difference - uncertainty > margin:
-        return [
-            *checks,
-            Check(
-                "clocks",
-                "agreement",
-                FAIL,
-                shown,
-                f"a lease can be taken while its holder still believes it holds it: {ntp}; until then, raise the "
-                f"safety margin above {ms(difference + uncertainty)}",
-                figures,
-            ),
-        ]
+        return Check(
+            "clocks",
+            "agreement",
+            FAIL,
+            shown,
+            f"a lease can be taken while its holder still believes it holds it: {ntp}; until then, raise the "
+            f"safety margin above {ms(difference + uncertainty)}",
+            figures,
+        )
     if difference + uncertainty > CLOCK_AGREEMENT_SHARE * margin:
-        return [
-            *checks,
-            Check(
-                "clocks",
-                "agreement",
-                WARN,
-                shown,
-                f"not shown to agree within {CLOCK_AGREEMENT_SHARE:.0%} of the safety margin: {ntp}"
-                + (", and measure from closer to the servers (the round trips bound the precision)" if uncertainty
-                   > CLOCK_AGREEMENT_SHARE * margin else ""),
-                figures,
-            ),
-        ]
-    return [*checks, Check("clocks", "agreement", PASS, shown, None, figures)]
+        return Check(
+            "clocks",
+            "agreement",
+            WARN,
+            shown,
+            f"not shown to agree within {CLOCK_AGREEMENT_SHARE:.0%} of the safety margin: {ntp}"
+            + (", and measure from closer to the servers (the round trips bound the precision)" if uncertainty
+               > CLOCK_AGREEMENT_SHARE * margin else ""),
+            figures,
+        )  # fmt: skip
+    if unknown:
+        return Check("clocks", "agreement", WARN, shown, unread_fix, figures)
+    return Check("clocks", "agreement", PASS, shown, None, figures)
 
 
 def percent(share: float) -> str:
@@ -540,9 +571,20 @@ def judge_indexes(indexes: Sequence[Mapping[str, Any]] | None, refused: str | No
     return Check("collection", "indexes", PASS, shown, None, figures)
 
 
-def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_all: bool) -> list[Check]:
+def repair_command(name: str, database: str, collection: str) -> str:
+    """``mongolock release NAME --force`` for the lock ``name`` of ``database.collection``, each
+    argument one shell word that is safe to show and to paste (see ``_inert.shell_word``)."""
+    return " ".join(
+        ["mongolock", "release", shell_word(name), "--force", "--db", shell_word(database), "--collection",
+         shell_word(collection)]
+    )  # fmt: skip
+
+
+def judge_documents(
+    total: int, documents: Sequence[Mapping[str, Any]], scanned_all: bool, database: str, collection: str
+) -> list[Check]:
     """The size, readability and expired leases of the scanned lock documents (each carrying the
-    server's ``_size`` and ``_expired``)."""
+    server's ``_size`` and ``_expired``) of ``database.collection``."""
     largest = max(documents, key=lambda document: int(document.get("_size", 0)), default=None)
     size = int(largest.get("_size", 0)) if largest is not None else 0
     share = size / MAX_DOCUMENT_BYTES
@@ -567,6 +609,7 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
     checks = [Check("collection", "documents", verdict, shown, None if verdict == PASS else fix, figures)]
 
     unreadable: list[tuple[str, str]] = []
+    repairable: list[str] = []
     expired: list[str] = []
     for document in documents:
         plain = {key: value for key, value in document.items() if key not in ("_size", "_expired")}
@@ -574,12 +617,13 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
             LockState.from_document(plain)
         except LockDataError as error:
             unreadable.append((repr(document.get("_id")), str(error)))
+            if isinstance(document.get("_id"), str):
+                repairable.append(document["_id"])
         if int(document.get("_expired", 0)) > 0:
             expired.append(repr(document.get("_id")))
     if unreadable:
         shown_names = "; ".join(f"{name}: {error}" for name, error in unreadable[:3])
         more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
-        first = unreadable[0][0]
         checks.append(
             Check(
                 "collection",
@@ -587,9 +631,11 @@ def judge_documents(total: int, documents: Sequence[Mapping[str, Any]], scanned_
                 FAIL,
                 f"{_count(len(unreadable), 'document')} this library refuses (LockDataError){scope}: "
                 f"{shown_names}{more}",
-                f"repair each with `mongolock release NAME --force` (e.g. mongolock release {first} --force), which "
-                "resets the lock fields; or remove documents that are not locks from the lock collection",
+                "repair each with `mongolock release NAME --force` (MONGODB_URI set), which resets the lock "
+                "fields; or remove documents that are not locks from the lock collection"
+                + ("; the first:" if repairable else ""),
                 {"unreadable": [name for name, _ in unreadable]},
+                command=repair_command(repairable[0], database, collection) if repairable else None,
             )
         )
     else:
@@ -748,6 +794,44 @@ def judge_renewal(leases: int, library: float, raw: float, ttl: float) -> Check:
     return Check("perf", "heartbeat", PASS, shown, None, figures)
 
 
+def judge_sustained_load(
+    library: Sequence[float], raw: Sequence[float], seconds: float, tasks: int, ttl: float
+) -> Check:
+    """The sustained load's p99 against the raw requests' (a ratio), and against the TTL (as the
+    durability check judges a majority write's p99)."""
+    ratio = percentile(library, 99) / percentile(raw, 99)
+    p99 = percentile(library, 99)
+    figures = {
+        "seconds": seconds,
+        "tasks": tasks,
+        "cycles": len(library),
+        "library_p50_ms": percentile(library, 50) * 1000,
+        "library_p99_ms": p99 * 1000,
+        "library_p999_ms": percentile(library, 99.9) * 1000,
+        "library_max_ms": max(library) * 1000,
+        "raw_p50_ms": percentile(raw, 50) * 1000,
+        "raw_p99_ms": percentile(raw, 99) * 1000,
+        "ratio_p99": ratio,
+        "p99_share_of_ttl": p99 / ttl,
+        "warn_above": SUSTAINED_WARN_RATIO,
+    }
+    shown = (
+        f"{_count(tasks, 'task')} for {seconds:g} s, {len(library)} acquire + release cycles: p50 "
+        f"{ms(percentile(library, 50))}, p99 {ms(p99)}, p99.9 {ms(percentile(library, 99.9))}, max {ms(max(library))}; "
+        f"the raw requests p99 {ms(percentile(raw, 99))} over {len(raw)}: {ratio:.2f}x (warn above "
+        f"{SUSTAINED_WARN_RATIO:g}x); p99 is {percent(p99 / ttl)} of the {ttl:g} s TTL"
+    )
+    if p99 > WRITE_WARN_SHARE * ttl:
+        return Check("perf", "sustained load", WARN, shown, f"under load a lock's requests take more than "
+                     f"{percent(WRITE_WARN_SHARE)} of the TTL at p99: use a longer TTL, or find what slows majority "
+                     "writes", figures)  # fmt: skip
+    if ratio > SUSTAINED_WARN_RATIO:
+        starved = "is this machine's CPU starved? (the raw requests ran in the same tasks, taking turns)"
+        return Check("perf", "sustained load", WARN, shown, f"the library's own work dominates under load: {starved}",
+                     figures)  # fmt: skip
+    return Check("perf", "sustained load", PASS, shown, None, figures)
+
+
 # -- output --------------------------------------------------------------------------------------
 
 
@@ -772,7 +856,8 @@ def as_payload(checks: Sequence[Check], header: Mapping[str, Any]) -> dict[str, 
 
 
 def as_text(checks: Sequence[Check], width: int | None = None) -> list[str]:
-    """One line per check (wrapped to ``width``), under its section's title; the fix below it."""
+    """One line per check (wrapped to ``width``), under its section's title; the fix below it. Lock
+    names and server messages in them are shown printable (see ``_inert.printable``)."""
     width = width or _width()
     lines: list[str] = []
     section = None
@@ -781,9 +866,11 @@ def as_text(checks: Sequence[Check], width: int | None = None) -> list[str]:
             section = check.section
             lines.append(_TITLES[section])
         head = f"  {check.verdict.upper():4}  {check.name:<{_LABEL}}  "
-        lines.extend(_wrapped(check.measured, width, head, _TEXT) or [head.rstrip()])
+        lines.extend(_wrapped(printable(check.measured), width, head, _TEXT) or [head.rstrip()])
         if check.fix:
-            lines.extend(_wrapped(f"fix: {check.fix}", width, " " * _TEXT, _TEXT + 5))
+            lines.extend(_wrapped(printable(f"fix: {check.fix}"), width, " " * _TEXT, _TEXT + 5))
+        if check.command:
+            lines.append(" " * (_TEXT + 5) + printable(check.command))
     return lines
 
 

@@ -22,6 +22,7 @@ from ._check import (
     judge_hand_off,
     judge_hot_lock,
     judge_renewal,
+    judge_sustained_load,
     judge_uncontended,
     skipped,
 )
@@ -52,6 +53,11 @@ class PerfOptions:
     """Waiting tasks of the hot-lock windows."""
     leases: int = 1000
     """Leases renewed in the heartbeat measurement."""
+    load_seconds: float = 10.0
+    """Length of the sustained load (``--perf-duration``): long enough for a p99 that is not the
+    largest of a few samples."""
+    load_tasks: int = 4
+    """Tasks of the sustained load, each on a scratch name of its own."""
 
 
 def holder_of_check() -> dict[str, Any]:
@@ -86,12 +92,42 @@ async def measure(
         rates[tasks] = await hot_lock_rate(probe, f"{prefix}hot-{tasks}", ttl, tasks, options.seconds)
     step(f"perf: heartbeat renewal of {options.leases} leases")
     library, raw = await renewal_times(probe, prefix, options.leases, step)
+    step(f"perf: sustained load, {options.load_tasks} tasks for {options.load_seconds:g} s")
+    load, raw_load = await sustained_load(probe, prefix, ttl, options.load_seconds, options.load_tasks)
     return [
         uncontended,
         hand_off,
         judge_hot_lock(rates, raw_rate),
         judge_renewal(options.leases, library, raw, ttl),
+        judge_sustained_load(load, raw_load, options.load_seconds, options.load_tasks, ttl),
     ]
+
+
+async def sustained_load(
+    probe: DeploymentProbe, prefix: str, ttl: float, seconds: float, tasks: int
+) -> tuple[list[float], list[float]]:
+    """Seconds per ``async with lock:`` (acquire + release) and per raw acquire + release, for
+    ``seconds``, by ``tasks`` tasks at once, each taking turns between the two on scratch names of
+    its own: a load held long enough that its p99 is a percentile, not the slowest of twenty."""
+    holder = holder_of_check()
+    ttl_ms = round(ttl * 1000)
+    library: list[float] = []
+    raw: list[float] = []
+    ends_at = time.perf_counter() + seconds
+
+    async def load(task: int) -> None:
+        lock = AsyncMongoLock(probe.lock_collection, f"{prefix}load-{task}", ttl=ttl)
+        while time.perf_counter() < ends_at:
+            started = time.perf_counter()
+            async with lock:
+                pass
+            library.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await probe.raw_acquire_release(f"{prefix}load-raw-{task}", holder, ttl_ms)
+            raw.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(load(task) for task in range(tasks)))
+    return library, raw
 
 
 async def uncontended_cycles(probe: DeploymentProbe, prefix: str, ttl: float, cycles: int) -> tuple[Check, float]:
@@ -246,6 +282,17 @@ STOP_BOUND = 2 * HAND_OFF_BOUND
 
 
 async def _stop(workers: list[asyncio.Task[None]]) -> None:
+    try:
+        await _stopped(workers)
+    finally:
+        # Read: the first failure is raised by the window's check, the others tell the same story
+        # (a server gone); unread, asyncio would print each with its traceback when it is collected.
+        for worker in workers:
+            if worker.done() and not worker.cancelled():
+                worker.exception()
+
+
+async def _stopped(workers: list[asyncio.Task[None]]) -> None:
     _, running = await asyncio.wait(workers, timeout=STOP_BOUND)
     if not running:
         return

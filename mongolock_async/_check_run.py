@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import logging
 import math
 import secrets
 import signal
@@ -59,13 +61,32 @@ from ._check import (
     skipped,
     summary,
 )
+from ._check_deployment import (
+    judge_arbiters,
+    judge_collection_options,
+    judge_failover,
+    judge_journaling,
+    judge_members,
+    judge_oplog,
+    judge_support,
+)
 from ._check_perf import HAND_OFF_BOUND, PerfOptions, hand_off_latencies, holder_of_check, measure
-from ._commandline import EXIT_FAILED, EXIT_USAGE, UserError, client_options, connect, explain, redact_uri
+from ._commandline import (
+    EXIT_FAILED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    UserError,
+    client_options,
+    connect,
+    explain,
+    redact_uri,
+)
 from ._diagnosis import cause_of
 from ._report_view import _utf8_stdout, print_json
 from ._shield import RequestTimeout
+from .errors import ServerUnreachableError
 from .lease import default_safety_margin
-from .store import LockStore
+from .store import LockStore, replication
 from .store.probe import DeploymentProbe, is_refusal, new_scratch_prefix
 
 CLOCK_SAMPLES = 5
@@ -76,6 +97,7 @@ _REQUIRES_API_VERSION = 498870  # "The apiVersion parameter is required" (requir
 _API_STRICT_ERROR = 323
 _NOT_FOR_ONE_HOST = ("replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts")
 _CLEAN_UP_BOUND = 20.0
+_NOT_SUPPORTED = (59, 26, 115)  # CommandNotFound, NamespaceNotFound, CommandNotSupported
 EXIT_CHECK_FAILED = 2
 """``mongolock check``'s exit code when a check failed (or the check could not go on)."""
 WRITE_BOUND = 30.0
@@ -126,11 +148,13 @@ def options_from(arguments: argparse.Namespace) -> CheckOptions:
         positive("perf-hand-offs", arguments.perf_hand_offs, integer=True, at_most=10_000)
         positive("perf-seconds", arguments.perf_seconds, at_most=3600)
         positive("perf-leases", arguments.perf_leases, integer=True, at_most=100_000)
+        positive("perf-duration", arguments.perf_duration, at_most=3600)
         perf = PerfOptions(
             cycles=arguments.perf_cycles,
             hand_offs=arguments.perf_hand_offs,
             seconds=arguments.perf_seconds,
             leases=arguments.perf_leases,
+            load_seconds=arguments.perf_duration,
         )
     if not arguments.uri:
         raise UserError("no MongoDB URI: pass --uri or set MONGODB_URI", EXIT_USAGE)
@@ -177,9 +201,14 @@ class Scratch:
     written: bool = False
     removed: int = 0
     left: int | None = None
+    clean_up_error: str | None = None
+    """Why the clean-up failed (None: it did not, or did not run)."""
+    clean_up_unreachable: bool = False
+    """Whether it failed for want of a server (the command then exits 3)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "written": self.written, "removed": self.removed, "left": self.left or 0}
+        return {"prefix": self.prefix, "written": self.written, "removed": self.removed, "left": self.left or 0,
+                "clean_up_error": self.clean_up_error}  # fmt: skip
 
 
 @dataclass
@@ -226,6 +255,8 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
             await _read_privileges(probe, facts, progress)
             progress.step("reading the collection")
             await _guarded(checks, "collection", "documents", _collection(probe, options, facts, scratch))
+            progress.step("reading the replica set's health")
+            await _guarded(checks, "replication", "members", _depth(probe, client, options, facts))
             if options.read_only:
                 for action in ("remove", "insert", "update", "createIndex", "collMod"):
                     facts.attempts[action] = (NOT_TRIED, "--read-only sends no write")
@@ -253,10 +284,14 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
                     )  # fmt: skip
                 else:
                     checks.append(skipped("perf", "measurements", facts.why_not_write))
-        except PyMongoError as error:
+        except (PyMongoError, ServerUnreachableError) as error:
             # Unreachable (3) and rejected credentials (6) keep the command's exit codes; anything
-            # else that stopped the whole check is a failure of it (2).
-            explained = await explain(error, options.uri, client)
+            # else that stopped the whole check is a failure of it (2). A lock that could not reach
+            # the server (--perf's) says so with the driver's error as its cause.
+            driver_error = error if isinstance(error, PyMongoError) else error.__cause__
+            if not isinstance(driver_error, PyMongoError):
+                raise UserError(f"cannot reach MongoDB: {error}", EXIT_UNREACHABLE) from None
+            explained = await explain(driver_error, options.uri, client)
             if explained.exit_code == EXIT_FAILED:
                 explained.exit_code = EXIT_CHECK_FAILED
             raise explained from None
@@ -264,7 +299,7 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
         progress.step("removing the scratch documents")
         try:
             if probe is not None and scratch.written:
-                await _remove_scratch(probe, scratch)
+                await _clean_up(probe, scratch)
         finally:
             for each in clients:
                 with contextlib.suppress(Exception):
@@ -283,7 +318,57 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
         "scratch": scratch.as_dict(),
         "versions": {"mongolock_async": __version__, "pymongo": version("pymongo")},
     }
+    if scratch.clean_up_error is not None:
+        checks.append(_clean_up_failure(scratch, options))
     return CheckRun(checks, header)
+
+
+async def _depth(probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts) -> list[Check]:
+    """The checks at the depth of ``rs.status()``: the release's support, the collection's options,
+    and on a replica set its members, lag, oplog window, failover gap, arbiters and journaling.
+    What this user may not read (they need ``clusterMonitor``) or this server does not support is
+    reported as not run, and why."""
+    entry, why_not_options = await _readable(replication.collection_options(probe.database, options.collection))
+    checks = [
+        judge_support(await probe.build_info(), datetime.now(UTC).date()),
+        skipped("collection", "options", f"listCollections: {why_not_options}")
+        if why_not_options
+        else judge_collection_options(entry),
+    ]
+    if facts.kind != "replica set":
+        where = "through mongos: run the check with each shard's replica set URI" if facts.kind == "sharded" else (
+            "no replica set here")  # fmt: skip
+        return [*checks, skipped("replication", "members", f"{where} ({facts.kind})")]
+    checks.append(judge_arbiters(facts.hello))
+    status, why_not_status = await _readable(replication.replica_set_status(client))
+    config, why_not_config = await _readable(replication.replica_set_config(client))
+    if status is None:
+        checks.append(skipped("replication", "members", f"replSetGetStatus: {why_not_status}"))
+    else:
+        checks.extend(judge_members(status, config, options.ttl))
+        checks.append(judge_failover(config, status, options.ttl, options.margin, why_not_config or ""))
+    checks.append(
+        judge_journaling(config)
+        if config is not None
+        else skipped("replication", "journaling", f"replSetGetConfig: {why_not_config}")
+    )
+    span, why_not_oplog = await _readable(replication.oplog_span(client))
+    oplog = skipped("replication", "oplog window", f"local.oplog.rs: {why_not_oplog}") if why_not_oplog else None
+    checks.append(oplog or judge_oplog(span))
+    return checks
+
+
+async def _readable(work: Awaitable[Any]) -> tuple[Any, str | None]:
+    """What ``work`` read, or None and why it could not: refused to this user, or not a command this
+    server has. Any other failure is raised."""
+    try:
+        return await work, None
+    except OperationFailure as error:
+        if is_refusal(error):
+            return None, f"refused to this user ({_reason(error)}; clusterMonitor grants it)"
+        if error.code in _NOT_SUPPORTED:
+            return None, f"not supported by this server ({_reason(error)})"
+        raise
 
 
 async def _guarded(checks: list[Check], section: str, name: str, work: Awaitable[list[Check] | Check | None]) -> None:
@@ -491,7 +576,10 @@ async def _collection(probe: DeploymentProbe, options: CheckOptions, facts: _Fac
     scanned = await probe.scan(limit=options.scan_limit, own_prefix=scratch.prefix)
     if facts.collection_exists is None and scanned.total:
         facts.collection_exists = True  # listCollections was refused, but it has documents
-    documents = judge_documents(scanned.total, scanned.documents, len(scanned.documents) >= scanned.total)
+    documents = judge_documents(
+        scanned.total, scanned.documents, len(scanned.documents) >= scanned.total, options.database,
+        options.collection,
+    )  # fmt: skip
     if facts.collection_exists is False:
         first = documents[0]
         first.measured = f"{options.database}.{options.collection} does not exist yet (the first lock creates it)"
@@ -642,43 +730,74 @@ async def _stable_api(options: CheckOptions, facts: _Facts, scratch: Scratch, cl
 # -- the clocks ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _DecidingServer:
+    """A server whose clock can decide expiry: its ``name`` as the deployment advertises it (None:
+    the URI's one server), its ``role``, and ``reached_at``, the address this client reached it
+    at when that is not its name (a mapped port, a proxy, a name only its own network resolves)."""
+
+    name: str | None
+    role: str
+    reached_at: str | None = None
+
+
 async def _clocks(
     probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts, clients: list[Any]
 ) -> list[Check]:
     """Every clock that can decide expiry, against this client's and each other: the replica set's
     members that can become primary, or every mongos the cluster lists (the client's own if it may
-    not read the list), or the one server."""
-    servers, note = await _deciding_servers(probe, client, facts)
+    not read the list), or the one server. A server is read at the address this client already
+    reaches it at, if any, else at its advertised name; one that cannot be reached is reported as
+    such, its clock unknown."""
+    direct = _DirectClients(options.uri, facts, clients)
+    servers, note = await _deciding_servers(probe, client, facts, direct)
     readings = []
-    for host, role in servers:
-        if host is None:
-            readings.append(await _reading(probe, client, "the load balancer" if role == "mongos" else "the server",
-                                           role))  # fmt: skip
+    for server in servers:
+        if server.name is None:
+            where = "the load balancer" if server.role == "mongos" else "the server"
+            readings.append(await _reading(probe, client, where, server.role))
             continue
         try:
-            direct = await _direct_client(options.uri, host, facts)
+            reaching = await direct(server.reached_at or server.name)
         except (ConfigurationError, ValueError) as error:
-            readings.append(ClockReading(host, role, True, error=cause_of(error)))
+            readings.append(ClockReading(server.name, server.role, True, error=cause_of(error)))
             continue
-        clients.append(direct)
-        readings.append(await _reading(probe, direct, host, role))
+        readings.append(await _reading(probe, reaching, server.name, server.role, reached_at=server.reached_at))
     checks = judge_clocks(readings, options.margin, options.ttl)
     if note is not None:
         checks.append(note)
     return checks
 
 
+class _DirectClients:
+    """One client per server address, each connected to that server alone, made on first use."""
+
+    def __init__(self, uri: str, facts: _Facts, clients: list[Any]) -> None:
+        self._uri, self._facts, self._clients = uri, facts, clients
+        self._by_address: dict[str, Any] = {}
+
+    async def __call__(self, address: str) -> Any:
+        if address not in self._by_address:
+            self._by_address[address] = await _direct_client(self._uri, address, self._facts)
+            self._clients.append(self._by_address[address])
+        return self._by_address[address]
+
+
 async def _deciding_servers(
-    probe: DeploymentProbe, client: Any, facts: _Facts
-) -> tuple[list[tuple[str | None, str]], Check | None]:
+    probe: DeploymentProbe, client: Any, facts: _Facts, direct: _DirectClients
+) -> tuple[list[_DecidingServer], Check | None]:
     hello = facts.hello
+    known = _addresses(client)
     if facts.kind == "replica set":
         primary = hello.get("primary")
-        return [(host, "primary" if host == primary else "secondary") for host in hello.get("hosts") or []], None
+        reached = _reached_under_another_name(client)
+        return [
+            _DecidingServer(host, "primary" if host == primary else "secondary", reached.get(host.lower()))
+            for host in hello.get("hosts") or []
+        ], None
     if facts.kind == "sharded":
         now = await probe.server_now()
         listed = await probe.listed_mongos(pinged_since=now - timedelta(seconds=MONGOS_ACTIVE_S))
-        known = sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
         if listed is None:
             note = Check(
                 "clocks",
@@ -688,14 +807,72 @@ async def _deciding_servers(
                 "run the check as a user who may read config.mongos (clusterMonitor) to measure every mongos "
                 "applications may use",
             )
-            return [(host, "mongos") for host in known], note
-        return [(host, "mongos") for host in sorted(set(listed) | set(known))], None
+            return [_DecidingServer(host, "mongos") for host in known], note
+        return await _listed_mongos(probe, listed, known, direct)
     if facts.kind == "load balanced":
-        return [(None, "mongos")], None
-    return [(None, "standalone")], None
+        return [_DecidingServer(None, "mongos")], None
+    return [_DecidingServer(None, "standalone")], None
 
 
-async def _reading(probe: DeploymentProbe, client: Any, host: str, role: str) -> ClockReading:
+async def _listed_mongos(
+    probe: DeploymentProbe, listed: list[str], known: list[str], direct: _DirectClients
+) -> tuple[list[_DecidingServer], Check | None]:
+    """Every mongos the cluster lists, each read at the URI's address that answered as it, if
+    one did; the URI's mongos that the list does not name (not pinged lately) as well."""
+    named: dict[str, str] = {}  # a listed name (lower case) -> the URI's address that answered as it
+    unnamed = 0
+    for address in known:
+        try:
+            listed_as = await probe.listed_as(await direct(address))
+        except (PyMongoError, ValueError):
+            listed_as = None  # not reachable now: its clock reading says why
+        if listed_as is None:
+            unnamed += 1
+        elif listed_as.lower() != address.lower():
+            named[listed_as.lower()] = address
+    servers = [_DecidingServer(name, "mongos", named.get(name.lower())) for name in listed]
+    listed_lower = {name.lower() for name in listed}
+    servers += [
+        _DecidingServer(address, "mongos")
+        for address in known
+        if address.lower() not in listed_lower and address not in named.values()
+    ]
+    known_lower = {address.lower() for address in known}
+    unmatched = [s for s in servers if s.reached_at is None and (s.name or "").lower() not in known_lower]
+    note = None
+    if unnamed and unmatched:
+        note = Check(
+            "clocks",
+            "mongos named",
+            WARN,
+            f"{unnamed} mongos of the URI did not say which listed mongos it is (serverStatus refused): each "
+            "listed mongos is read at the name it lists itself under",
+            "run the check as a user who may run serverStatus (clusterMonitor), so that a mongos reached at "
+            "another address than its listed name (a mapped port, a proxy) is recognised",
+        )
+    return servers, note
+
+
+def _addresses(client: Any) -> list[str]:
+    """The addresses this client reaches its servers at (the URI's hosts, or those discovered)."""
+    return sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
+
+
+def _reached_under_another_name(client: Any) -> dict[str, str]:
+    """Advertised name (lower case) -> address, for each server this client reached at an address
+    other than the name it gives itself (``hello``'s ``me``): a member initiated as
+    ``localhost:27017`` in a container and reached through a mapped port, say."""
+    reached = {}
+    for (host, port), description in client.topology_description.server_descriptions().items():
+        me = description.me
+        if me is not None and (str(me[0]).lower(), me[1]) != (host.lower(), port):
+            reached[f"{me[0]}:{me[1]}".lower()] = f"{host}:{port}"
+    return reached
+
+
+async def _reading(
+    probe: DeploymentProbe, client: Any, host: str, role: str, *, reached_at: str | None = None
+) -> ClockReading:
     samples = []
     try:
         for _ in range(CLOCK_SAMPLES):
@@ -703,8 +880,11 @@ async def _reading(probe: DeploymentProbe, client: Any, host: str, role: str) ->
             now = await probe.server_now(client)
             samples.append((sent, time.time(), now))
     except PyMongoError as error:
-        return ClockReading(host, role, True, error=_reason(error))
-    return clock_reading(host, role, True, samples)
+        where = host if reached_at is None else reached_at
+        return ClockReading(
+            host, role, True, error=f"could not be read at {where}: {_reason(error)}", reached_at=reached_at
+        )
+    return clock_reading(host, role, True, samples, reached_at=reached_at)
 
 
 async def _direct_client(uri: str, host: str, facts: _Facts) -> Any:
@@ -723,6 +903,48 @@ async def _direct_client(uri: str, host: str, facts: _Facts) -> Any:
 
 
 # -- clean-up --------------------------------------------------------------------------------------
+
+
+async def _clean_up(probe: DeploymentProbe, scratch: Scratch) -> None:
+    """Remove the scratch documents; if that fails (the server went away), record why in
+    ``scratch`` rather than raise: an error here must not replace the one that ended the check,
+    and the report names the prefix to remove by hand."""
+    try:
+        await _remove_scratch(probe, scratch)
+    except (PyMongoError, TimeoutError) as error:
+        scratch.clean_up_error = f"{type(error).__name__}: {cause_of(error)}"
+        scratch.clean_up_unreachable = isinstance(error, ConnectionFailure | TimeoutError)
+
+
+def by_hand(scratch: Scratch, options: CheckOptions) -> str:
+    """The mongosh command that removes the scratch documents a failed clean-up left."""
+    return (
+        f"db.getSiblingDB({json.dumps(options.database)}).getCollection({json.dumps(options.collection)})"
+        f".deleteMany({{_id: /^{scratch.prefix}/}})"  # the prefix: letters, digits, "-" and ":"
+    )
+
+
+def _clean_up_failure(scratch: Scratch, options: CheckOptions) -> Check:
+    return Check(
+        "collection",
+        "clean-up",
+        FAIL,
+        f"the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error})",
+        "remove them by hand once MongoDB answers, while no check runs:",
+        {"prefix": scratch.prefix, "error": scratch.clean_up_error},
+        command=by_hand(scratch, options),
+    )
+
+
+def _with_clean_up_failure(error: UserError, scratch: Scratch, options: CheckOptions) -> UserError:
+    """The error that ended the check, and the clean-up's failure after it, in one line."""
+    if scratch.clean_up_error is None:
+        return error
+    return UserError(
+        f"{error}; and the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error}): "
+        f"remove them by hand once MongoDB answers: {by_hand(scratch, options)}",
+        error.exit_code,
+    )
 
 
 async def _remove_scratch(probe: DeploymentProbe, scratch: Scratch) -> None:
@@ -769,10 +991,18 @@ def run(arguments: argparse.Namespace) -> int:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
 
+    # What the library's locks say while they run (a server that stops answering) is this
+    # command's own report to make: one line, not the library's warnings.
+    logging.getLogger("mongolock_async").addHandler(logging.NullHandler())
+    logging.getLogger("mongolock_async").propagate = False
     try:
         result = asyncio.run(main())
+    except UserError as error:
+        raise _with_clean_up_failure(error, scratch, options) from None
     except (KeyboardInterrupt, asyncio.CancelledError):
         left = f", {scratch.left} left" if scratch.left else ""
+        if scratch.clean_up_error is not None:
+            left += f"; the rest could not be removed ({scratch.clean_up_error}): {by_hand(scratch, options)}"
         print(
             f"mongolock check: interrupted; removed {scratch.removed} scratch documents "
             f"({scratch.prefix}*){left}",
@@ -783,7 +1013,7 @@ def run(arguments: argparse.Namespace) -> int:
         print_json(as_payload(result.checks, result.header))
     else:
         _print_text(result, options)
-    return exit_code(result.checks)
+    return EXIT_UNREACHABLE if scratch.clean_up_unreachable else exit_code(result.checks)
 
 
 def _print_text(result: CheckRun, options: CheckOptions) -> None:

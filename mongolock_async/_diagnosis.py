@@ -70,6 +70,22 @@ def cause_of(*errors: BaseException) -> str:
     return next((text for text in texts if text), type(errors[0]).__name__ if errors else "unknown")
 
 
+def redacted_cause(error: BaseException) -> str:
+    """What may be said of ``error`` to someone who is not the operator (a dashboard's viewers):
+    its kind and the general reason, as :func:`cause_of` words it, without the detail it quotes;
+    never a host name, an address, the topology or the server's own message (those belong in the
+    operator's log)."""
+    kind = type(error).__name__
+    if isinstance(error, OperationFailure):
+        name = (error.details or {}).get("codeName")
+        return f"{kind}: MongoDB refused the request (code {error.code}{f', {name}' if isinstance(name, str) else ''})"
+    text = _first_sentence(str(error))
+    for pattern, meaning, _ in _CAUSES:
+        if pattern.search(text):
+            return f"{kind}: {meaning.replace(' ({})', '')}"
+    return kind
+
+
 def retrying_cannot_fix(error: BaseException) -> bool:
     """Whether ``error`` is configuration rather than an outage: rejected credentials, TLS that does
     not verify or lacks a client certificate, or a client the driver refuses to configure."""

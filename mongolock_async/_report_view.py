@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -10,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from ._inert import json_text, printable
 from .documents import JOB_KIND, JobRun, LockReport, LockState, Period, Place
 from .jobs import JobState
 from .operations import status_of
@@ -129,15 +129,17 @@ def job_word(job: JobState) -> str:
 
 
 def print_json(payload: Any) -> None:
-    """UTF-8 JSON on stdout, non-ASCII characters as they are."""
+    """UTF-8 JSON on stdout: text exact, non-ASCII characters as they are, but every character that
+    is not printable (controls, bidi overrides) escaped (see ``_inert.json_text``)."""
     _utf8_stdout()
-    print(json.dumps(payload, indent=2, ensure_ascii=False))
+    print(json_text(payload, indent=2))
 
 
 def print_table(reports: Sequence[LockReport]) -> None:
     """One line per lock under a header; with ``rich`` on a terminal when it is installed. On a
     terminal (or with ``COLUMNS`` set) the table fits its width: the holder column is shortened,
-    never the name; piped elsewhere, rows are whole."""
+    never the name; piped elsewhere, rows are whole. Every cell is printable text (see
+    ``_inert.printable``), and rich reads it as text, never as markup."""
     rows = [_row(report) for report in reports]
     widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)]
     if sys.stdout.isatty():
@@ -145,6 +147,7 @@ def print_table(reports: Sequence[LockReport]) -> None:
             from rich import box
             from rich.console import Console
             from rich.table import Table
+            from rich.text import Text
         except ImportError:
             pass
         else:
@@ -161,16 +164,84 @@ def print_table(reports: Sequence[LockReport]) -> None:
             table.add_column("TIME", no_wrap=True, width=time)
             table.add_column("WAITING", justify="right", no_wrap=True, width=waiting)
             for row in rows:
-                table.add_row(*row)
+                table.add_row(*(Text(cell) for cell in row))
             console.print(table)
             return
     _utf8_stdout()
+    widths = _fitted(widths)
+    for line in (COLUMNS, *rows):
+        _print_row(line, widths)
+
+
+def _fitted(widths: list[int]) -> list[int]:
+    """On a terminal (or with ``COLUMNS`` set), the holder column shortened to fit its width."""
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
         excess = sum(widths) + 2 * (len(widths) - 1) - shutil.get_terminal_size().columns
-        widths[2] = max(len(COLUMNS[2]), widths[2] - max(0, excess))
-        rows = [(*row[:2], _shortened(row[2], widths[2]), *row[3:]) for row in rows]
-    for line in (COLUMNS, *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+        widths = [*widths[:2], max(len(COLUMNS[2]), widths[2] - max(0, excess)), *widths[3:]]
+    return widths
+
+
+def _print_row(line: Sequence[str], widths: Sequence[int]) -> None:
+    cells = [*line[:2], _shortened(line[2], widths[2]), *line[3:]]
+    print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip())
+
+
+CHUNK = 1000
+"""Locks a streamed listing holds at once."""
+
+
+class JsonArray:
+    """A JSON array printed an element at a time, as ``print_json`` would print it whole."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, reports: Sequence[LockReport]) -> None:
+        _utf8_stdout()
+        for report in reports:
+            element = json_text(as_dict(report), indent=2).replace("\n", "\n  ")
+            print(("[\n  " if self.count == 0 else ",\n  ") + element, end="")
+            self.count += 1
+
+    def finish(self) -> int:
+        print("[]" if self.count == 0 else "\n]")
+        return self.count
+
+
+class StreamedTable:
+    """The table of :func:`print_table`, for a listing of any size: one that fits a chunk is
+    printed as before (rich on a terminal); a longer one as plain rows a chunk at a time, its
+    columns as wide as the first chunk needs (a longer cell later pushes its row along)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._first: list[LockReport] | None = None
+        self._widths: list[int] | None = None
+
+    def add(self, reports: Sequence[LockReport]) -> None:
+        if not reports:
+            return
+        self.count += len(reports)
+        if self._first is None and self._widths is None:
+            self._first = list(reports)
+            return
+        self._plain(reports)
+
+    def finish(self) -> int:
+        if self._first is not None:
+            print_table(self._first)
+        return self.count
+
+    def _plain(self, reports: Sequence[LockReport]) -> None:
+        _utf8_stdout()
+        if self._widths is None:
+            first, self._first = self._first or [], None
+            rows = [_row(report) for report in first]
+            self._widths = _fitted([max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)])
+            for line in (COLUMNS, *rows):
+                _print_row(line, self._widths)
+        for report in reports:
+            _print_row(_row(report), self._widths)
 
 
 def _shortened(text: str, width: int) -> str:
@@ -182,7 +253,8 @@ def print_detail(report: LockReport) -> None:
     _utf8_stdout()
     state = report.state
     if state is None:
-        print(f"lock      {report.name!r}\nstate     unreadable: {report.error}")
+        say(f"lock      {report.name!r}")
+        say(f"state     unreadable: {report.error}")
         return
     if state.limit is not None:
         _print_semaphore(report, state)
@@ -190,23 +262,25 @@ def print_detail(report: LockReport) -> None:
     if state.kind == JOB_KIND and report.server_time is not None:
         _print_job(report, state, JobState.from_report(report))
         return
-    print(f"lock      {state.name}")
-    print(f"state     {_state_line(report, state)}")
+    say(f"lock      {state.name}")
+    say(f"state     {_state_line(report, state)}")
     held = report.remaining_ms is not None
-    print(f"{'holder' if held else 'last by':9} {holder_text(state.holder) or '-'}")
-    print(f"token     {state.fencing_token}")
-    print(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
+    say(f"{'holder' if held else 'last by':9} {holder_text(state.holder) or '-'}")
+    if held:  # what `release --force --holder` names
+        say(f"owner     {state.owner}")
+    say(f"token     {state.fencing_token}")
+    say(f"ttl       {'-' if state.ttl_ms is None else f'{state.ttl_ms / 1000:g} s'}")
     moments = [("acquired", state.acquired_at), ("renewed", state.renewed_at)]
     if not held:  # while held, the stored release time is the previous lease's
         moments.append(("released", state.released_at))
     for label, moment in [*moments, ("expires", state.expires_at)]:
-        print(f"{label:9} {_when(moment)}")
+        say(f"{label:9} {_when(moment)}")
     waiting = [holder_text(place.holder) or place.token[:8] for place in state.queue]
-    print(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
+    say(f"waiting   {', '.join(waiting) if waiting else 'nobody'}")
 
 
 def _print_job(report: LockReport, state: LockState, job: JobState) -> None:
-    print(f"job       {state.name}")
+    say(f"job       {state.name}")
     word = job_word(job)
     if job.running is not None or job.held:
         word += f", {(report.remaining_ms or 0) / 1000:.1f} s left"
@@ -214,33 +288,33 @@ def _print_job(report: LockReport, state: LockState, job: JobState) -> None:
         word += f" in this period after {job.attempts} attempts"
     elif word in ("done", "due"):
         word += " in this period"
-    print(f"state     {word}")
+    say(f"state     {word}")
     schedule = []
     if job.every is not None:
         schedule.append(f"every {_span(job.every)}" + (f" (offset {_span(job.offset)})" if job.offset else ""))
         schedule.append(f"at most {job.max_attempts} attempts per period")
     if job.min_interval is not None:
         schedule.append(f"at least {_span(job.min_interval)} between runs")
-    print(f"schedule  {', '.join(schedule) or 'one run at a time'}")
+    say(f"schedule  {', '.join(schedule) or 'one run at a time'}")
     if job.period is not None:
         attempts = f"{job.attempts} attempt{'' if job.attempts == 1 else 's'} so far"
-        print(f"period    {_when(job.period.start)} to {_when(job.period.end)}, {attempts}")
+        say(f"period    {_when(job.period.start)} to {_when(job.period.end)}, {attempts}")
     if job.not_before is not None and job.not_before > job.server_time:
-        print(f"next      not before {_when(job.not_before)}")
+        say(f"next      not before {_when(job.not_before)}")
     if job.running is not None:
         running = job.running
         who = holder_text(running.holder) or "-"
-        print(f"running   {who}, attempt {running.attempt}, since {_when(running.started_at)}")
+        say(f"running   {who}, attempt {running.attempt}, since {_when(running.started_at)}")
     last = job.last
     if last is None:
-        print("last run  never")
+        say("last run  never")
     else:
         took = "" if last.duration is None else f" ({last.duration:.3f} s)"
-        print(f"last run  {last.outcome or 'ended'}, attempt {last.attempt}, by {holder_text(last.holder) or '-'}")
-        print(f"          {_when(last.started_at)} to {_when(last.ended_at)}{took}")
+        say(f"last run  {last.outcome or 'ended'}, attempt {last.attempt}, by {holder_text(last.holder) or '-'}")
+        say(f"          {_when(last.started_at)} to {_when(last.ended_at)}{took}")
         if last.error_type is not None:
-            print(f"error     {last.error_type}: {last.error_message}")
-    print(f"token     {state.fencing_token}")
+            say(f"error     {last.error_type}: {last.error_message}")
+    say(f"token     {state.fencing_token}")
 
 
 def _span(duration: Any) -> str:
@@ -259,29 +333,31 @@ def _writing(report: LockReport, state: LockState) -> bool:
 def _print_semaphore(report: LockReport, state: LockState) -> None:
     permits = report.live_permits
     if state.kind == "election":
-        print(f"election  {state.name}")
-        print(f"state     {'led' if permits else 'no leader'}" + ("" if permits else f" ({state_of(report)})"))
+        say(f"election  {state.name}")
+        say(f"state     {'led' if permits else 'no leader'}" + ("" if permits else f" ({state_of(report)})"))
     elif state.kind == "rwlock":
-        print(f"rw lock   {state.name}")
+        say(f"rw lock   {state.name}")
         held = ("written" if _writing(report, state) else f"read by {len(permits)}") if permits else state_of(report)
-        print(f"state     {held}")
+        say(f"state     {held}")
     else:
-        print(f"semaphore {state.name}")
-        print(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
-    print(f"token     {state.fencing_token} (the latest handed out)")
+        say(f"semaphore {state.name}")
+        say(f"state     {len(permits)} of {state.limit} permits held" + ("" if permits else f" ({state_of(report)})"))
+    say(f"token     {state.fencing_token} (the latest handed out)")
     for permit in permits:
         left = report.permits_left_ms[permit.token] / 1000
         who = holder_text(permit.holder) or "an unlabelled holder"
         # The whole owner token: the tokens of one process's permits share their start, so only the
         # whole token is sure to select one holder for `release --force --holder`.
         if state.kind == "election":
-            print(f"leader    {who}\n          owner {permit.token}")
-            print(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
+            say(f"leader    {who}")
+            say(f"          owner {permit.token}")
+            say(f"term      {permit.fencing_token}, since {_when(permit.acquired_at)}, {left:.1f} s left")
             continue
-        print(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left\n          owner {permit.token}")
+        say(f"holder    {who}, token {permit.fencing_token}, {left:.1f} s left")
+        say(f"          owner {permit.token}")
     waiting = [_waiter(place, state) for place in state.queue]
     label = "candidates" if state.kind == "election" else "waiting"
-    print(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")
+    say(f"{label:9} {', '.join(waiting) if waiting else 'nobody'}")
 
 
 def _waiter(place: Place, state: LockState) -> str:
@@ -294,7 +370,7 @@ def _waiter(place: Place, state: LockState) -> str:
 def _row(report: LockReport) -> tuple[str, ...]:
     state = report.state
     if state is None:
-        return (str(report.name), "unreadable", str(report.error), "", "")
+        return (printable(str(report.name)), "unreadable", printable(str(report.error)), "", "")
     kind = state_of(report)
     shown = "force-released" if kind == "released by force" else kind
     if kind == "held":
@@ -321,7 +397,7 @@ def _row(report: LockReport) -> tuple[str, ...]:
         holder = holder_text(run.holder) if run is not None else ""
         if not job.held:
             time = "" if job.last is None else f"ended {_short(job.last.ended_at)}"
-    return (state.name, shown, holder, time, str(len(state.queue)) if state.queue else "")
+    return (printable(state.name), shown, printable(holder), time, str(len(state.queue)) if state.queue else "")
 
 
 def _state_line(report: LockReport, state: LockState) -> str:
@@ -355,6 +431,12 @@ def _short(moment: datetime | None) -> str:
 
 def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat().replace("+00:00", "Z")
+
+
+def say(line: str) -> None:
+    """One line for people: printable (each caller passes one line: a newline in it is someone
+    else's, and shows as ``\\n``)."""
+    print(printable(line))
 
 
 def _utf8_stdout() -> None:

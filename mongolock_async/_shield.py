@@ -14,15 +14,17 @@ driver's own client-side operation timeout (``pymongo.timeout``: context variabl
 bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
 as the URI sets it.
 
-On Python 3.11, PyMongo waits for a server, and for a pooled connection, in ``asyncio.wait_for``
-(pymongo/lock.py, ``_async_cond_wait``), which there returns normally when what it waits for is
-ready in the loop iteration that cancels it (CPython gh-86296): the bound's cancellation is lost.
-A request sent while no server is known therefore also carries the driver's own deadline, just
-before its bound (``store/sending.py``), so that server selection ends there by itself. Known
-limit: a request waiting for a pooled connection (every connection of ``maxPoolSize`` in use) can
-still lose its cut and wait on until a connection is free. Cancelling it again was tried and taken
-back: a second cancellation can land in PyMongo's clean-up of a failed checkout, which awaits the
-pool's locks; with it, a web app under load stopped serving in two of five full test runs.
+On Python 3.11, PyMongo's timed waits for a server and for a pooled connection run in
+``asyncio.wait_for`` (pymongo/lock.py, ``_async_cond_wait``), which there returns normally when what
+it waits for is ready in the loop iteration that cancels it (CPython gh-86296): the cut is lost,
+and the request waits on as long as the driver lets it. So a request can also carry the driver's
+own deadline (``driver_deadline``), which ends a wait whose cut was lost by itself. That deadline
+falls just after the cut, never before: a cancellation that arrives while 3.11's ``wait_for`` is
+cleaning up after its own timeout (its inner ``Condition.wait`` re-acquiring the pool's lock) leaves
+that lock held for good, and every later request of the pool waits for ever. (Seen with eight
+requests sharing one pooled connection, cut as it came back: with the deadline 1 ms before the cut,
+the pool's lock was left held by no task and every request waited, in the first run; with it 1 ms
+after, none in 200 runs.) ``store/sending.py`` says which requests carry it.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ import contextvars
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import pymongo
 from pymongo.errors import NetworkTimeout
 
 T = TypeVar("T")
 
 _BOUND = "mongolock_async: the request's bound passed"
+DRIVER_DEADLINE_AFTER_CUT = 0.001
+"""Seconds by which a request's driver deadline follows its cut (see the module's doc)."""
 
 
 class RequestTimeout(NetworkTimeout):
@@ -59,20 +64,27 @@ async def run_shielded(
     *,
     bound: float,
     on_cancelled: Callable[[T], Awaitable[None]] | None = None,
+    driver_deadline: bool = False,
 ) -> T:
     """Await ``request`` for at most ``bound`` seconds; if the caller is cancelled meanwhile, the
     request still finishes (within its bound), ``on_cancelled(result)`` runs on its outcome, and
-    then the cancellation is raised.
+    then the cancellation is raised. With ``driver_deadline``, the request also runs under the
+    driver's own deadline (``pymongo.timeout``), ``DRIVER_DEADLINE_AFTER_CUT`` after its bound.
 
-    Raises :class:`RequestTimeout` past the bound, and whatever the request raised.
+    Raises :class:`RequestTimeout` past the bound, and whatever the request raised (with
+    ``driver_deadline``, that can be the driver's own timeout error, once its cut was lost).
     """
     loop = asyncio.get_running_loop()
     bound = min(max(bound, 0.001), 86_400.0)
+    # The cut and the driver's deadline on one clock, the loop's, so that the cut comes first.
+    cut_at = loop.time() + bound
+    if driver_deadline:
+        request = _under_driver_deadline(cut_at + DRIVER_DEADLINE_AFTER_CUT, request)
     # A caller already handling a cancellation (cleaning up in an ``except CancelledError``) has
     # one counted: only a new one is the caller's, the rest is the bound's.
     cancellations_before = _cancellations()
     task = _Request(request, loop=loop)
-    timer = loop.call_later(bound, task.cancel, _BOUND)
+    timer = loop.call_at(cut_at, task.cancel, _BOUND)
     try:
         return await task
     except asyncio.CancelledError:
@@ -129,6 +141,15 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()
+
+
+async def _under_driver_deadline(deadline: float, request: Coroutine[Any, Any, T]) -> T:
+    """Run ``request`` under the driver's deadline ``deadline`` (the loop's clock): PyMongo's server
+    selection, its wait for a pooled connection, a new connection's socket connect and the command
+    (its socket timeout, and it is not sent once less than a round trip is left) each end by it.
+    Motor copies the context of a call made inside ``request`` into the thread that runs it."""
+    with pymongo.timeout(max(deadline - asyncio.get_running_loop().time(), 0.001)):
+        return await request
 
 
 def _cancellations() -> int:

@@ -2,48 +2,58 @@
 ``rich`` on a terminal, else one line (or one JSON object) per event.
 
 Names, labels and hosts are other people's text: on the screen they are plain ``rich`` text, never
-markup, and in lines their control characters are escaped, so a lock name can neither style the
-screen nor move the cursor.
+markup, in printable form (see ``_inert.printable``: controls, C1 controls and bidi overrides
+escaped), and so are lines; JSON keeps them exact, escaped as ``\\uXXXX``. A lock name can neither
+style the screen, move the cursor, nor reorder what is shown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
+import heapq
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
+from ._diagnosis import cause_of
+from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, holder_dict
 from .operations import LockInfo
 
 EVENTS_SHOWN = 8
 """Events kept under the table on the screen."""
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _BAR = 16
 """Characters of a time-left bar (half on a screen narrower than 100 columns)."""
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters (newlines, escapes) written as ``\\n``, ``\\x1b``..."""
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 async def show_lines(watch: LockWatch, stop: asyncio.Event, *, as_json: bool, write: Callable[[str], None]) -> None:
     """One line per event until ``stop`` is set; first one ``held`` line per live holder."""
     note: str | None = None
+    cut_off: datetime | None = None
     async for update in _until(watch, stop):
+        if update.disconnected_since != cut_off:
+            cut_off = update.disconnected_since
+            print(f"mongolock: {_connection_line(watch, cut_off)}", file=sys.stderr, flush=True)
         if update.note != note:
             note = update.note
-            print(f"mongolock: {note}" if note else "mongolock: the change stream is back", file=sys.stderr, flush=True)
+            shown = f"mongolock: {printable(note)}" if note else "mongolock: the change stream is back"
+            print(shown, file=sys.stderr, flush=True)
         lines = held_lines(update, as_json=as_json) if update.first else []
         lines += [event_line(event, as_json=as_json) for event in update.events]
         for line in lines:
             write(line)
+
+
+def _connection_line(watch: LockWatch, cut_off: datetime | None) -> str:
+    """That the view lost MongoDB (since when, and why: this is the operator's own terminal), or
+    has it back."""
+    if cut_off is None:
+        return "reconnected to MongoDB: the view is current again"
+    cause = "" if watch.last_error is None else f" ({printable(cause_of(watch.last_error))})"
+    return f"disconnected from MongoDB since {_iso(cut_off)}{cause}: the state shown is the last known, stale"
 
 
 def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
@@ -53,7 +63,7 @@ def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
         for holder in info.holders:
             if as_json:
                 lines.append(
-                    json.dumps(
+                    json_text(
                         {
                             "at": _iso(update.server_time),
                             "event": "held",
@@ -63,8 +73,7 @@ def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
                             "previous": None,
                             "fencing_token": holder.fencing_token,
                             "waiting": len(info.waiting),
-                        },
-                        ensure_ascii=False,
+                        }
                     )
                 )
                 continue
@@ -76,7 +85,7 @@ def held_lines(update: ViewUpdate, *, as_json: bool) -> list[str]:
 
 def event_line(event: LockEvent, *, as_json: bool) -> str:
     if as_json:
-        return json.dumps(event.as_dict(), ensure_ascii=False)
+        return json_text(event.as_dict())
     return _line(event.at, event.event, event.name, event.describe())
 
 
@@ -121,14 +130,23 @@ def screen(
         f"  {source}  {now:%H:%M:%S} UTC  Ctrl-C stops",
     )
     parts: list[Any] = [header]
+    if update.disconnected_since is not None:
+        since = f"{update.disconnected_since:%H:%M:%S} UTC"
+        parts.append(Text(f"disconnected from MongoDB since {since}: the last known state, stale", style="bold red"))
     if update.note:
         parts.append(Text(printable(update.note), style="yellow"))
-    locks = [info for info in update.locks.values() if info.held or not held_only]
-    locks.sort(key=lambda info: (not info.held, info.name))
+    total = sum(1 for info in update.locks.values() if info.held or not held_only)
     shown_events = list(events)
     room = max(1, height - len(parts) - 4 - (len(shown_events) + 2 if shown_events else 0))
+    # Only what fits, held ones first, picked without sorting every lock (a view of 100,000).
+    locks = heapq.nsmallest(
+        room if total <= room else room - 1,
+        (info for info in update.locks.values() if info.held or not held_only),
+        key=lambda info: (not info.held, info.name),
+    )
     bar = _BAR if width >= 100 else _BAR // 2
-    rows = [_cells(info, now, bar) for info in locks[: room if len(locks) <= room else room - 1]]
+    stale = update.disconnected_since is not None
+    rows = [_cells(info, now, bar, stale=stale) for info in locks]
     headers = ["NAME", "KIND", "STATE", "HOLDER", "TIME LEFT", "WAITING", "TOKEN"]
     widest = [max([len(header)] + [row[index].cell_len for row in rows]) for index, header in enumerate(headers)]
     # The columns get what they need, but the name (a longer one wraps, never cut) and the holder
@@ -149,8 +167,8 @@ def screen(
     for row in rows:
         table.add_row(*row)
     parts.append(table if locks else Text("no locks" + (" held" if held_only else "")))
-    if len(locks) > room:
-        parts.append(Text(f"... and {len(locks) - room + 1} more (narrow with --prefix or --held)", style="dim"))
+    if total > room:
+        parts.append(Text(f"... and {total - room + 1} more (narrow with --prefix or --held)", style="dim"))
     if shown_events:
         parts.append(Text("\nlast events", style="bold"))
         for event in reversed(shown_events):
@@ -178,7 +196,9 @@ _EVENT_STYLES = {
 }
 
 
-def _cells(info: LockInfo, now: datetime, bar: int) -> list[Any]:
+def _cells(info: LockInfo, now: datetime, bar: int, *, stale: bool = False) -> list[Any]:
+    """A row of the screen; while the view is cut off from MongoDB, a held lease's time left is
+    ``stale`` (it may have been renewed)."""
     from rich.text import Text
 
     holders = info.holders
@@ -192,7 +212,9 @@ def _cells(info: LockInfo, now: datetime, bar: int) -> list[Any]:
         holder = ""
     ends = [h.expires_at for h in holders if h.expires_at is not None and h.expires_at > now]
     time_left = Text("")
-    if ends:
+    if stale and holders:
+        time_left = Text("stale", style="dim")
+    elif ends:
         end = max(ends)
         ttl = max((h.ttl_ms or 0) for h in holders) / 1000 or None
         left = (end - now).total_seconds()

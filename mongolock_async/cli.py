@@ -18,11 +18,12 @@ import contextlib
 import getpass
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from pymongo import AsyncMongoClient
@@ -40,7 +41,9 @@ from ._commandline import (
     connect,
     explain,
 )
-from .documents import LockReport, Permit
+from ._dashboard_guard import LOOPBACK_HOSTS, MIN_SECRET_LENGTH, is_loopback
+from ._inert import printable, shell_word
+from .documents import LockReport
 from .operations import LockInfo
 from .store import ForcedRelease, store_for
 
@@ -127,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--held", action="store_true", help="only locks whose lease is live")
     listing.add_argument("--prefix", default="", help="only locks whose name starts with this")
+    listing.add_argument(
+        "--limit", type=int, default=None, help="at most this many locks; stderr then says how to ask for the next page"
+    )
+    listing.add_argument("--after", default=None, metavar="NAME", help="start after this name (the last of a page)")
 
     inspect = commands.add_parser("inspect", parents=[connection, output], help="show one lock in detail")
     inspect.add_argument("name", help="the lock's name (its document's _id)")
@@ -138,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument(
         "--holder",
         metavar="TOKEN",
-        help="a semaphore, read-write lock or election: break only the holder whose owner token (shown by "
-        "inspect) is TOKEN, or the only one that starts with it; refused if it selects none or several. "
-        "Default: every holder",
+        help="break only the lease whose owner token (shown by inspect and by the confirmation) is TOKEN, or "
+        "the only one that starts with it; refused if it selects none or several. Default: every live lease "
+        "shown. Either way, a lease that ended or changed hands before the release is left alone",
     )
     _add_check_parser(commands, connection, output)
     _add_view_parsers(commands, connection, output)
@@ -184,6 +191,22 @@ def _add_view_parsers(commands: Any, connection: argparse.ArgumentParser, output
         action="store_true",
         help="show a button that breaks a lease (confirmed in the page, logged at WARNING); off by default",
     )
+    dashboard.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this host name (as the Host header names it: the name a proxy or "
+        "browser uses); repeatable. Default: localhost, 127.0.0.1, ::1 and --host; any other is refused (403)",
+    )
+    dashboard.add_argument(
+        "--secret-file",
+        default=os.environ.get("MONGOLOCK_DASHBOARD_SECRET_FILE"),
+        metavar="PATH",
+        help="derive the page's release token from the secret in PATH (created, readable by its owner only, "
+        "when missing; env MONGOLOCK_DASHBOARD_SECRET_FILE), so that it outlives a restart and is the same in "
+        "every process serving this dashboard; default: a random token per process",
+    )
 
 
 def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output: argparse.ArgumentParser) -> None:
@@ -191,10 +214,12 @@ def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output
         "check",
         parents=[connection, output],
         help="is this deployment fit for the locks, and what does a lock cost on it (--perf)",
-        description="Checks the server (version, topology, change streams, transactions, wake-ups, the Stable "
-        "API), majority-write latency, the clocks that decide expiry, this user's privileges and the lock "
-        "collection; with --perf, what a lock costs against the raw driver. Each line: pass, warn or fail, what "
-        "was measured, and the fix. Exit code 0 all passed, 1 a warning, 2 a failure. Writes only lock names "
+        description="Checks the server (version and its support, topology, change streams, transactions, "
+        "wake-ups, the Stable API), majority-write latency, the replica set (members, lag, oplog window, failover "
+        "time, arbiters, journaling), the clocks that decide expiry, this user's privileges and the lock "
+        "collection (its documents and options); with --perf, what a lock costs against the raw driver. Each "
+        "line: pass, warn, fail or skip, what was measured, and the fix. Exit code 0 all passed, 1 a warning, "
+        "2 a failure. Writes only lock names "
         "under a scratch prefix (mongolock-check-<random>:) and removes them before it exits, also on Ctrl-C.",
     )
     check.add_argument(
@@ -224,14 +249,23 @@ def _add_check_parser(commands: Any, connection: argparse.ArgumentParser, output
         "--perf-seconds", type=float, default=2.0, help="length of each hot-lock window, seconds (default 2)"
     )
     check.add_argument("--perf-leases", type=int, default=1000, help="leases renewed by the heartbeat (default 1000)")
+    check.add_argument(
+        "--perf-duration",
+        type=float,
+        default=10.0,
+        help="seconds of the sustained load (4 tasks taking and releasing scratch locks, against the raw "
+        "requests): its p99 is a percentile, not the slowest of a few samples (default 10)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    code: int | str | None = EXIT_FAILED
+    parsed_only = False
     try:
         try:
-            code: int | str | None = _run(argv)
+            code = _run(argv)
         except SystemExit as exit_:  # argparse's --help, --version and usage errors
-            code = exit_.code
+            code, parsed_only = exit_.code, True
         # A reader that went away shows here, not in the interpreter's own flush at exit.
         sys.stdout.flush()
     except BrokenPipeError:
@@ -239,7 +273,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # docs): stdout pointed at devnull, so the flush at exit cannot fail again; no traceback.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        code = EXIT_FAILED
+        # A command cut short failed; help and version end as argparse ends them, whether their
+        # text was lost at its write (stdout unbuffered) or at this flush (buffered, the default).
+        if not parsed_only:
+            code = EXIT_FAILED
     sys.exit(code)
 
 
@@ -266,7 +303,7 @@ def _run(argv: Sequence[str] | None) -> int:
         else:
             code = asyncio.run(_operate(arguments))
     except UserError as error:
-        print(f"mongolock: {error}", file=sys.stderr)
+        print(f"mongolock: {printable(str(error))}", file=sys.stderr)
         code = error.exit_code
     except KeyboardInterrupt:
         code = 130
@@ -314,6 +351,11 @@ async def _operate(arguments: argparse.Namespace) -> int:
             _validate.lock_name(arguments.name)
         except (TypeError, ValueError) as error:
             raise UserError(f"invalid lock name: {error}", EXIT_USAGE) from None
+    if arguments.command == "list":
+        if arguments.limit is not None and arguments.limit < 1:
+            raise UserError(f"--limit must be at least 1, got {arguments.limit}", EXIT_USAGE)
+        if arguments.after is not None and not arguments.after:
+            raise UserError("--after must name a lock (the last one of the page before)", EXIT_USAGE)
     client = connect(arguments.uri)
     try:
         collection = await _lock_collection(client, arguments)
@@ -351,15 +393,31 @@ async def _info_of(collection: Any, name: str) -> LockInfo:
 
 
 async def _list(collection: Any, arguments: argparse.Namespace) -> int:
-    locks = await operations.list_locks(collection, prefix=arguments.prefix or None, held=arguments.held)
-    reports = [info.report for info in locks]
-    if arguments.json:
-        view.print_json([view.as_dict(report) for report in reports])
-    elif reports:
-        view.print_table(reports)
-    else:
+    """The listing, read a batch at a time and printed as it comes (a table a chunk of rows at a
+    time, or a JSON array an element at a time): its memory does not grow with the collection.
+    With ``--limit``, one more lock is read to tell whether there is a next page."""
+    locks = operations.iterate_locks(
+        collection, prefix=arguments.prefix or None, held=arguments.held, after=arguments.after,
+        limit=None if arguments.limit is None else arguments.limit + 1,
+    )  # fmt: skip
+    shown: list[LockReport] = []
+    last = None
+    async with contextlib.aclosing(locks):
+        printer = view.JsonArray() if arguments.json else view.StreamedTable()
+        async for info in locks:
+            if arguments.limit is not None and len(shown) + printer.count >= arguments.limit:
+                print(f"mongolock: more: --after {shell_word(last or '')}", file=sys.stderr)
+                break
+            shown.append(info.report)
+            last = info.name
+            if len(shown) >= view.CHUNK:
+                printer.add(shown)
+                shown = []
+        printer.add(shown)
+        count = printer.finish()
+    if not count and not arguments.json:
         held = " held" if arguments.held else ""
-        print(f"no locks{held}" + (f" named {arguments.prefix}*" if arguments.prefix else ""))
+        print(printable(f"no locks{held}" + (f" named {arguments.prefix}*" if arguments.prefix else "")))
     return 0
 
 
@@ -438,16 +496,34 @@ async def _dashboard(arguments: argparse.Namespace) -> int:
     audit = logging.StreamHandler(sys.stderr)
     audit.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("mongolock_async.audit").addHandler(audit)
+    logging.getLogger("mongolock_async.dashboard").addHandler(audit)
+    secret = None if arguments.secret_file is None else _dashboard_secret(arguments.secret_file)
+    hosts = [*LOOPBACK_HOSTS, *arguments.allow_host]
+    if arguments.host not in ("0.0.0.0", "::", ""):  # a wildcard address is no name a request uses
+        hosts.append(arguments.host)
+    if arguments.allow_release and not is_loopback(arguments.host):
+        print(
+            f"mongolock: warning: --allow-release on --host {printable(arguments.host)}: anyone who can reach this "
+            "port can load the page and break leases; serve it behind a proxy with authentication (docs: Watching "
+            "locks live, Behind a proxy)",
+            file=sys.stderr,
+            flush=True,
+        )
     client = connect(arguments.uri)
     try:
         collection = await _lock_collection(client, arguments)
-        dashboard = Dashboard(
-            collection,
-            prefix=arguments.prefix,
-            allow_release=arguments.allow_release,
-            title=arguments.title,
-            poll_interval=arguments.poll_interval,
-        )
+        try:
+            dashboard = Dashboard(
+                collection,
+                prefix=arguments.prefix,
+                allow_release=arguments.allow_release,
+                title=arguments.title,
+                poll_interval=arguments.poll_interval,
+                allowed_hosts=hosts,
+                release_secret=secret,
+            )
+        except (TypeError, ValueError) as error:
+            raise UserError(str(error), EXIT_USAGE) from None
         config = uvicorn.Config(
             dashboard, host=arguments.host, port=arguments.port, log_level="warning", lifespan="on",
             timeout_graceful_shutdown=3,
@@ -479,6 +555,28 @@ async def _dashboard(arguments: argparse.Namespace) -> int:
         await client.close()
 
 
+def _dashboard_secret(path: str) -> str:
+    """The secret in ``path``; a new random one written there first if the file does not exist
+    (readable by its owner only, and never replaced: several processes starting at once agree)."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise UserError(f"cannot create --secret-file {path}: {error.strerror}", EXIT_USAGE) from None
+    else:
+        with os.fdopen(descriptor, "w") as created:
+            created.write(secrets.token_urlsafe(32) + "\n")
+    try:
+        with open(path, encoding="utf-8") as file:
+            secret = file.read().strip()
+    except OSError as error:
+        raise UserError(f"cannot read --secret-file {path}: {error.strerror}", EXIT_USAGE) from None
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise UserError(f"--secret-file {path} holds fewer than {MIN_SECRET_LENGTH} characters", EXIT_USAGE)
+    return secret
+
+
 def _operator() -> str:
     """Who runs this command, for the log of a forced release: user and machine."""
     try:
@@ -489,45 +587,23 @@ def _operator() -> str:
 
 
 async def _force_release(collection: Any, arguments: argparse.Namespace) -> int:
-    """Break the named lease (or a semaphore's permits) after confirmation. With ``--json``, prints
-    ``{"name", "released", "broken"}``: ``broken`` is the broken lease (owner, holder, fencing token)
-    or null; for a semaphore, a list of the broken permits."""
+    """Break the leases shown, after confirmation: each named by its owner token, broken only if it
+    is still that lease when the write lands (a lease that ended or changed hands meanwhile is left
+    alone, and said so). Without ``--holder``, every live holder shown; an unreadable document is
+    repaired instead. With ``--json``, prints ``{"name", "released", "broken", "ended"}``:
+    ``broken`` is the broken lease (owner, holder, fencing token) or null, for a semaphore,
+    read-write lock or election a list of the broken permits; ``ended``, the owner tokens shown
+    whose leases had ended by the time of the release."""
     report = (await _info_of(collection, arguments.name)).report
-    semaphore = report.state is not None and report.state.limit is not None
-    if arguments.holder is not None and not semaphore:
-        raise UserError(f"--holder is for semaphores; {arguments.name!r} is a lock", EXIT_USAGE)
-
-    def done(message: str, broken: ForcedRelease | None = None) -> int:
-        if arguments.json:
-            lease: Any = None
-            if broken is not None and semaphore:
-                lease = [
-                    {"owner": owner, "holder": dict(holder), "fencing_token": token}
-                    for owner, holder, token in broken.permits
-                ]
-            elif broken is not None:
-                lease = {"owner": broken.owner, "holder": dict(broken.holder), "fencing_token": broken.fencing_token}
-            view.print_json({"name": arguments.name, "released": broken is not None, "broken": lease})
-        else:
-            print(message)
+    state = report.state
+    permits = state is not None and state.limit is not None
+    if state is not None and report.remaining_ms is None:
+        _release_output(arguments, f"{arguments.name!r} is {view.state_of(report)}; nothing to release.", [], [])
         return 0
-
-    if report.state is not None and report.remaining_ms is None:
-        return done(f"{arguments.name!r} is {view.state_of(report)}; nothing to release.")
-    chosen = None if arguments.holder is None else _select_holder(report, arguments.holder)
+    live = _live_leases(report)
+    chosen = live if arguments.holder is None else [_select_holder(report, live, arguments.holder)]
     if not arguments.json:
-        kind = "lease" if report.state is None else report.state.kind
-        if chosen is not None and kind != "election":
-            print(
-                f"About to break the permit of {view.holder_text(chosen.holder) or 'an unlabelled holder'} "
-                f"(owner {chosen.token}) of this {'read-write lock' if kind == 'rwlock' else kind}:"
-            )
-        else:
-            print(
-                {"lock": "About to break this lease:", "election": "About to depose this leader:"}.get(
-                    kind, f"About to break permits of this {'read-write lock' if kind == 'rwlock' else kind}:"
-                )
-            )
+        _say_what_breaks(report, chosen)
         view.print_detail(report)
     if not arguments.yes:
         if arguments.json or not sys.stdin.isatty():
@@ -536,58 +612,118 @@ async def _force_release(collection: Any, arguments: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("Left as it was.")
             return EXIT_FAILED
-    try:
-        broken = await operations.force_release(
-            collection, arguments.name, holder=None if chosen is None else chosen.token, by=_operator()
+    if state is None:
+        repaired = await operations.force_release(collection, arguments.name, by=_operator())
+        said = (
+            f"Repaired {arguments.name!r}: its lock fields were reset."
+            if repaired is not None
+            else f"{arguments.name!r} needed no repair by the time of the release; nothing was changed."
         )
-    except ValueError as error:  # the holders changed since the report: several now match
-        raise UserError(str(error), EXIT_USAGE) from None
-    except LookupError as error:
-        raise UserError(str(error), EXIT_MISSING) from None
-    if broken is None and chosen is not None:
-        return done(f"The permit of owner {chosen.token} had ended by the time of the release; nothing was broken.")
-    if broken is None:
-        return done(f"{arguments.name!r} was already free by the time of the release; nothing was broken.")
-    if semaphore:
-        who = ", ".join(
-            f"{view.holder_text(holder) or 'an unlabelled holder'} (token {token}, owner {owner})"
-            for owner, holder, token in broken.permits
-        )
-        if report.state is not None and report.state.kind == "election":
-            return done(
-                f"Deposed the leader of {arguments.name!r}: {who or 'nobody'}. The next candidate leads from its "
-                "next attempt; the deposed leader stops at its own deadline; fence your resources.",
-                broken,
-            )
-        return done(
-            f"Released {len(broken.permits)} permit(s) of {arguments.name!r}: {who}. Their holders still believe "
-            "they hold them until their own deadlines; fence your resources.",
-            broken,
-        )
-    holder = broken.holder
-    return done(
-        f"Released {arguments.name!r}: broke the lease of {holder.get('label') or 'an unlabelled holder'} "
-        f"(host {holder.get('host')}, pid {holder.get('pid')}, fencing token {broken.fencing_token}). "
-        "Its holder still believes it holds the lock until its own deadline; fence your resources.",
-        broken,
+        _release_output(arguments, said, [] if repaired is None else [_lease_of(repaired)], [])
+        return 0
+    broken: list[tuple[str, Mapping[str, Any], int | None]] = []
+    ended: list[str] = []
+    for owner, _, _ in chosen:
+        try:
+            result = await operations.force_release(collection, arguments.name, holder=owner, by=_operator())
+        except LookupError:  # it ended between the two reads of the store's own selection
+            result = None
+        if result is None:
+            ended.append(owner)
+        else:
+            broken.extend(result.permits or [(result.owner or owner, result.holder, result.fencing_token)])
+    _release_output(arguments, _released_text(arguments.name, state.kind, broken, ended), broken, ended, permits)
+    return 0
+
+
+Lease = tuple[str, Mapping[str, Any], "int | None"]
+"""A lease as ``release --force`` names it: owner token, holder, fencing token."""
+
+
+def _live_leases(report: LockReport) -> list[Lease]:
+    """The live leases of ``report``: a lock's one, or a semaphore's, read-write lock's or
+    election's permits."""
+    state = report.state
+    if state is None or report.remaining_ms is None:
+        return []
+    if state.limit is None:
+        return [(state.owner, state.holder, state.fencing_token)] if state.owner else []
+    return [(permit.token, permit.holder, permit.fencing_token) for permit in report.live_permits]
+
+
+def _lease_of(broken: ForcedRelease) -> Lease:
+    return (broken.owner or "", broken.holder, broken.fencing_token)
+
+
+def _say_what_breaks(report: LockReport, chosen: Sequence[Lease]) -> None:
+    state = report.state
+    if state is None:
+        view.say("About to repair this unreadable lock document (its lock fields are reset):")
+        return
+    what = {"election": "depose the leader", "rwlock": "break the permit", "semaphore": "break the permit"}
+    doing = what.get(state.kind, "break the lease")
+    of = {"rwlock": " of this read-write lock", "semaphore": " of this semaphore"}.get(state.kind, "")
+    for owner, holder, token in chosen:
+        view.say(f"About to {doing} of {view.holder_text(holder) or 'an unlabelled holder'}{of}")
+        view.say(f"  owner {owner}, fencing token {token}: only this lease is broken, if it is still live")
+
+
+def _released_text(name: str, kind: str, broken: Sequence[Lease], ended: Sequence[str]) -> str:
+    """What ``release --force`` did, in words."""
+    parts = []
+    who = ", ".join(
+        f"{view.holder_text(holder) or 'an unlabelled holder'} (fencing token {token}, owner {owner})"
+        for owner, holder, token in broken
     )
+    if broken and kind == "election":
+        parts.append(
+            f"Deposed the leader of {name!r}: {who}. The next candidate leads from its next attempt; the deposed "
+            "leader stops at its own deadline; fence your resources."
+        )
+    elif broken and kind in ("lock", "job"):
+        parts.append(
+            f"Released {name!r}: broke the lease of {who}. Its holder still believes it holds the lock until its "
+            "own deadline; fence your resources."
+        )
+    elif broken:
+        parts.append(
+            f"Released {len(broken)} permit(s) of {name!r}: {who}. Their holders still believe they hold them "
+            "until their own deadlines; fence your resources."
+        )
+    if ended:
+        shown = ", ".join(ended)
+        parts.append(
+            f"The lease{'s' if len(ended) > 1 else ''} of owner {shown} had ended or changed hands by the time of "
+            "the release: not broken (whoever holds it now was left alone)."
+        )
+    return " ".join(parts)
 
 
-def _select_holder(report: LockReport, holder: str) -> Permit:
-    """The one live holder of ``report`` that ``holder`` selects (its whole owner token, or the only
+def _release_output(
+    arguments: argparse.Namespace, said: str, broken: Sequence[Lease], ended: Sequence[str], permits: bool = False
+) -> None:
+    if not arguments.json:
+        view.say(said)
+        return
+    leases = [{"owner": owner, "holder": dict(holder), "fencing_token": token} for owner, holder, token in broken]
+    shown: Any = leases if permits else (leases[0] if leases else None)
+    view.print_json({"name": arguments.name, "released": bool(broken), "broken": shown, "ended": list(ended)})
+
+
+def _select_holder(report: LockReport, live: Sequence[Lease], holder: str) -> Lease:
+    """The one live lease of ``report`` that ``holder`` selects (its whole owner token, or the only
     token that starts with it), as ``LockStore.force_release`` selects it; else a ``UserError``
     listing the candidates, before anything is asked or broken."""
     if not holder:
-        raise UserError("--holder must not be empty (leave it out to break every holder)", EXIT_USAGE)
-    live = report.live_permits
-    matches = [permit for permit in live if permit.token == holder] or [
-        permit for permit in live if permit.token.startswith(holder)
-    ]
+        raise UserError("--holder must not be empty (leave it out to break every holder shown)", EXIT_USAGE)
+    # An exact token always selects its holder, even if another token starts with it.
+    matches = [lease for lease in live if lease[0] == holder]
+    matches = matches or [lease for lease in live if lease[0].startswith(holder)]
     if len(matches) == 1:
         return matches[0]
 
-    def listing(permits: Sequence[Permit]) -> str:
-        return "; ".join(f"{permit.token} ({view.holder_text(permit.holder) or 'unlabelled'})" for permit in permits)
+    def listing(leases: Sequence[Lease]) -> str:
+        return "; ".join(f"{owner} ({view.holder_text(who) or 'unlabelled'})" for owner, who, _ in leases)
 
     if not matches:
         raise UserError(

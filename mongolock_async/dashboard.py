@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import html
 import json
 import logging
@@ -47,8 +46,12 @@ from pymongo.errors import PyMongoError
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._dashboard_guard import LOOPBACK_HOSTS, host_allowed, host_names, release_token, token_matches
+from ._dashboard_window import NameIndex, Window, WindowSpec
+from ._diagnosis import redacted_cause
+from ._inert import json_text, printable
 from .live import LockEvent, LockWatch, ViewUpdate, lock_dict
-from .operations import LockInfo, force_release
+from .operations import LockInfo, force_release, inspect_lock
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -56,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["Dashboard"]
 
 logger = logging.getLogger("mongolock_async.audit")
+operations_log = logging.getLogger("mongolock_async.dashboard")
+"""Where the dashboard says what went wrong with its view, whole (driver errors name hosts)."""
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -71,6 +76,14 @@ LINGER = 10.0
 _MAX_BODY = 16_384
 _SUBSCRIBER_BACKLOG = 256
 _TOKEN_HEADER = "x-mongolock-token"
+# Every answer but the page (which has its own) says what it is and must not be sniffed as
+# anything else: a browser never reads JSON or an event stream of ours as a script or a page.
+_ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+_EVENT_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    **_ANSWER_HEADERS,
+    "X-Accel-Buffering": "no",  # nginx: pass each event on at once
+}
 
 
 @dataclass(slots=True)
@@ -109,6 +122,7 @@ class Timeline:
     def __init__(self, window: float) -> None:
         self.window = timedelta(seconds=window)
         self._locks: dict[str, _LockHistory] = {}
+        self._forgotten_at: datetime | None = None
 
     def add(self, update: ViewUpdate) -> None:
         """Take an update's events and states into the history."""
@@ -128,7 +142,11 @@ class Timeline:
                         segment.end, segment.how = update.server_time, "released"
         for name in update.changed:
             self._reconcile(name, update.locks[name], update.server_time)
-        self._forget(update.server_time - self.window)
+        # At most once a second: with 100,000 locks, a pass over every history per update would
+        # cost more than the update.
+        if self._forgotten_at is None or update.server_time - self._forgotten_at >= timedelta(seconds=1):
+            self._forgotten_at = update.server_time
+            self._forget(update.server_time - self.window)
 
     def of(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The history of ``names`` as JSON-ready values (times in ISO 8601 UTC)."""
@@ -153,6 +171,10 @@ class Timeline:
         for segment in history.segments:
             if segment.end is None and segment.owner not in live:
                 segment.end, segment.how = now, segment.how or "released"
+            elif segment.end is not None and segment.how == "expired" and segment.owner in live:
+                # Seen live again (a renewal the view could not see while it was cut off from
+                # MongoDB): the lease never ended, and its bar goes on.
+                segment.end, segment.how = None, None
         open_owners = {segment.owner for segment in history.segments if segment.end is None}
         for owner, holder in live.items():
             if owner not in open_owners:
@@ -190,25 +212,36 @@ class Timeline:
                 del self._locks[name]
 
 
+@dataclass(slots=True, eq=False)
+class _Page:
+    """One open page: its queue of messages and the window of locks it shows."""
+
+    queue: asyncio.Queue[bytes | None]
+    spec: WindowSpec
+    window: Window | None = None
+
+
 class _Feed:
-    """One ``LockWatch`` for every open page: the state, the last events, the timeline, and a
-    queue of messages per page."""
+    """One ``LockWatch`` for every open page: the state, the last events, the timeline, the names
+    in order, and per page its window and a queue of messages: each page gets its window and the
+    window's changes, not the collection."""
 
     def __init__(self, dashboard: Dashboard) -> None:
         self._dashboard = dashboard
-        self._pages: set[asyncio.Queue[bytes | None]] = set()
+        self._pages: dict[asyncio.Queue[bytes | None], _Page] = {}
         self._task: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
         self.update: ViewUpdate | None = None
         self.events: deque[LockEvent] = deque(maxlen=EVENTS_KEPT)
         self.timeline = Timeline(dashboard.window)
+        self.names = NameIndex()
         self.error: str | None = None
         self.watch: LockWatch | None = None
         self._ready = asyncio.Event()
 
-    def subscribe(self) -> asyncio.Queue[bytes | None]:
+    def subscribe(self, spec: WindowSpec | None = None) -> asyncio.Queue[bytes | None]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_SUBSCRIBER_BACKLOG)
-        self._pages.add(queue)
+        page = self._pages[queue] = _Page(queue, spec or WindowSpec())
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
@@ -216,11 +249,11 @@ class _Feed:
             self._ready.clear()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="mongolock-dashboard-feed")
         elif self._ready.is_set():
-            queue.put_nowait(self.snapshot_message())
+            queue.put_nowait(_message(self._snapshot_of(page)))
         return queue
 
     def unsubscribe(self, queue: asyncio.Queue[bytes | None]) -> None:
-        self._pages.discard(queue)
+        self._pages.pop(queue, None)
         if not self._pages and self._linger is None:
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._stop_if_idle)
 
@@ -261,10 +294,15 @@ class _Feed:
                     backoff.attempt = 0
                     async for update in watch:
                         self._take(update)
-            except PyMongoError as error:
-                self.error = f"cannot read the locks: {type(error).__name__}: {error}"
+            except Exception as error:  # whatever it is, the pages are told and the view starts again
+                # The viewers get the cause without hosts or topology; the operator's log gets it whole.
+                unexpected = not isinstance(error, PyMongoError)
+                operations_log.warning("the dashboard's view of %s failed: %s", self._dashboard.full_name,
+                                       printable(repr(error)), exc_info=unexpected)  # fmt: skip
+                self.error = f"cannot read the locks: {redacted_cause(error)}"
                 self._ready.set()
-                self._broadcast(_message({"type": "error", "text": self.error}))
+                for page in list(self._pages.values()):
+                    self._send(page, _message({"type": "error", "text": self.error}))
                 if not self._pages:
                     return
                 await asyncio.sleep(backoff.next_delay() + 0.5)
@@ -272,36 +310,90 @@ class _Feed:
                 self.watch = None
 
     def _take(self, update: ViewUpdate) -> None:
+        watch = self.watch
+        if update.disconnected_since is not None and (self.update is None or self.update.disconnected_since is None):
+            error = watch.last_error if watch is not None else None
+            operations_log.warning("the dashboard lost MongoDB (%s): %s", self._dashboard.full_name,
+                                   printable(repr(error)))  # fmt: skip
         self.events.extend(update.events)
         self.timeline.add(update)
-        first = update.first or self.update is None
+        before, first = self.update, update.first or self.update is None
         self.update = update
         if first:
+            self.names.reset(update.locks)
             self._ready.set()
-            self._broadcast(self.snapshot_message())
+            for page in list(self._pages.values()):
+                self._send(page, _message(self._snapshot_of(page)))
             return
-        names = sorted(update.changed)
-        self._broadcast(
-            _message(
-                {
-                    "type": "update",
-                    "server_time": _iso(update.server_time),
-                    "mode": update.mode,
-                    "note": update.note,
-                    "locks": [lock_dict(update.locks[name]) for name in names],
-                    "removed": sorted(update.removed),
-                    "events": [event.as_dict() for event in update.events],
-                    "timeline": self.timeline.of(names),
-                }
-            )
-        )
+        for name in update.removed:
+            self.names.remove(name)
+        for name in update.changed:
+            self.names.add(name)
+        assert before is not None
+        told = before.mode != update.mode or before.note != update.note or (
+            before.disconnected_since != update.disconnected_since)  # fmt: skip
+        for page in list(self._pages.values()):
+            message = self._update_of(page, update, before.locks, told=told)
+            if message is not None:
+                self._send(page, _message(message))
 
-    def snapshot(self) -> dict[str, Any]:
+    def _update_of(
+        self, page: _Page, update: ViewUpdate, before: Mapping[str, LockInfo], *, told: bool
+    ) -> dict[str, Any] | None:
+        """What ``page`` needs of ``update``: the locks of its window that changed or came into it,
+        its window's names if they changed, its events; None if nothing concerns it."""
+        spec, window = page.spec, page.window
+        touched = [
+            name
+            for name in update.changed | update.removed
+            if spec.matches(name, before.get(name)) or spec.matches(name, update.locks.get(name))
+        ]
+        events = [event for event in update.events if spec.covers(event.name)]
+        if not (touched or events or told) or window is None:
+            return None
+        if touched:
+            matching = window.matching + sum(
+                spec.matches(name, update.locks.get(name)) - spec.matches(name, before.get(name)) for name in touched
+            )
+            page.window = self.names.window(spec, update.locks, matching)
+        new = page.window
+        assert new is not None
+        sent = [name for name in new.names if name in update.changed or name not in window.names]
+        if not (sent or events or told) and new == window:
+            return None  # a change out of view that moved nothing in it: the page is told nothing
+        return {
+            "type": "update",
+            "server_time": _iso(update.server_time),
+            "mode": update.mode,
+            "note": update.note,
+            "disconnected_since": _iso_or_none(update.disconnected_since),
+            **self._window_fields(new, changed_names=new.names != window.names),
+            "locks": [lock_dict(update.locks[name]) for name in sent],
+            "events": [event.as_dict() for event in events],
+            "timeline": self.timeline.of(sent),
+        }
+
+    def _window_fields(self, window: Window, *, changed_names: bool = True) -> dict[str, Any]:
+        return {
+            **({"names": list(window.names)} if changed_names else {}),
+            "more_before": window.more_before,
+            "more_after": window.more_after,
+            "matching": window.matching,
+            "total": len(self.names),
+        }
+
+    def snapshot(self, spec: WindowSpec | None = None) -> dict[str, Any]:
+        """What a page (or ``/state.json``) gets first: the window ``spec`` asks for (the first
+        hundred names by default), the last events of its names, and its timeline."""
+        return self._snapshot_of(_Page(asyncio.Queue(), spec or WindowSpec()))
+
+    def _snapshot_of(self, page: _Page) -> dict[str, Any]:
         update = self.update
         if update is None:
             return {"type": "error", "text": self.error or "starting"}
         watch = self.watch
         now = watch.server_now() if watch is not None else update.server_time
+        page.window = window = self.names.window(page.spec, update.locks)
         return {
             "type": "snapshot",
             "title": self._dashboard.title,
@@ -312,23 +404,22 @@ class _Feed:
             "window_s": self._dashboard.window,
             "mode": update.mode,
             "note": update.note,
+            "disconnected_since": _iso_or_none(update.disconnected_since),
             "poll_interval_s": self._dashboard.poll_interval,
-            "locks": [lock_dict(info) for info in update.locks.values()],
-            "events": [event.as_dict() for event in self.events],
-            "timeline": self.timeline.of(update.locks.keys() | set(self.timeline.names())),
+            "window": page.spec.as_dict(),
+            **self._window_fields(window),
+            "locks": [lock_dict(update.locks[name]) for name in window.names],
+            "events": [event.as_dict() for event in self.events if page.spec.covers(event.name)],
+            "timeline": self.timeline.of(window.names),
         }
 
-    def snapshot_message(self) -> bytes:
-        return _message(self.snapshot())
-
-    def _broadcast(self, message: bytes) -> None:
-        for queue in list(self._pages):
-            if not _offer(queue, message):
-                # A page that reads nothing is dropped (it reconnects and gets a snapshot).
-                self._pages.discard(queue)
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.get_nowait()
-                _offer(queue, None)
+    def _send(self, page: _Page, message: bytes) -> None:
+        if not _offer(page.queue, message):
+            # A page that reads nothing is dropped (it reconnects and gets a snapshot).
+            self._pages.pop(page.queue, None)
+            with contextlib.suppress(asyncio.QueueFull):
+                page.queue.get_nowait()
+            _offer(page.queue, None)
 
 
 class Dashboard:
@@ -341,6 +432,15 @@ class Dashboard:
     :param title: shown in the page's heading (as text).
     :param window: seconds of history the timeline keeps (default 600).
     :param poll_interval: seconds between reads where there is no change stream (default 2).
+    :param allowed_hosts: the host names (or addresses) it is served under, as a request's
+        ``Host`` header names them; any other is refused with 403 before anything else is done
+        (DNS rebinding: see ``_dashboard_guard``). Default: loopback names only (``localhost``,
+        ``127.0.0.1`` and IPv6's loopback address). Add the name a proxy or the application serves it under;
+        ``["*"]`` answers every host, for an application that checks ``Host`` itself.
+    :param release_secret: a secret (at least 16 characters) the page's release token is derived
+        from, so that the token outlives a restart and is the same in every worker process that
+        serves the dashboard; default: a random token per ``Dashboard`` (releases from a page
+        loaded before a restart, or from another worker, are refused).
 
     Every argument is checked here, before any I/O. The view starts with the first page that
     opens, and stops ten seconds after the last one closed; :meth:`aclose` stops it at once.
@@ -355,6 +455,8 @@ class Dashboard:
         title: str = "locks",
         window: float = 600.0,
         poll_interval: float = 2.0,
+        allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
+        release_secret: str | None = None,
     ) -> None:
         self.collection = _validate.async_collection(collection)
         if not isinstance(prefix, str):
@@ -367,10 +469,11 @@ class Dashboard:
         self.window = _validate.seconds(window, "window", minimum=10.0)
         self.poll_interval = _validate.seconds(poll_interval, "poll_interval", minimum=0.05)
         self.full_name: str = collection.full_name
+        self.allowed_hosts = host_names(allowed_hosts)
         # Proves a release request came from this dashboard's page: a page of another origin
         # cannot read it, and a request carrying it in a header is not a "simple" cross-origin
         # request, so a browser asks first (a preflight this app never allows).
-        self._token = secrets.token_urlsafe(32)
+        self._token = release_token(release_secret, self.full_name)
         self._feeds: dict[asyncio.AbstractEventLoop, _Feed] = {}
 
     @property
@@ -401,8 +504,8 @@ class Dashboard:
         token = f'<meta name="mongolock-token" content="{self._token}">' if self.allow_release else ""
         body = (
             text.replace("{{NONCE}}", nonce)
-            .replace("{{TITLE}}", html.escape(self.title))
-            .replace("{{COLLECTION}}", html.escape(self.full_name))
+            .replace("{{TITLE}}", html.escape(printable(self.title)))
+            .replace("{{COLLECTION}}", html.escape(printable(self.full_name)))
             .replace("{{TOKEN_META}}", token)
         )
         policy = (
@@ -418,15 +521,19 @@ class Dashboard:
         ]
         return body.encode("utf-8"), headers
 
-    def state(self) -> dict[str, Any]:
-        """What a page gets first: every lock, the last events and the timeline (JSON-ready)."""
-        return self._feed.snapshot()
+    def state(self, window: WindowSpec | None = None) -> dict[str, Any]:
+        """What a page gets first (JSON-ready): the ``window`` of locks it asks for (default the first
+        100 names), with ``names`` in order, ``matching`` and ``total`` counts, whether more lie
+        ``more_before`` and ``more_after``; the last events of those names, and their timeline."""
+        return self._feed.snapshot(window)
 
-    async def events(self) -> AsyncGenerator[bytes, None]:
-        """The page's event stream: a snapshot, then an update per change, and a comment every
-        :data:`KEEPALIVE` seconds when idle. Ends when the dashboard is closed."""
+    async def events(self, window: WindowSpec | None = None) -> AsyncGenerator[bytes, None]:
+        """The page's event stream: a snapshot of its ``window``, then an update whenever something
+        in it changed (its locks that changed or came into it, its names when they changed, its
+        events), and a comment every :data:`KEEPALIVE` seconds when idle. Ends when the dashboard is
+        closed."""
         feed = self._feed
-        queue = feed.subscribe()
+        queue = feed.subscribe(window)
         try:
             yield b"retry: 2000\n\n"
             while True:
@@ -447,7 +554,7 @@ class Dashboard:
         if not self.allow_release:
             logger.warning("refused a forced release from %s: releases are disabled on this dashboard", who)
             return 403, {"error": "releases are disabled on this dashboard (allow_release=False)"}
-        if not hmac.compare_digest(headers.get(_TOKEN_HEADER, ""), self._token):
+        if not token_matches(headers.get(_TOKEN_HEADER, ""), self._token):
             logger.warning("refused a forced release from %s: no valid token from the page", who)
             return 403, {"error": "no valid token: send the request from the dashboard's page"}
         origin, host = headers.get("origin"), headers.get("host")
@@ -455,33 +562,56 @@ class Dashboard:
             logger.warning("refused a forced release from %s: origin %r is not this page's", who, origin)
             return 403, {"error": "the request comes from another origin"}
         if headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            return 415, {"error": 'send JSON: {"name": ..., "confirm": ...}'}
+            return 415, {"error": 'send JSON: {"name": ..., "confirm": ..., "leases": [{"owner", "fencing_token"}]}'}
         try:
             request = json.loads(body)
-            name, confirm = request["name"], request["confirm"]
+            name, confirm, leases = request["name"], request["confirm"], _requested_leases(request["leases"])
             _validate.lock_name(name)
         except (ValueError, KeyError, TypeError) as error:
             return 400, {"error": f"a bad request: {error}"}
-        if confirm != name:
-            return 400, {"error": "confirm by typing the lock's name exactly"}
+        if confirm not in (name, printable(name)):
+            return 400, {"error": "confirm by typing the lock's name exactly (as the page shows it)"}
         if self.prefix and not name.startswith(self.prefix):
             return 404, {"error": f"this dashboard shows only names starting with {self.prefix!r}"}
         try:
-            broken = await force_release(self.collection, name, by=who)
+            return await self._break_leases(name, leases, who)
         except LookupError as error:
             return 404, {"error": str(error)}
         except PyMongoError as error:
-            return 502, {"error": f"MongoDB refused or failed: {type(error).__name__}: {error}"}
-        if broken is None:
-            return 200, {"name": name, "released": False, "broken": []}
-        permits = broken.permits or ((broken.owner or "", broken.holder, broken.fencing_token),)
-        return 200, {
-            "name": name,
-            "released": True,
-            "broken": [
-                {"owner": owner[:8], "holder": dict(holder), "fencing_token": token} for owner, holder, token in permits
-            ],
-        }
+            logger.warning("a forced release of %r from %s failed: %s", name, who, printable(repr(error)))
+            return 502, {"error": f"MongoDB refused or failed: {redacted_cause(error)}"}
+
+    async def _break_leases(
+        self, name: str, leases: list[tuple[str, int]], who: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Break each lease the page showed (owner token's start, fencing token), each only if it
+        is still that lease: the fencing token names one acquisition of ``name``, and the write
+        matches the whole owner token it has now."""
+        info = await inspect_lock(self.collection, name)
+        if info is None:
+            raise LookupError(f"no lock named {name!r}")
+        broken: list[dict[str, Any]] = []
+        ended: list[dict[str, Any]] = []
+        for owner_start, fence in leases:
+            live = next(
+                (holder for holder in info.holders
+                 if holder.fencing_token == fence and (holder.owner or "").startswith(owner_start)),
+                None,
+            )  # fmt: skip
+            result = None
+            if live is not None and live.owner is not None:
+                with contextlib.suppress(LookupError):  # it ended since the read above
+                    result = await force_release(self.collection, name, holder=live.owner, by=who)
+            if result is None:
+                ended.append({"owner": owner_start, "fencing_token": fence})
+                continue
+            for owner, holder, token in result.permits or ((result.owner or "", result.holder, result.fencing_token),):
+                broken.append({"owner": owner[:8], "holder": dict(holder), "fencing_token": token})
+        answer = {"name": name, "released": bool(broken), "broken": broken, "ended": ended}
+        if not broken:
+            logger.warning("a forced release of %r from %s broke nothing: the leases shown had ended", name, who)
+            return 409, {**answer, "error": "the lease shown had ended or changed hands: nothing was broken"}
+        return 200, answer
 
     # -- ASGI ---------------------------------------------------------------------------------------
 
@@ -491,17 +621,28 @@ class Dashboard:
             return
         if scope["type"] != "http":
             return  # websockets: not served
+        host = next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == b"host"), None)
+        if not host_allowed(host, self.allowed_hosts):
+            refusal = self._refuse_host(host, _client(scope))
+            await _respond(send, 403, refusal, [("content-type", "text/plain"), *_ANSWER_HEADERS.items()])
+            return
         path, method = _route_path(scope), scope.get("method", "GET")
         if path == "":
             await _respond(send, 307, b"", [("location", scope.get("root_path", "") + "/")])
         elif path == "/" and method in ("GET", "HEAD"):
             body, headers = self.page()
             await _respond(send, 200, b"" if method == "HEAD" else body, headers)
-        elif path == "/events" and method == "GET":
-            await self._stream(receive, send)
-        elif path == "/state.json" and method == "GET":
-            await self._ensure_started()
-            await _respond_json(send, 200, self.state())
+        elif path in ("/events", "/state.json") and method == "GET":
+            try:
+                window = WindowSpec.from_query(bytes(scope.get("query_string", b"")).decode("latin-1"))
+            except ValueError as error:
+                await _respond_json(send, 400, {"error": f"a bad window: {error}"})
+                return
+            if path == "/events":
+                await self._stream(receive, send, window)
+            else:
+                await self._ensure_started()
+                await _respond_json(send, 200, self.state(window))
         elif path == "/release" and method == "POST":
             request = await _read_body(receive)
             if request is None:
@@ -511,9 +652,14 @@ class Dashboard:
             status, answer = await self.release(fields, request, _client(scope))
             await _respond_json(send, status, answer)
         elif path in ("/", "/events", "/state.json", "/release"):
-            await _respond(send, 405, b"method not allowed", [("content-type", "text/plain")])
+            await _respond(send, 405, b"method not allowed", [("content-type", "text/plain"), *_ANSWER_HEADERS.items()])
         else:
-            await _respond(send, 404, b"not found", [("content-type", "text/plain")])
+            await _respond(send, 404, b"not found", [("content-type", "text/plain"), *_ANSWER_HEADERS.items()])
+
+    def _refuse_host(self, host: str | None, client: str) -> bytes:
+        """Log a request for a host this dashboard does not serve; the body of its 403."""
+        logger.warning("refused a request from %s for host %s: not in allowed_hosts", client, printable(repr(host)))
+        return b"this dashboard does not answer for that host name (see allowed_hosts, --allow-host)"
 
     async def _ensure_started(self) -> None:
         """For a read without a page open: start the view, wait for its first state (at most 10 s)."""
@@ -525,20 +671,17 @@ class Dashboard:
         finally:
             feed.unsubscribe(queue)
 
-    async def _stream(self, receive: Receive, send: Send) -> None:
+    async def _stream(self, receive: Receive, send: Send, window: WindowSpec) -> None:
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-store"),
-                    (b"x-accel-buffering", b"no"),  # nginx: pass each event on at once
-                ],
+                "headers": [(key.lower().encode("latin-1"), value.encode("latin-1"))
+                            for key, value in _EVENT_HEADERS.items()],
             }
         )
         disconnected = asyncio.ensure_future(_disconnect(receive))
-        events = self.events()
+        events = self.events(window)
         try:
             while True:
                 following = asyncio.ensure_future(anext(events))
@@ -583,16 +726,31 @@ class Dashboard:
                 "pip install '.[aiohttp]')"
             ) from error
 
+        def json_response(payload: Mapping[str, Any], status: int = 200) -> web.Response:
+            return web.Response(
+                text=json_text(payload), status=status, content_type="application/json", headers=_ANSWER_HEADERS
+            )
+
+        @web.middleware
+        async def hosts(request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
+            host = request.headers.get("Host")
+            if not host_allowed(host, self.allowed_hosts):
+                refusal = self._refuse_host(host, request.remote or "?")
+                return web.Response(body=refusal, status=403, content_type="text/plain", headers=_ANSWER_HEADERS)
+            return await handler(request)
+
         async def page(request: web.Request) -> web.Response:
             body, headers = self.page()
             return web.Response(body=body, headers=dict(headers))
 
         async def events(request: web.Request) -> web.StreamResponse:
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store"}
-            )
+            try:
+                window = WindowSpec.from_query(request.query_string)
+            except ValueError as error:
+                return json_response({"error": f"a bad window: {error}"}, status=400)
+            response = web.StreamResponse(headers=_EVENT_HEADERS)
             await response.prepare(request)
-            stream = self.events()
+            stream = self.events(window)
             try:
                 async for chunk in stream:
                     await response.write(chunk)
@@ -602,18 +760,22 @@ class Dashboard:
                 await stream.aclose()
             return response
 
-        async def state(request: web.Request) -> web.Response:
+        async def state(request: web.Request) -> web.StreamResponse:
+            try:
+                window = WindowSpec.from_query(request.query_string)
+            except ValueError as error:
+                return json_response({"error": f"a bad window: {error}"}, status=400)
             await self._ensure_started()
-            return web.json_response(self.state())
+            return json_response(self.state(window))
 
         async def release(request: web.Request) -> web.Response:
             body = await request.content.read(_MAX_BODY + 1)
             if len(body) > _MAX_BODY:
-                return web.json_response({"error": "too large"}, status=413)
+                return json_response({"error": "too large"}, status=413)
             headers = {key.lower(): value for key, value in request.headers.items()}
             client = f"{request.remote or '?'}"
             status, answer = await self.release(headers, body, client)
-            return web.json_response(answer, status=status)
+            return json_response(answer, status=status)
 
         async def stop(app: web.Application) -> None:
             self.close_pages()
@@ -621,7 +783,7 @@ class Dashboard:
         async def cleanup(app: web.Application) -> None:
             await self.aclose()
 
-        app = web.Application()
+        app = web.Application(middlewares=[hosts])
         app.router.add_get("/", page)
         app.router.add_get("/events", events)
         app.router.add_get("/state.json", state)
@@ -629,6 +791,21 @@ class Dashboard:
         app.on_shutdown.append(stop)
         app.on_cleanup.append(cleanup)
         return app
+
+
+def _requested_leases(value: object) -> list[tuple[str, int]]:
+    """The leases a release request names: a list of ``{"owner": <its token's first 8 characters
+    or more>, "fencing_token": <int>}`` (what the page shows of each holder)."""
+    if not isinstance(value, list) or not value:
+        raise TypeError("leases must be a non-empty list of {owner, fencing_token}")
+    leases = []
+    for entry in value:
+        owner = entry.get("owner") if isinstance(entry, dict) else None
+        fence = entry.get("fencing_token") if isinstance(entry, dict) else None
+        if not isinstance(owner, str) or len(owner) < 8 or isinstance(fence, bool) or not isinstance(fence, int):
+            raise TypeError("each lease is {owner: the first 8 characters of its owner token, fencing_token: int}")
+        leases.append((owner, fence))
+    return leases
 
 
 def _route_path(scope: Scope) -> str:
@@ -654,8 +831,8 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[str
 
 
 async def _respond_json(send: Send, status: int, payload: Mapping[str, Any]) -> None:
-    body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-    await _respond(send, status, body, [("content-type", "application/json"), ("cache-control", "no-store")])
+    body = json_text(payload).encode("utf-8")
+    await _respond(send, status, body, [("content-type", "application/json"), *_ANSWER_HEADERS.items()])
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -685,8 +862,8 @@ def _client(scope: Scope) -> str:
 
 
 def _message(payload: Mapping[str, Any]) -> bytes:
-    # json.dumps escapes newlines, so one data line carries the whole message.
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+    # JSON escapes newlines (json_text also U+2028, U+2029), so one data line carries the whole message.
+    return b"data: " + json_text(payload).encode("utf-8") + b"\n\n"
 
 
 def _offer(queue: asyncio.Queue[bytes | None], message: bytes | None) -> bool:
@@ -695,6 +872,10 @@ def _offer(queue: asyncio.Queue[bytes | None], message: bytes | None) -> bool:
     except asyncio.QueueFull:
         return False
     return True
+
+
+def _iso_or_none(moment: datetime | None) -> str | None:
+    return None if moment is None else _iso(moment)
 
 
 def _iso(moment: datetime) -> str:

@@ -26,19 +26,29 @@ write that also set ``releasedAt`` was released, and if another took it in that 
 release; an owner replaced without a release, or a permit dropped after its expiry, was lost.
 Expiry writes nothing, so the view keeps the server's clock (read with ``hello`` and moved forward
 by each event's ``wallTime``) and a timer at the next expiry: a lease that reaches its
-``expiresAt`` unrenewed is reported ``expired`` at that time. Events of writes that follow each
-other within one change's lookup are told from the latest document, so several steps between two
-events can show as one.
+``expiresAt`` unrenewed is reported ``expired`` at that time, once the view has heard from the
+server after it (a ``getMore`` that returned, a read), so that a renewal it could not see is never
+taken for an expiry. Events of writes that follow each other within one change's lookup are told
+from the latest document, so several steps between two events can show as one.
+
+**When MongoDB cannot be reached.** The view says so (:attr:`ViewUpdate.disconnected_since`: the
+server time of its last word from MongoDB) and keeps the last state it knew, stale, without
+judging any lease expired meanwhile; when the stream reopens it reads everything and reports what
+changed. :attr:`ViewUpdate.note` gives the cause in words that name no host, address or topology
+(fit for a dashboard's viewers); :attr:`LockWatch.last_error` is the driver's error itself, for the
+operator's log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pymongo.errors import PyMongoError
@@ -47,6 +57,7 @@ from pymongo.write_concern import WriteConcern
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._diagnosis import redacted_cause
 from .documents import LockReport, LockState
 from .errors import LockDataError
 from .operations import Holder, LockInfo, lock_info, permit_holder, report_at, stored_holder
@@ -119,7 +130,7 @@ class ViewUpdate:
     """The view after some changes: every lock now, which changed, and the events that changed them."""
 
     locks: Mapping[str, LockInfo]
-    """Every lock document the view covers, by name (sorted), as of ``server_time``."""
+    """Every lock document the view covers, by name (in no particular order), as of ``server_time``."""
     events: tuple[LockEvent, ...]
     changed: frozenset[str]
     """Names whose document or state changed (all of them in the first update)."""
@@ -133,6 +144,10 @@ class ViewUpdate:
     """Why it polls, or that the stream is being reopened (None when all is well)."""
     first: bool = False
     """Whether this is the first update (the state when the view opened)."""
+    disconnected_since: datetime | None = None
+    """While MongoDB cannot be reached: the server time of the view's last word from it. The
+    ``locks`` are then the last state known, stale (a lease shown held may have been renewed,
+    released or expired since); None while the view is current."""
 
 
 class LockWatch:
@@ -170,7 +185,13 @@ class LockWatch:
         self._states: dict[str, LockState | None] = {}
         self._reports: dict[str, LockReport] = {}
         self._infos: dict[str, LockInfo] = {}
-        self._expired_seen: set[tuple[str, str, datetime]] = set()
+        # Every lease's expiry, soonest first, as (expires at, name, owner token): the view's timer
+        # and its expiry check look at the front only, however many locks there are. An entry whose
+        # lease was renewed or ended since is dropped when it comes up.
+        self._deadlines: list[tuple[datetime, str, str]] = []
+        self._queued: set[tuple[str, str, datetime]] = set()
+        self._reported: dict[str, set[tuple[str, datetime]]] = {}
+        """Per name, the leases already told as expired (or already past when the view opened)."""
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._anchor: tuple[datetime, float] = (datetime.now(UTC), time.monotonic())
         self._task: asyncio.Task[None] | None = None
@@ -179,6 +200,12 @@ class LockWatch:
         self._first: ViewUpdate | None = None
         self._polling_reason: str | None = None
         self._failed_read = False
+        self._heard_at: datetime | None = None
+        self.disconnected_since: datetime | None = None
+        """See :attr:`ViewUpdate.disconnected_since`."""
+        self.last_error: BaseException | None = None
+        """The driver's error of the last failed read or stream, whole (it may name hosts and the
+        topology: for the operator's log, not for viewers); None once the view is current again."""
 
     def server_now(self) -> datetime:
         """The view's estimate of the server's clock now."""
@@ -187,8 +214,9 @@ class LockWatch:
 
     @property
     def locks(self) -> Mapping[str, LockInfo]:
-        """Every lock the view covers now, by name."""
-        return dict(sorted(self._infos.items()))
+        """Every lock the view covers now, by name (in no particular order: a view of 100,000 locks
+        does not sort them for every update; sort, or pick, what you show)."""
+        return MappingProxyType(dict(self._infos))
 
     async def __aenter__(self) -> LockWatch:
         if self._entered:
@@ -196,7 +224,8 @@ class LockWatch:
         self._entered = True
         stream = await self._open()
         now = self.server_now()
-        self._sync(await self._store.report(prefix=self.prefix or None), now, initial=True)
+        self._sync(await self._read_all(), now, initial=True)
+        self._heard_at = now
         self._first = self._update([], set(self._infos), set(), now, first=True)
         self._task = asyncio.get_running_loop().create_task(self._run(stream), name="mongolock-watch")
         return self
@@ -227,8 +256,11 @@ class LockWatch:
         yield self._first
         while not self._closing:
             deadline = self._next_expiry()
-            # A millisecond past the expiry, so that the clock has passed it when the wait ends.
+            # A millisecond past the expiry, so that the clock has passed it when the wait ends; an
+            # expiry already past that the server has not confirmed yet waits for its next word.
             timeout = None if deadline is None else max(0.0, (deadline - self.server_now()).total_seconds() + 0.001)
+            if timeout == 0.0 and (self._heard_at is None or deadline is None or deadline > self._heard_at):
+                timeout = None
             items: list[tuple[str, Any]] = []
             with contextlib.suppress(TimeoutError):  # the next expiry is due
                 items.append(await asyncio.wait_for(self._queue.get(), timeout))
@@ -251,6 +283,7 @@ class LockWatch:
             elif kind == "sync":
                 reports, moment = payload
                 self._see_time(moment)
+                self._heard_at = self.server_now()
                 changed_before = set(self._infos)
                 events.extend(self._sync(reports, self.server_now(), initial=False))
                 removed |= changed_before - set(self._infos)
@@ -258,6 +291,16 @@ class LockWatch:
             elif kind == "note":
                 self.mode, self.note = payload
                 noted = True
+            elif kind == "heard":
+                self._heard_at = max(self._heard_at or payload, payload)
+            elif kind == "down":
+                since, error = payload
+                noted = noted or self.disconnected_since is None
+                self.disconnected_since = self.disconnected_since or since
+                self.last_error = error
+            elif kind == "up":
+                noted = noted or self.disconnected_since is not None
+                self.disconnected_since = self.last_error = None
         now = self.server_now()
         events.extend(self._expire(now, changed))
         for name in changed - removed:
@@ -279,6 +322,7 @@ class LockWatch:
         at = _utc(wall) if isinstance(wall, datetime) else self.server_now()
         if operation == "delete":
             old = self._states.pop(name, None)
+            self._reported.pop(name, None)
             if name in self._infos:
                 del self._infos[name]
                 self._reports.pop(name, None)
@@ -294,6 +338,7 @@ class LockWatch:
             new = None
         old = self._states.get(name)
         self._states[name] = new
+        self._track(name, new)
         self._reports[name] = report_at(document, at)
         removed.discard(name)
         changed.add(name)
@@ -310,16 +355,41 @@ class LockWatch:
             if not initial:
                 events.extend(derive_events(self._states.get(name), new, now))
             self._states[name] = new
+            # Leases that ran out before the view opened are not news.
+            self._track(name, new, past=now if initial else None)
             self._reports[name] = report
         for name in set(self._states) - seen:
             events.extend(derive_events(self._states.pop(name), None, now))
             self._reports.pop(name, None)
             self._infos.pop(name, None)
+            self._reported.pop(name, None)
         for name in seen:
             self._refresh(name, now)
-            if initial:  # leases that ran out before the view opened are not news
-                self._expired_seen.update(_expired(name, self._states[name], now))
         return events
+
+    def _track(self, name: str, state: LockState | None, *, past: datetime | None = None) -> None:
+        """Queue the expiry of each lease ``state`` holds (those before ``past`` count as told)."""
+        leases = {(token, expires_at) for token, expires_at, _, _ in _leases(state)}
+        reported = self._reported.get(name, set()) & leases  # forget what no document holds any more
+        if past is not None:
+            reported |= {lease for lease in leases if lease[1] <= past}
+        if reported:
+            self._reported[name] = reported
+        else:
+            self._reported.pop(name, None)
+        for token, expires_at in leases - reported:
+            key = (name, token, expires_at)
+            if key not in self._queued:
+                self._queued.add(key)
+                heapq.heappush(self._deadlines, (expires_at, name, token))
+
+    def _lease(self, name: str, token: str, expires_at: datetime) -> tuple[LockState, Holder, int | None] | None:
+        """The lease ``token`` of ``name`` if its document still holds it with that expiry."""
+        state = self._states.get(name)
+        for owner, expires, holder, fence in _leases(state):
+            if owner == token and expires == expires_at and state is not None:
+                return state, holder, fence
+        return None
 
     def _refresh(self, name: str, now: datetime) -> None:
         state = self._states.get(name)
@@ -329,35 +399,30 @@ class LockWatch:
             self._infos[name] = lock_info(report)
 
     def _expire(self, now: datetime, changed: set[str]) -> list[LockEvent]:
+        """The leases that reached their expiry unrenewed: by ``now``, and before the view last
+        heard from the server (a renewal sent meanwhile would have been seen)."""
         events = []
-        for name, state in self._states.items():
-            if state is None:
-                continue
-            for token, expires_at, holder, fence in _leases(state):
-                key = (name, token, expires_at)
-                if expires_at <= now and key not in self._expired_seen:
-                    self._expired_seen.add(key)
-                    events.append(LockEvent(expires_at, "expired", name, state.kind, holder, None, fence))
-                    changed.add(name)
-        # Forget what no document holds any more: a renewal moved the expiry, or the lease ended.
-        current = {
-            (name, token, expires_at)
-            for name, state in self._states.items()
-            if state is not None
-            for token, expires_at, _, _ in _leases(state)
-        }
-        self._expired_seen &= current
+        confirmed = min(now, self._heard_at) if self._heard_at is not None else now
+        while self._deadlines and self._deadlines[0][0] <= confirmed:
+            expires_at, name, token = heapq.heappop(self._deadlines)
+            self._queued.discard((name, token, expires_at))
+            lease = self._lease(name, token, expires_at)
+            if lease is None:
+                continue  # renewed, released or taken over since
+            state, holder, fence = lease
+            self._reported.setdefault(name, set()).add((token, expires_at))
+            events.append(LockEvent(expires_at, "expired", name, state.kind, holder, None, fence))
+            changed.add(name)
         return events
 
     def _next_expiry(self) -> datetime | None:
-        upcoming = [
-            expires_at
-            for name, state in self._states.items()
-            if state is not None
-            for token, expires_at, _, _ in _leases(state)
-            if (name, token, expires_at) not in self._expired_seen
-        ]
-        return min(upcoming, default=None)
+        while self._deadlines:
+            expires_at, name, token = self._deadlines[0]
+            if self._lease(name, token, expires_at) is not None:
+                return expires_at
+            heapq.heappop(self._deadlines)  # renewed or ended: not a deadline any more
+            self._queued.discard((name, token, expires_at))
+        return None
 
     def _update(
         self, events: list[LockEvent], changed: set[str], removed: set[str], now: datetime, *, first: bool = False
@@ -371,6 +436,7 @@ class LockWatch:
             mode=self.mode,
             note=self.note,
             first=first,
+            disconnected_since=self.disconnected_since,
         )
 
     def _see_time(self, moment: datetime) -> None:
@@ -405,6 +471,12 @@ class LockWatch:
         self._anchor = (moment, time.monotonic())
         return stream
 
+    async def _read_all(self, *, clock_read: bool = True) -> list[LockReport]:
+        """Every document the view covers, read a batch at a time (see ``LockStore.iterate_reports``),
+        judged on the view's clock when ``clock_read`` (it was just read), else on the server's."""
+        now = self.server_now() if clock_read else None
+        return [report async for report in self._store.iterate_reports(prefix=self.prefix or None, now=now)]
+
     def _poll_because(self, why: str) -> None:
         self.mode, self.note = "polling", why
         self._polling_reason = why
@@ -418,30 +490,40 @@ class LockWatch:
             try:
                 while stream.alive and not self._closing:
                     change = await stream.try_next()
+                    # Each answer (an event, or none within max_await) is the server's word that
+                    # nothing else was written before it.
+                    self._queue.put_nowait(("heard", self.server_now()))
                     if change is not None:
                         reopen.attempt = 0
                         self._queue.put_nowait(("change", change))
                 failure = "the change stream ended (the collection was dropped or renamed)"
             except PyMongoError as error:
-                failure = f"the change stream failed ({error})"
+                lost: PyMongoError | None = error
+                failure = f"lost MongoDB ({redacted_cause(error)})"
+            else:
+                lost = None
             finally:
                 await _close(stream)
             stream = None
             while not self._closing:
-                self._queue.put_nowait(("note", ("stream", f"{failure}; reopening it")))
+                # The note and the loss in one step: the update that says "disconnected" says why.
+                self._queue.put_nowait(("note", ("stream", f"{failure}; reopening the change stream")))
+                if lost is not None:
+                    self._lost(lost)
                 await asyncio.sleep(reopen.next_delay())
                 if self._closing:
                     return
                 try:
                     stream = await self._open()
-                    reports = await self._store.report(prefix=self.prefix or None)
+                    reports = await self._read_all()
                 except PyMongoError as error:
                     if stream is not None:
                         await _close(stream)
                         stream = None
-                    failure = f"reopening the change stream failed ({error})"
+                    lost, failure = error, f"cannot reach MongoDB ({redacted_cause(error)})"
                     continue
                 self._queue.put_nowait(("sync", (reports, self.server_now())))
+                self._queue.put_nowait(("up", None))
                 self._queue.put_nowait(("note", (self.mode, self.note if stream is None else None)))
                 break
 
@@ -450,17 +532,23 @@ class LockWatch:
         if self._closing:
             return
         try:
-            reports = await self._store.report(prefix=self.prefix or None)
+            reports = await self._read_all(clock_read=False)
         except PyMongoError as error:
-            failed = f"{self._polling_reason}; the last read failed ({error})"
+            failed = f"{self._polling_reason}; the last read failed ({redacted_cause(error)})"
             self._queue.put_nowait(("note", ("polling", failed)))
+            self._lost(error)
             self._failed_read = True
             return
         moment = max((report.server_time for report in reports if report.server_time is not None), default=None)
         self._queue.put_nowait(("sync", (reports, moment or self.server_now())))
         if self._failed_read:
             self._failed_read = False
+            self._queue.put_nowait(("up", None))
             self._queue.put_nowait(("note", ("polling", self._polling_reason)))
+
+    def _lost(self, error: PyMongoError) -> None:
+        """MongoDB could not be reached: the view is stale from its last word on."""
+        self._queue.put_nowait(("down", (self._heard_at or self.server_now(), error)))
 
 
 def derive_events(old: LockState | None, new: LockState | None, at: datetime) -> list[LockEvent]:
@@ -537,10 +625,6 @@ def _leases(state: LockState | None) -> list[tuple[str, datetime, Holder, int | 
     if state.owner is None or state.expires_at is None:
         return []
     return [(state.owner, state.expires_at, stored_holder(state, owner=state.owner), state.fencing_token)]
-
-
-def _expired(name: str, state: LockState | None, now: datetime) -> set[tuple[str, str, datetime]]:
-    return {(name, token, expires) for token, expires, _, _ in _leases(state) if expires <= now}
 
 
 def holder_dict(holder: Holder | None) -> dict[str, Any] | None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, Unpack
 
 from . import _validate, operations
 from ._collection import AsyncCollectionLike
+from ._dashboard_guard import LOOPBACK_HOSTS
 from ._options import LOCK_OPTIONS, LeaseOptions, ManagerKeywords
 from .dashboard import Dashboard
 from .election import AsyncMongoElection
@@ -172,7 +173,8 @@ class LockManager:
     async def force_release(
         self, name: str, *, holder: str | None = None, by: str | None = None
     ) -> ForcedRelease | None:
-        """Break whatever lease ``name`` has (``mongolock release --force``), logged at WARNING on
+        """Break the one lease of ``name`` whose owner token is ``holder`` (``mongolock release
+        --force``), or only repair an unreadable document without it; logged at WARNING on
         ``mongolock_async.audit`` with ``by``; see [`force_release`][mongolock_async.operations.force_release]."""
         return await operations.force_release(self._collection, name, holder=holder, by=by)
 
@@ -181,7 +183,19 @@ class LockManager:
         view: ...``); see [`LockWatch`][mongolock_async.live.LockWatch]."""
         return LockWatch(self._collection, prefix=prefix, poll_interval=poll_interval)
 
-    def dashboard(self, *, prefix: str = "", allow_release: bool = False, title: str = "locks") -> Dashboard:
+    def dashboard(
+        self,
+        *,
+        prefix: str = "",
+        allow_release: bool = False,
+        title: str = "locks",
+        allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
+        release_secret: str | None = None,
+    ) -> Dashboard:
         """The dashboard page of the collection, an ASGI app to mount (``app.mount("/locks",
-        locks.dashboard())``); see [`Dashboard`][mongolock_async.dashboard.Dashboard]."""
-        return Dashboard(self._collection, prefix=prefix, allow_release=allow_release, title=title)
+        locks.dashboard(allowed_hosts=["shop.example.com"]))``); see
+        [`Dashboard`][mongolock_async.dashboard.Dashboard]."""
+        return Dashboard(
+            self._collection, prefix=prefix, allow_release=allow_release, title=title, allowed_hosts=allowed_hosts,
+            release_secret=release_secret,
+        )  # fmt: skip

@@ -17,8 +17,9 @@ needs MongoDB's ``find`` action on the collection (the built-in ``read`` role ha
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,10 +28,12 @@ from pymongo.write_concern import WriteConcern
 
 from . import _validate
 from ._collection import AsyncCollectionLike
+from ._inert import printable
 from .documents import JOB_KIND, LockReport, LockState, Permit
 from .errors import LockDataError
 from .jobs import JobState
 from .store import ForcedRelease, LockStore, store_for
+from .store.reports import report_at as reports_at
 
 __all__ = [
     "ForcedRelease",
@@ -41,6 +44,7 @@ __all__ = [
     "inspect_lock",
     "list_locks",
     "lock_info",
+    "judged_report",
     "report_at",
 ]
 
@@ -177,7 +181,9 @@ def status_of(report: LockReport) -> str:
 
 
 def lock_info(report: LockReport) -> LockInfo:
-    """A report (``LockStore.report``, :func:`report_at`) as a :class:`LockInfo`."""
+    """A report (``LockStore.report``, :func:`report_at`) as a :class:`LockInfo`; a job whose
+    record cannot be judged is ``unreadable`` (see :func:`judged_report`)."""
+    job, report = _judged(report)
     state = report.state
     if state is None:
         name = report.name if isinstance(report.name, str) else repr(report.name)
@@ -206,7 +212,6 @@ def lock_info(report: LockReport) -> LockInfo:
         )
         for place in state.queue
     )
-    job = JobState.from_report(report) if state.kind == JOB_KIND and report.server_time is not None else None
     return LockInfo(
         name=state.name,
         kind=state.kind,
@@ -224,29 +229,33 @@ def lock_info(report: LockReport) -> LockInfo:
     )
 
 
+def judged_report(report: LockReport) -> LockReport:
+    """``report``, or, for a job whose record cannot be judged on the server's clock (a corrupt
+    ``job.every``, or a ``min_interval`` that puts its next run past the year 9999), the same
+    document reported as unreadable, with why: one odd document is shown as such, and never stops
+    a listing or a view of the others."""
+    return _judged(report)[1]
+
+
+def _judged(report: LockReport) -> tuple[JobState | None, LockReport]:
+    state = report.state
+    if state is None or state.kind != JOB_KIND or report.server_time is None:
+        return None, report
+    try:
+        return JobState.from_report(report), report
+    except (ArithmeticError, ValueError, TypeError) as error:  # OverflowError: a date past 9999
+        detail = f"cannot be judged on the server's clock ({type(error).__name__}: {error})"
+        remedy = "correct or unset its schedule in the document (`mongolock release --force` resets only the lease)"
+        unreadable = LockDataError(state.name, "job", detail, remedy)
+        return None, LockReport(state.name, None, None, error=unreadable, server_time=report.server_time)
+
+
 def report_at(document: Mapping[str, Any] | LockState, server_time: datetime) -> LockReport:
     """A lock document (or its parsed state) as ``LockStore.report`` would report it at
     ``server_time`` (a time on the server's clock): for a view that gets documents from a change
     stream and keeps the server's time itself. A corrupt document is reported with its error, as
     there."""
-    if isinstance(document, LockState):
-        state = document
-    else:
-        try:
-            state = LockState.from_document(document)
-        except LockDataError as error:
-            return LockReport(name=document.get("_id"), state=None, remaining_ms=None, error=error)
-    if state.limit is not None:
-        left = {
-            permit.token: _milliseconds(permit.expires_at - server_time)
-            for permit in state.permits
-            if permit.expires_at > server_time
-        }
-        longest = max(left.values(), default=None)
-        return LockReport(state.name, state, longest, permits_left_ms=left, server_time=server_time)
-    live = state.owner is not None and state.expires_at is not None and state.expires_at > server_time
-    remaining = _milliseconds(state.expires_at - server_time) if live and state.expires_at is not None else None
-    return LockReport(state.name, state, remaining, server_time=server_time)
+    return reports_at(document, server_time)
 
 
 async def list_locks(
@@ -263,6 +272,39 @@ async def list_locks(
     return [info for info in infos if info.held] if held else infos
 
 
+async def iterate_locks(
+    collection: AsyncCollectionLike,
+    *,
+    prefix: str | None = None,
+    held: bool = False,
+    after: str | None = None,
+    limit: int | None = None,
+) -> AsyncGenerator[LockInfo, None]:
+    """The locks :func:`list_locks` lists, by name, read from the server a batch at a time: a
+    listing of 100,000 locks never holds them all. ``after`` starts after that name (the last one
+    of a page), ``limit`` stops after that many (counted after ``held``). Arguments are checked
+    before any I/O."""
+    store = _store(collection)
+    for argument, value in (("prefix", prefix), ("after", after)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{argument} must be a str or None, not {type(value).__name__}")
+    _validate.flag(held, "held")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive int or None, not {limit!r}")
+    shown = 0
+    # Without held, the server stops at the limit; with it, this stops reading once it has enough.
+    reports = store.iterate_reports(prefix=prefix or None, after=after, limit=None if held else limit)
+    async with contextlib.aclosing(reports):
+        async for report in reports:
+            info = lock_info(report)
+            if held and not info.held:
+                continue
+            yield info
+            shown += 1
+            if limit is not None and shown >= limit:
+                return
+
+
 async def inspect_lock(collection: AsyncCollectionLike, name: str) -> LockInfo | None:
     """The lock (or semaphore, read-write lock, election, job) ``name``; None if it has no document."""
     store = _store(collection)
@@ -274,19 +316,27 @@ async def inspect_lock(collection: AsyncCollectionLike, name: str) -> LockInfo |
 async def force_release(
     collection: AsyncCollectionLike, name: str, *, holder: str | None = None, by: str | None = None
 ) -> ForcedRelease | None:
-    """Break whatever lease ``name`` has, whoever owns it (``mongolock release --force``); return
-    what was broken, or None if nothing was live (and nothing needed repair).
+    """Break the one lease of ``name`` that ``holder`` names (``mongolock release --force``), and
+    only that one: ``holder`` is its owner token (:attr:`Holder.owner`, the ``owner`` that
+    ``mongolock inspect`` shows), or the start of it that no other live holder's token shares.
+    Return what was broken, or None if that lease ended between the read that selected it and
+    the write (released, expired, or broken already): then nothing is broken, whoever holds
+    ``name`` now.
 
-    On a semaphore, read-write lock or election it breaks every live holder, or with ``holder``
-    the one whose owner token is ``holder`` (or the only one that starts with it). The broken
-    holder still believes it holds the lease until its own deadline: fence what it protects. Each
-    break is logged at WARNING on the ``mongolock_async.audit`` logger, with ``by`` (who asked, for
-    the record: a user name, an address).
+    The write itself matches the owner token, so a lease that changed hands after the caller
+    looked is never the one broken. On a semaphore, read-write lock or election it is one
+    holder's permit. Without ``holder``, it only repairs a document whose lock fields are corrupt
+    (``unreadable``: they are reset, if still corrupt when the write lands) and never breaks a
+    live lease. The broken holder still believes it holds the lease until its own deadline: fence
+    what it protects. Each break is logged at WARNING on the ``mongolock_async.audit`` logger,
+    with ``by`` (who asked, for the record: a user name, an address).
 
     :raises TypeError: an argument has the wrong type (before any I/O).
-    :raises ValueError: ``name`` or ``holder`` is empty or too long (before any I/O), or several
-        live holders' owner tokens start with ``holder``.
-    :raises LookupError: ``holder`` selects no live holder, or ``name`` has no document.
+    :raises ValueError: ``name`` or ``holder`` is empty or too long (before any I/O); several
+        live holders' owner tokens start with ``holder``; or ``holder`` is None and ``name`` has a
+        live lease (the message lists its holders' owner tokens).
+    :raises LookupError: ``holder`` selects no live holder (its lease had ended already; the
+        message lists the live ones), or ``name`` has no document.
     """
     store = _store(collection)
     _validate.lock_name(name)
@@ -294,7 +344,10 @@ async def force_release(
         raise TypeError(f"holder must be a str (an owner token, or its start) or None, not {type(holder).__name__}")
     if by is not None and not isinstance(by, str):
         raise TypeError(f"by must be a str or None, not {type(by).__name__}")
-    broken = await store.force_release(name, holder=holder)
+    if holder is not None:
+        broken = await store.force_release(name, holder=holder)
+    else:
+        broken = await _repair(store, name)
     if broken is not None:
         who = (
             "; ".join(
@@ -303,8 +356,27 @@ async def force_release(
             )
             or f"{_describe(broken.holder)} (owner {broken.owner}, fencing token {broken.fencing_token})"
         )
-        audit.warning("forced release of %r in %s by %s: broke %s", name, store.full_name, by or "an API call", who)
+        # One line per break whatever the labels hold: a newline in one could forge the next record.
+        audit.warning(
+            "forced release of %r in %s by %s: broke %s", name, store.full_name, printable(by or "an API call"),
+            printable(who),
+        )  # fmt: skip
     return broken
+
+
+async def _repair(store: LockStore, name: str) -> ForcedRelease | None:
+    """Reset ``name``'s document if it is unreadable; a ``ValueError`` naming the live leases if it
+    has any (a forced release names the one it breaks)."""
+    found = await store.report([name])
+    if not found:
+        raise LookupError(f"no lock named {name!r} in {store.full_name}")
+    info = lock_info(found[0])
+    if info.holders:
+        owners = ", ".join(f"{holder.owner} ({holder.describe()})" for holder in info.holders)
+        raise ValueError(
+            f"{name!r} has a live lease: name the one to break with holder=<its owner token> (live: {owners})"
+        )
+    return await store.repair(name) if info.status == "unreadable" else None
 
 
 def _store(collection: object) -> LockStore:
@@ -370,7 +442,3 @@ def _text(value: object) -> str | None:
 
 def _integer(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _milliseconds(span: timedelta) -> int:
-    return int(span.total_seconds() * 1000)

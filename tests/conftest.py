@@ -214,7 +214,8 @@ def private_server() -> Iterator[EmbeddedMongo]:
 # replaces: where the server is shared by this run's worker processes (MONGODB_URI), fault tests
 # take turns, holding a file lock in the run's temporary directory. configureFailPoint needs no
 # privilege (FaultInjectCmd in src/mongo/db/commands/fail_point_cmd.cpp: "No auth needed because it
-# only works when enabled via command line"), so the access-controlled job's user can arm them.
+# only works when enabled via command line"), so the access-controlled job's user can arm them. A
+# run that says it tests a real MongoDB (MONGOLOCK_TEST_EXPECT_SERVER) fails where it refuses them.
 
 SHARDED = os.environ.get("MONGOLOCK_TEST_SHARDED") == "1"
 _FAIL_POINT_TURNS = "mongolock-fail-point-turns.lock"
@@ -264,13 +265,32 @@ def _fail_point_turn(shared: bool) -> Iterator[None]:
             fcntl.flock(turns, fcntl.LOCK_UN)
 
 
+# Where the run says it tests a real MongoDB (the workflow's jobs), the fault tests must run there:
+# on a private embedded server instead they would pass and prove nothing about MongoDB.
+_REAL_SERVERS = ("uri", "testcontainers")
+NO_FAIL_POINTS_ON_TARGET = (
+    "the server under test refuses configureFailPoint, and MONGOLOCK_TEST_EXPECT_SERVER={expected} says it is the "
+    "MongoDB this run tests: start it with the test commands (mongod --setParameter enableTestCommands=1)"
+)
+
+
+def fail_points_expected_on_target() -> str | None:
+    """``MONGOLOCK_TEST_EXPECT_SERVER`` where it names a real MongoDB, whose fault tests must run on it."""
+    expected = os.environ.get("MONGOLOCK_TEST_EXPECT_SERVER")
+    return expected if expected in _REAL_SERVERS else None
+
+
 @pytest.fixture(scope="session")
 def target_has_fail_points(mongolock_server: ServerChoice) -> bool:
     # Asked as the administrator (MONGOLOCK_TEST_ADMIN_URI, if set): the embedded server wants a
     # privilege for configureFailPoint, where mongod wants none.
     uri = os.environ.get("MONGOLOCK_TEST_ADMIN_URI") or mongolock_server.uri
     with _fail_point_turn(mongolock_server.kind == "uri"):
-        return fail_points_answer(uri)
+        answered = fail_points_answer(uri)
+    expected = fail_points_expected_on_target()
+    if not answered and expected:
+        pytest.fail(NO_FAIL_POINTS_ON_TARGET.format(expected=expected))
+    return answered
 
 
 # The administrator's client of the current test's fault server (see ``set_fail_point``).
@@ -330,12 +350,13 @@ def _app_name(client: Any) -> str | None:
 # process (a user's project, a docs example, a worker, the command) must not inherit them: the
 # plugin in a child pytest would restrict its drivers or shard its collections on a server that
 # cannot, and a child that needs a server is given its URI.
-_RUN_SETTINGS = ("MONGODB_URI", "MONGOLOCK_")
+_RUN_SETTINGS = ("MONGODB_URI", "MONGOLOCK_", "PYTEST_ADDOPTS")
 
 
 def child_environment(**variables: str) -> dict[str, str]:
     """The environment for a child process: this process's, without the test run's own settings
-    (``MONGODB_URI``, ``MONGOLOCK_*``), plus ``variables``."""
+    (``MONGODB_URI``, ``MONGOLOCK_*``, and ``PYTEST_ADDOPTS``, which would select a user project's
+    tests), plus ``variables``."""
     inherited = {key: value for key, value in os.environ.items() if not key.startswith(_RUN_SETTINGS)}
     return {**inherited, **variables}
 
@@ -412,9 +433,9 @@ _SHARDED_FIXTURES = {"mongolock_collection", "lock_collection", "counted_collect
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With MONGOLOCK_TEST_WITHOUT_MONGOS=1 (.ci/workflow_environments.py runs the sharded job's
-    environment against the embedded server, which cannot shard), leave out the tests that need a
-    sharded collection."""
+    """With MONGOLOCK_TEST_WITHOUT_MONGOS=1 (.ci/rehearse.py runs the sharded job against a stand-in
+    mongos, an embedded server, which cannot shard), leave out the tests that need a sharded
+    collection."""
     if not (SHARDED and os.environ.get("MONGOLOCK_TEST_WITHOUT_MONGOS") == "1"):
         return
     kept, left_out = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, _check_run, cli
 from mongolock_async._check import (
     FAIL,
     PASS,
+    SKIP,
     WARN,
     ClockReading,
     as_payload,
@@ -41,7 +43,9 @@ from tests.conftest import CommandCounter, child_environment
 SCRATCH = re.compile("^mongolock-check-")
 # Every command that writes; a read-only check must send none of them.
 WRITES = {"insert", "update", "delete", "findAndModify", "createIndexes", "collMod", "drop", "create"}
-PERF = ["--perf", "--perf-cycles", "5", "--perf-hand-offs", "3", "--perf-leases", "20"]
+PERF = ["--perf", "--perf-cycles", "5", "--perf-hand-offs", "3", "--perf-leases", "20", "--perf-duration", "1"]
+# What the embedded server cannot show (it has no replSetGetConfig): reported as not run, and why.
+EMBEDDED_SKIPS = {"replication.failover", "replication.journaling"}
 
 
 async def check(uri: str, *arguments: str) -> dict[str, Any]:
@@ -100,13 +104,16 @@ async def test_every_check_passes_on_the_embedded_server_and_nothing_is_left(mon
     embedded = "SecantusDB" in checks["server.version"]["measured"]
     verdicts = {entry["id"]: entry["verdict"] for entry in payload["checks"]}
     if embedded:  # elsewhere (MONGODB_URI) the deployment decides; the check itself must not break
-        assert payload["exit_code"] == 0 and set(verdicts.values()) == {PASS}, verdicts
+        assert payload["exit_code"] == 0 and set(verdicts.values()) == {PASS, SKIP}, verdicts
+        assert {key for key, verdict in verdicts.items() if verdict == SKIP} == EMBEDDED_SKIPS, verdicts
+        assert all("replSetGetConfig" in checks[key]["measured"] for key in EMBEDDED_SKIPS)
     assert FAIL not in verdicts.values(), payload
     for expected in (
         "server.version", "server.topology", "server.change_streams", "server.transactions", "server.wake-ups",
         "server.stable_API", "durability.majority_write", "clocks.agreement", "privileges.lock_role",
         "privileges.operator_role", "collection.indexes", "collection.documents", "collection.readable",
-        "collection.expired_leases",
+        "collection.expired_leases", "server.support", "replication.members", "replication.lag",
+        "replication.oplog_window", "replication.arbiters", "collection.options",
     ):  # fmt: skip
         assert expected in checks, expected
     assert checks["collection.documents"]["figures"]["documents"] == 4
@@ -140,13 +147,44 @@ async def test_a_malformed_document_fails_the_check_and_read_only_writes_nothing
     assert payload["exit_code"] == 2
     readable = checks["collection.readable"]
     assert readable["verdict"] == FAIL and "'hand-edited'" in readable["measured"], readable
-    assert "mongolock release 'hand-edited' --force" in readable["fix"]
+    assert "mongolock release NAME --force" in readable["fix"]
+    assert readable["command"] == f"mongolock release hand-edited --force --db {TEST_DATABASE} --collection {name}"
     assert [entry["id"] for entry in payload["checks"] if entry["verdict"] == FAIL] == ["collection.readable"]
     assert checks["durability.majority_write"]["verdict"] == "skip"
     assert "--read-only" in checks["durability.majority_write"]["measured"]
     sent = set(counter.names)
     assert sent & {"find", "aggregate"} and not sent & WRITES, sent
     assert after == before and not payload["scratch"]["written"]
+
+
+@pytest.mark.parametrize(
+    ("name", "shell"), [("it's$(touch pwned)", "sh"), ("bad\x1b[2J\u202eevil `touch pwned`", "bash")],
+    ids=["shell-syntax", "escapes"],
+)
+def test_the_repair_command_pastes_as_the_one_name_it_repairs(
+    mongodb_uri: str, tmp_path: Path, name: str, shell: str
+) -> None:
+    collection = f"repair_{uuid.uuid4().hex[:8]}"
+    with MongoClient(mongodb_uri) as client:
+        locks = client[TEST_DATABASE][collection]
+        locks.insert_one({"_id": name, "owner": 42, "expiresAt": "tomorrow"})
+        try:
+            shown = mongolock_check(mongodb_uri, "--read-only", "--db", TEST_DATABASE, "--collection", collection)
+            lines = shown.stdout.splitlines()
+            (command,) = [line.strip() for line in lines if line.strip().startswith("mongolock release")]
+            # As an operator pastes it (--yes: no terminal here to confirm on).
+            pasted = subprocess.run(
+                [shell, "-c", command + " --yes"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                env=child_environment(MONGODB_URI=mongodb_uri,
+                                      PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+            )  # fmt: skip
+            repaired = locks.find_one({"_id": name})
+        finally:
+            client[TEST_DATABASE].drop_collection(collection)
+    assert shown.returncode == 2 and all(line.isprintable() for line in lines), shown.stdout
+    assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+    assert not (tmp_path / "pwned").exists(), "nothing in the name ran"
+    assert repaired is not None and repaired["owner"] is None and "forcedRelease" in repaired, repaired
 
 
 # -- privileges --------------------------------------------------------------------------------------
@@ -251,7 +289,8 @@ def test_the_thresholds_the_docs_state() -> None:
     assert judge_majority_writes([], [], ttl, "waiting for replication timed out").verdict == FAIL
     document = {"_id": "queue", "owner": None, "fence": 1}
     for size, verdict in ((100_000, PASS), (2_000_000, WARN), (9_000_000, FAIL)):
-        assert judge_documents(1, [{**document, "_size": size, "_expired": 0}], True)[0].verdict == verdict
+        judged = judge_documents(1, [{**document, "_size": size, "_expired": 0}], True, "db", "locks")
+        assert judged[0].verdict == verdict
 
 
 # -- clocks ------------------------------------------------------------------------------------------
@@ -295,6 +334,7 @@ async def test_clocks_that_decide_expiry_are_judged_against_the_safety_margin(mo
     assert [check.verdict for check in judge_clocks([client_off], margin, 10.0)] == [WARN, PASS]
 
 
+@pytest.mark.environment  # every clock of the server under test, as this machine reaches it
 def test_a_client_clock_made_to_differ_is_reported(mongodb_uri: str, tmp_path: Path) -> None:
     # This process's clock is moved 5 s ahead as libfaketime would move it (not installed here): a
     # sitecustomize module of the test's replaces time.time in the check's process only.
@@ -331,7 +371,8 @@ def test_perf_reports_every_figure_with_its_ratio_and_leaves_nothing(mongodb_uri
     payload = json.loads(result.stdout)
     checks = by_id(payload)
     assert result.returncode == payload["exit_code"] and payload["exit_code"] in (0, 1), result.stderr
-    assert {entry["verdict"] for entry in payload["checks"]} <= {PASS, WARN}  # a speed only ever warns
+    # A speed only ever warns; what the embedded server cannot show is skipped.
+    assert {entry["verdict"] for entry in payload["checks"]} <= {PASS, WARN, SKIP}
     uncontended = checks["perf.uncontended"]["figures"]
     assert uncontended["cycles"] == 5 and uncontended["ratio"] > 0 and uncontended["warn_above"] == 2.0
     assert {"library_p50_ms", "library_p99_ms", "raw_p50_ms", "raw_p99_ms", "ping_p50_ms"} <= set(uncontended)
@@ -341,6 +382,9 @@ def test_perf_reports_every_figure_with_its_ratio_and_leaves_nothing(mongodb_uri
     assert set(hot["acquisitions_per_s"]) == set(hot["ratios"]) == {"1", "8", "64"}
     renewal = checks["perf.heartbeat"]["figures"]
     assert renewal["leases"] == 20 and renewal["ratio"] > 0 and renewal["library_ms_per_lease"] > 0
+    load = checks["perf.sustained_load"]["figures"]
+    assert load["seconds"] == 1 and load["tasks"] == 4 and load["cycles"] >= 4 and load["ratio_p99"] > 0
+    assert load["library_p50_ms"] <= load["library_p99_ms"] <= load["library_p999_ms"] <= load["library_max_ms"]
     with MongoClient(mongodb_uri) as client:
         left = client[TEST_DATABASE][name].count_documents({})
         client[TEST_DATABASE].drop_collection(name)
@@ -379,3 +423,171 @@ def test_an_interrupted_check_removes_what_it_wrote(mongodb_uri: str, sent: sign
     assert process.returncode == code, out + err
     assert re.search(r"interrupted; removed [1-9]\d* scratch documents \(mongolock-check-[0-9a-f]+:\*\)\n$", err), err
     assert "Traceback" not in err and left == 0
+
+
+def test_a_server_lost_during_perf_reports_both_errors_and_the_scratch_prefix(tmp_path: Path) -> None:
+    with EmbeddedMongo() as server:
+        arguments = [*PERF, "--perf-seconds", "5", "--db", TEST_DATABASE, "--collection", "lost"]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mongolock_async", "check", "--uri", server.uri, *arguments],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(), text=True,
+        )  # fmt: skip
+        try:
+            with MongoClient(server.uri) as client:
+                give_up_at = time.monotonic() + 60
+                # Stopped in the hot-lock windows: scratch documents written, tasks at work.
+                hot = {"_id": re.compile("^mongolock-check-[0-9a-f]+:hot-")}
+                while not client[TEST_DATABASE]["lost"].find_one(hot):
+                    assert process.poll() is None and time.monotonic() < give_up_at, process.communicate()
+                    time.sleep(0.02)
+            server.stop()
+            out, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 3, out + err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("mongolock: cannot reach MongoDB at "), err
+    prefix = re.search(r"the scratch documents (mongolock-check-[0-9a-f]+:)\* could not be removed", err)
+    assert prefix is not None, err
+    assert f'deleteMany({{_id: /^{prefix.group(1)}/}})' in err, "the command that removes them by hand"
+
+
+async def test_a_clean_up_that_fails_after_the_checks_is_a_failure_naming_what_to_remove(
+    mongodb_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pymongo.errors import ServerSelectionTimeoutError
+
+    async def server_gone(probe: Any, scratch: Scratch) -> None:
+        raise ServerSelectionTimeoutError("127.0.0.1:1: connection refused")
+
+    monkeypatch.setattr(_check_run, "_remove_scratch", server_gone)
+    name = f"unclean_{uuid.uuid4().hex[:8]}"
+    try:
+        payload = await check(mongodb_uri, "--db", TEST_DATABASE, "--collection", name, "--ttl", "10")
+    finally:
+        with MongoClient(mongodb_uri) as client:
+            client[TEST_DATABASE].drop_collection(name)
+    entry = by_id(payload)["collection.clean-up"]
+    prefix = payload["scratch"]["prefix"]
+    assert entry["verdict"] == FAIL and prefix in entry["measured"] and "connection refused" in entry["measured"]
+    where = f'db.getSiblingDB("{TEST_DATABASE}").getCollection("{name}")'
+    assert entry["command"] == f"{where}.deleteMany({{_id: /^{prefix}/}})"
+    assert payload["scratch"]["clean_up_error"].startswith("ServerSelectionTimeoutError")
+
+
+# -- at the depth of rs.status() ----------------------------------------------------------------------
+
+
+def rs_status(*members: tuple[str, str, float, float], majority: int) -> dict[str, Any]:
+    """``replSetGetStatus`` as MongoDB documents it: each member (name, stateStr, health, seconds
+    behind the primary)."""
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    return {
+        "set": "rs0",
+        "writeMajorityCount": majority,
+        "heartbeatIntervalMillis": 2000,
+        "members": [
+            {"_id": index, "name": name, "stateStr": state, "health": health,
+             **({} if state == "ARBITER" else {"optimeDate": now - timedelta(seconds=behind)})}
+            for index, (name, state, health, behind) in enumerate(members)
+        ],
+    }  # fmt: skip
+
+
+def test_members_and_lag_are_judged_from_rs_status() -> None:
+    from mongolock_async._check_deployment import judge_members
+
+    healthy = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "SECONDARY", 1, 0.5), ("c:1", "SECONDARY", 1, 1), majority=2)
+    members, lag = judge_members(healthy, None, ttl=30)
+    assert (members.verdict, lag.verdict) == (PASS, PASS), (members, lag)
+    # A primary-secondary-arbiter set with its secondary down: no majority write can commit.
+    psa = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "(not reachable/healthy)", 0, 0), ("c:1", "ARBITER", 1, 0),
+                    majority=2)  # fmt: skip
+    members, _ = judge_members(psa, None, ttl=30)
+    assert members.verdict == FAIL and "b:1" in members.measured and "needs 2" in members.measured
+    one_down = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "SECONDARY", 1, 0), ("c:1", "RECOVERING", 1, 0),
+                         majority=2)  # fmt: skip
+    assert judge_members(one_down, None, ttl=30)[0].verdict == WARN
+    # One secondary 5 s behind: over a tenth of a 30 s TTL, but the other completes a majority.
+    one_behind = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "SECONDARY", 1, 0), ("c:1", "SECONDARY", 1, 5),
+                           majority=2)  # fmt: skip
+    _, lag = judge_members(one_behind, None, ttl=30)
+    assert lag.verdict == WARN and lag.figures["majority_lag_s"] == 0 and lag.figures["lag_s"]["c:1"] == 5
+    both_behind = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "SECONDARY", 1, 12), ("c:1", "SECONDARY", 1, 15),
+                            majority=2)  # fmt: skip
+    _, lag = judge_members(both_behind, None, ttl=30)
+    assert lag.verdict == FAIL and lag.figures["majority_lag_s"] == 12, lag
+    # A member with no votes does not complete a majority.
+    config = {"members": [{"host": "b:1", "votes": 1}, {"host": "c:1", "votes": 0}]}
+    nonvoting = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "SECONDARY", 1, 12), ("c:1", "SECONDARY", 1, 0),
+                          majority=2)  # fmt: skip
+    assert judge_members(nonvoting, config, ttl=30)[1].verdict == FAIL
+
+
+def test_failover_arbiters_journaling_and_the_oplog_window() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from mongolock_async._check_deployment import judge_arbiters, judge_failover, judge_journaling, judge_oplog
+    from mongolock_async.store.replication import OplogSpan
+
+    defaults = {"settings": {"electionTimeoutMillis": 10_000, "heartbeatIntervalMillis": 2_000}}
+    short = judge_failover(defaults, {}, ttl=10, margin=1)
+    assert short.verdict == WARN and short.figures["failover_gap_s"] == 12 and "19.5 s" in (short.fix or "")
+    assert judge_failover(defaults, {}, ttl=30, margin=1).verdict == PASS
+    from_metrics = judge_failover(None, {"electionCandidateMetrics": {"electionTimeoutMillis": 5_000}}, 15, 1)
+    assert from_metrics.verdict == PASS and from_metrics.figures["failover_gap_s"] == 7
+    assert judge_failover(None, {}, 10, 1, "refused").verdict == SKIP
+    assert judge_arbiters({"hosts": ["a:1", "b:1"], "arbiters": ["c:1"]}).verdict == WARN
+    assert judge_arbiters({"hosts": ["a:1", "b:1", "c:1"]}).verdict == PASS
+    assert judge_journaling({"writeConcernMajorityJournalDefault": False}).verdict == FAIL
+    assert judge_journaling({}).verdict == PASS, "true by default"
+    start = datetime(2026, 12, 4, tzinfo=UTC)
+    three_hours = start + timedelta(hours=3)
+    assert judge_oplog(OplogSpan(start, three_hours, 950 * 2**20, 1000 * 2**20)).verdict == WARN, "full: the window"
+    assert judge_oplog(OplogSpan(start, three_hours, 100 * 2**20, 1000 * 2**20)).verdict == PASS, "still growing"
+    assert judge_oplog(OplogSpan(start, three_hours)).verdict == SKIP, "fullness unknown"
+    assert judge_oplog(OplogSpan(start, start + timedelta(hours=30))).verdict == PASS
+
+
+def test_releases_past_their_end_of_life_are_named() -> None:
+    from datetime import date
+
+    from mongolock_async._check_deployment import judge_support
+
+    today = date(2026, 12, 4)
+    verdicts = {
+        version: judge_support({"version": version}, today).verdict
+        for version in ("5.0.31", "6.0.20", "7.0.14", "7.2.2", "8.0.4", "8.2.11", "9.0.0", "8.1.1")
+    }
+    assert verdicts == {"5.0.31": WARN, "6.0.20": WARN, "7.0.14": PASS, "7.2.2": WARN, "8.0.4": PASS,
+                        "8.2.11": PASS, "9.0.0": PASS, "8.1.1": WARN}  # fmt: skip
+    assert "2025-07-31" in judge_support({"version": "6.0.20"}, today).measured
+    assert judge_support({"version": "7.0.14"}, date(2027, 9, 1)).verdict == WARN
+
+
+@pytest.mark.parametrize(
+    ("options", "verdict", "said"),
+    [
+        ({"collation": {"locale": "en", "strength": 2}}, FAIL, "collation"),
+        ({"validator": {"owner": {"$type": "string"}}}, WARN, "validator"),
+        ({"capped": True, "size": 1_000_000}, FAIL, "capped"),
+        ({}, PASS, "plain collection"),
+    ],
+    ids=["collation", "validator", "capped", "plain"],
+)
+async def test_the_collections_options_are_judged(
+    mongodb_uri: str, options: dict[str, Any], verdict: str, said: str
+) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri)
+    name = f"options_{uuid.uuid4().hex[:8]}"
+    try:
+        await client[TEST_DATABASE].create_collection(name, **options)
+        payload = await check(mongodb_uri, "--db", TEST_DATABASE, "--collection", name, "--read-only")
+    finally:
+        await client[TEST_DATABASE].drop_collection(name)
+        await client.close()
+    entry = by_id(payload)["collection.options"]
+    assert entry["verdict"] == verdict and said in entry["measured"], entry

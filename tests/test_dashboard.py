@@ -242,9 +242,9 @@ async def test_releases_need_the_opt_in_the_pages_token_and_the_typed_name(
 ) -> None:
     held = AsyncMongoLock(pymongo_collection, "job", ttl=30, label="worker")
     assert await held.acquire()
-    read_only = Dashboard(pymongo_collection, title="<b>x</b>")
-    releasing = Dashboard(pymongo_collection, allow_release=True)
-    request = {"name": "job", "confirm": "job"}
+    read_only = Dashboard(pymongo_collection, title="<b>x</b>", allowed_hosts=["test"])
+    releasing = Dashboard(pymongo_collection, allow_release=True, allowed_hosts=["test"])
+    request = {"name": "job", "confirm": "job", "leases": await shown_leases(pymongo_collection, "job")}
 
     async def post(dashboard: Dashboard, body: Any, **headers: str) -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=dashboard), base_url="http://test") as client:
@@ -267,7 +267,7 @@ async def test_releases_need_the_opt_in_the_pages_token_and_the_typed_name(
     assert (await post(releasing, request)).status_code == 403, "no token"
     forged = await post(releasing, request, **{"X-Mongolock-Token": token, "Origin": "http://evil.example"})
     assert forged.status_code == 403, "another origin"
-    mistyped = await post(releasing, {"name": "job", "confirm": "jbo"}, **{"X-Mongolock-Token": token})
+    mistyped = await post(releasing, {**request, "confirm": "jbo"}, **{"X-Mongolock-Token": token})
     assert mistyped.status_code == 400 and "typing the lock's name" in mistyped.json()["error"]
     info = await inspect_lock(pymongo_collection, "job")
     assert info is not None and info.held, "nothing was broken so far"
@@ -290,7 +290,7 @@ async def test_mounted_in_fastapi_and_in_aiohttp(pymongo_collection: Any) -> Non
 
     held = AsyncMongoLock(pymongo_collection, "mounted", ttl=30, label="mounter")
     assert await held.acquire()
-    dashboard = Dashboard(pymongo_collection)
+    dashboard = Dashboard(pymongo_collection, allowed_hosts=["test"])
     app = FastAPI()
     app.mount("/locks", dashboard)
     try:
@@ -370,3 +370,222 @@ async def next_message(response: Any) -> dict[str, Any]:
         line = (await response.content.readline()).decode()
         if line.startswith("data: "):
             return dict(json.loads(line[len("data: ") :]))
+
+
+# -- on a shared network -----------------------------------------------------------------------------
+
+
+def asgi_client(dashboard: Dashboard, host: str = "127.0.0.1:8000") -> httpx.AsyncClient:
+    """A client of ``dashboard`` whose requests name ``host`` (as a browser's carry the URL's)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=dashboard), base_url=f"http://{host}")
+
+
+async def shown_leases(collection: Any, name: str) -> list[dict[str, Any]]:
+    """The leases of ``name`` as the page names them in a release request."""
+    info = await inspect_lock(collection, name)
+    assert info is not None and info.holders
+    return [{"owner": (holder.owner or "")[:8], "fencing_token": holder.fencing_token} for holder in info.holders]
+
+
+async def page_token(client: httpx.AsyncClient) -> str:
+    meta = re.search(r'name="mongolock-token" content="([^"]+)"', (await client.get("/")).text)
+    assert meta is not None
+    return meta.group(1)
+
+
+async def test_a_rebound_host_name_is_refused_before_anything_else(
+    pymongo_collection: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = AsyncMongoLock(pymongo_collection, "job", ttl=30, label="worker")
+    assert await held.acquire()
+    dashboard = Dashboard(pymongo_collection, allow_release=True)
+    rebound = "rebind.attacker.example:8000"
+    caplog.set_level(logging.WARNING, logger="mongolock_async.audit")
+    try:
+        async with asgi_client(dashboard) as ours:
+            token = await page_token(ours)  # what the attacker's page could read once rebound
+        (lease,) = await shown_leases(pymongo_collection, "job")
+        headers = {"Origin": f"http://{rebound}", "X-Mongolock-Token": token}
+        async with asgi_client(dashboard, rebound) as attacker:
+            answers = [
+                await attacker.get("/"),
+                await attacker.get("/state.json"),
+                await attacker.get("/events"),
+                await attacker.post("/release", json={"name": "job", "confirm": "job", "leases": [lease]},
+                                    headers=headers),
+            ]  # fmt: skip
+        for host in ("localhost:8000", "[::1]:8000", "LOCALHOST"):
+            async with asgi_client(dashboard, host) as local:
+                assert (await local.get("/state.json")).status_code == 200, host
+    finally:
+        await dashboard.aclose()
+    assert [answer.status_code for answer in answers] == [403, 403, 403, 403]
+    assert all(answer.headers["x-content-type-options"] == "nosniff" for answer in answers)
+    info = await inspect_lock(pymongo_collection, "job")
+    assert info is not None and info.held, "nothing was released"
+    assert "rebind.attacker.example" in caplog.text and "not in allowed_hosts" in caplog.text
+    assert await held.release()
+
+    outer_app = Dashboard(pymongo_collection).aiohttp_app()
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    async with TestServer(outer_app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/state.json"), headers={"Host": rebound}) as refused:
+            assert refused.status == 403 and refused.headers["X-Content-Type-Options"] == "nosniff"
+        async with session.get(server.make_url("/state.json")) as served:
+            assert served.status == 200 and served.headers["X-Content-Type-Options"] == "nosniff"
+            assert (await served.json())["type"] == "snapshot"
+
+
+async def test_a_token_header_of_any_characters_is_refused_and_audited(
+    pymongo_collection: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dashboard = Dashboard(pymongo_collection, allow_release=True)
+    caplog.set_level(logging.WARNING, logger="mongolock_async.audit")
+    async with asgi_client(dashboard) as client:
+        answer = await client.post(
+            "/release", content=b'{"name": "job", "confirm": "job", "leases": []}',
+            headers={"Content-Type": "application/json", "X-Mongolock-Token": "t\u00f6k\u00e9n".encode()},
+        )  # fmt: skip
+    assert answer.status_code == 403 and "no valid token" in answer.json()["error"]
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "refused a forced release" in caplog.text and "no valid token" in caplog.text
+
+
+async def test_json_and_events_are_never_sniffed(pymongo_collection: Any) -> None:
+    dashboard = Dashboard(pymongo_collection)
+    started: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(0.5)  # the page goes away (httpx's ASGI transport waits for a body's end)
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            started.append(message)
+
+    try:
+        async with asgi_client(dashboard) as client:
+            state = await client.get("/state.json")
+            missing = await client.get("/nothing")
+        scope = {"type": "http", "method": "GET", "path": "/events", "headers": [(b"host", b"127.0.0.1:8000")]}
+        await dashboard(scope, receive, send)
+    finally:
+        await dashboard.aclose()
+    event_headers = httpx.Headers(started[0]["headers"])
+    for headers in (state.headers, missing.headers, event_headers):
+        assert headers["x-content-type-options"] == "nosniff", headers
+    assert event_headers["content-type"].startswith("text/event-stream")
+
+
+async def test_a_shared_secret_keeps_the_release_token_across_restarts_and_workers(
+    pymongo_collection: Any,
+) -> None:
+    secret = "a-shared-secret-of-the-deployment"
+    before, after = (Dashboard(pymongo_collection, allow_release=True, release_secret=secret) for _ in range(2))
+    random_before, random_after = (Dashboard(pymongo_collection, allow_release=True) for _ in range(2))
+    held = AsyncMongoLock(pymongo_collection, "job", ttl=30, label="worker")
+    assert await held.acquire()
+    request = {"name": "job", "confirm": "job", "leases": await shown_leases(pymongo_collection, "job")}
+
+    async def release_through(loaded: Dashboard, serving: Dashboard) -> int:
+        async with asgi_client(loaded) as page, asgi_client(serving) as other:
+            token = await page_token(page)
+            answer = await other.post("/release", json=request, headers={"X-Mongolock-Token": token})
+            return answer.status_code
+
+    assert await release_through(random_before, random_after) == 403, "a random token dies with its process"
+    assert await release_through(before, after) == 200, "a derived one does not"
+    with pytest.raises(ValueError, match="at least 16"):
+        Dashboard(pymongo_collection, release_secret="short")
+
+
+async def test_the_dashboard_breaks_only_the_lease_its_page_showed(pymongo_collection: Any) -> None:
+    first = AsyncMongoLock(pymongo_collection, "job", ttl=30, label="first")
+    assert await first.acquire()
+    dashboard = Dashboard(pymongo_collection, allow_release=True)
+    async with asgi_client(dashboard) as client:
+        token = await page_token(client)
+        request = {"name": "job", "confirm": "job", "leases": await shown_leases(pymongo_collection, "job")}
+        assert await first.release()  # the holder changes while the operator confirms
+        second = AsyncMongoLock(pymongo_collection, "job", ttl=30, label="second")
+        assert await second.acquire()
+        answer = await client.post("/release", json=request, headers={"X-Mongolock-Token": token})
+    assert answer.status_code == 409 and answer.json()["released"] is False, answer.text
+    assert "nothing was broken" in answer.json()["error"]
+    now = await inspect_lock(pymongo_collection, "job")
+    assert now is not None and [holder.label for holder in now.holders] == ["second"]
+    assert await second.release()
+
+
+def test_release_on_an_address_others_reach_is_warned_about(mongodb_uri: str, tmp_path: Any) -> None:
+    name = f"warned_{uuid.uuid4().hex[:8]}"
+    with MongoClient(mongodb_uri) as client:
+        client[TEST_DATABASE][name].insert_one({"_id": "opened"})
+        secret = tmp_path / "secret"
+        tokens = []
+        try:
+            for host in ("0.0.0.0", "127.0.0.1"):
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "mongolock_async", "dashboard", "--port", "0", "--host", host,
+                     "--uri", mongodb_uri, "--db", TEST_DATABASE, "--collection", name, "--allow-release",
+                     "--secret-file", str(secret)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
+                )  # fmt: skip
+                assert server.stdout is not None
+                line = server.stdout.readline()
+                match = re.search(r":(\d+)/ \(release allowed", line)
+                assert match, line
+                page = httpx.get(f"http://127.0.0.1:{match.group(1)}/", timeout=10)
+                meta = re.search(r'name="mongolock-token" content="([^"]+)"', page.text)
+                assert meta is not None
+                tokens.append(meta.group(1))
+                server.send_signal(signal.SIGINT)
+                _, err = server.communicate(timeout=15)
+                assert server.returncode == 0, err
+                warned = "warning: --allow-release on --host 0.0.0.0" in err
+                assert warned is (host == "0.0.0.0"), err
+        finally:
+            client[TEST_DATABASE].drop_collection(name)
+    assert tokens[0] == tokens[1], "the secret file keeps the token across a restart"
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+
+
+SAMPLES = [
+    "<img src=x onerror=\"alert('pwned')\">\x1b[2J\x1b]0;title\x07\u202etxt.exe\x9b31m",
+    "tab\there\nnew\rline\x7f\u200bzero\u2028sep\u00a0nbsp \U000e0001tag caf\u00e9 \u6ce8\u6587",
+    "plain:name-42",
+]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_page_shows_escapes_bidi_overrides_and_html_as_the_command_does(
+    browser: Browser, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
+    from mongolock_async._inert import printable
+
+    dialogs: list[str] = []
+    name, label = SAMPLES[0], "<b>worker</b>\u202e\x1b[5m"
+    async with (
+        dashboard_command(mongodb_uri, mongolock_admin_client) as served,
+        opened_page(browser, served.url, dialogs, []) as page,
+    ):
+        marked = AsyncMongoLock(served.collection, name, ttl=30, label=label)
+        assert await marked.acquire()
+        await shown(page, HOLDER_OF, name, printable(label))
+        cells = await page.eval_on_selector_all("#locks td.name", "cells => cells.map(c => c.textContent)")
+        holders = await page.eval_on_selector_all("#locks td.holder", "cells => cells.map(c => c.textContent)")
+        labels = await page.eval_on_selector_all("#timeline svg text", "nodes => nodes.map(n => n.textContent)")
+        in_the_page = await page.evaluate("(samples) => samples.map(printable)", SAMPLES)
+        assert await marked.release()  # seen live by the page (its row showed): the event reaches it
+        in_events = "([text]) => [...document.querySelectorAll('#events .lock')].some(e => e.textContent === text)"
+        await shown(page, in_events, printable(name))
+        assert await page.locator("main img, main b, main script").count() == 0, "nothing of it became markup"
+    assert printable(name) in cells and not any(cell == name for cell in cells)
+    assert any(printable(label) in holder for holder in holders), holders
+    assert any(text.startswith(printable(name)[:29]) for text in labels), labels
+    assert in_the_page == [printable(sample) for sample in SAMPLES], "the page's printable form is the command's"
+    for text in [*cells, *holders, *labels]:
+        assert text.isprintable(), repr(text)
+    assert dialogs == []

@@ -24,6 +24,7 @@ from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
     AsyncMongoElection,
+    AsyncMongoJob,
     AsyncMongoLock,
     AsyncMongoRWLock,
     AsyncMongoSemaphore,
@@ -72,6 +73,9 @@ STABLE_API_V1_OPERATORS = {
     "$add", "$multiply", "$subtract", "$max", "$sum", "$cond", "$not", "$eq", "$ne", "$ifNull", "$literal",
     "$toDate", "$toLong", "$filter", "$map", "$reduce", "$let", "$range", "$arrayElemAt", "$indexOfArray",
     "$size", "$concat", "$concatArrays", "$first", "$isArray", "$mergeObjects", "$slice",
+    # A job's period and record: REGISTER_STABLE_EXPRESSION(mod, ...) and (allElementsTrue, ...),
+    # same file.
+    "$mod", "$allElementsTrue",
 }  # fmt: skip
 
 
@@ -189,6 +193,43 @@ async def test_a_strict_stable_api_client_works(driver: str, mongodb_uri: str) -
     # What the permits' pipelines need beyond the lock's: had they not been sent, the list above
     # would prove nothing about them.
     assert {"$reduce", "$let", "$range", "$concat", "$arrayElemAt", "$sum", "$regex"} <= used
+
+
+async def every_kind_of_job_request(driver: str, uri: str, name: str, **options: Any) -> None:
+    """A scheduled job's requests, with a client made with ``options``: a run that succeeds, a call
+    in the same period (skipped), a run that fails and is retried, and the job's state. Leaves the
+    collection ``name`` behind."""
+    client = make_client(driver, uri, **options)
+    locks = client[TEST_DATABASE][name]
+    try:
+        digest = AsyncMongoJob(locks, "digest", every=3600, max_attempts=3, min_interval=1)
+        assert (await digest.run(asyncio.sleep, 0)).ran
+        assert (await digest.run(asyncio.sleep, 0)).skipped == "done"
+        failing = AsyncMongoJob(locks, "report", every=3600, max_attempts=3)
+        with pytest.raises(ZeroDivisionError):
+            await failing.run(asyncio.to_thread, lambda: 1 / 0)
+        assert (await failing.run(asyncio.sleep, 0)).ran, "the failed run's period was retried"
+        assert (await digest.state()) is not None
+    finally:
+        await close_client(client)
+
+
+async def test_a_strict_stable_api_client_runs_jobs(driver: str, mongodb_uri: str) -> None:
+    # A job's requests carry its period's arithmetic ($mod) besides the lock's pipeline:
+    # a strict client must be able to send every one of them (on MongoDB, any expression outside
+    # API V1 fails with APIStrictError; the embedded server does not check expressions).
+    counter = CommandCounter()
+    name = f"jobs_{uuid.uuid4().hex[:12]}"
+    strict = ServerApi("1", strict=True)
+    try:
+        await every_kind_of_job_request(driver, mongodb_uri, name, server_api=strict, event_listeners=[counter])
+    finally:
+        client = make_client(driver, mongodb_uri)
+        await client[TEST_DATABASE][name].drop()
+        await close_client(client)
+    used = set().union(*(operators_in(command) for command in counter.commands))
+    assert used <= STABLE_API_V1_OPERATORS, f"outside the Stable API: {used - STABLE_API_V1_OPERATORS}"
+    assert {"$mod", "$allElementsTrue"} <= used, "the period's arithmetic was not sent: the test proves nothing"
 
 
 async def test_a_strict_client_reaches_the_server_as_strict(driver: str, mongodb_uri: str) -> None:

@@ -140,6 +140,7 @@ async def test_client_clocks_that_disagree_do_not_matter(mongodb_uri: str, pymon
     assert len({pid for *_, pid in runs}) > 1, "the skewed processes ran the job too"
 
 
+@pytest.mark.environment  # faketime is what the environment provides (make test installs it)
 def test_faketime_shifts_a_processs_wall_clock() -> None:
     # What the test above relies on: the worker's time.time() is off by the given amount.
     assert shutil.which("faketime"), FAKETIME_MISSING

@@ -81,7 +81,9 @@ async def test_permits_are_handed_on_and_tokens_rise(lock_collection: Any) -> No
 
 
 async def test_a_dead_holders_permit_is_taken_after_its_ttl(lock_collection: Any) -> None:
-    dead = AsyncMongoSemaphore(lock_collection, "expiring", 1, ttl=0.5)
+    # A TTL that a slow round trip cannot eat (an answer past the local deadline is no lease): with
+    # 0.5 s, the rehearsed access-control job's one busy embedded server answered too late once.
+    dead = AsyncMongoSemaphore(lock_collection, "expiring", 1, ttl=1.5)
     assert await dead.acquire(blocking=False)
     token = dead.fencing_token
     assert token is not None

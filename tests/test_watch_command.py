@@ -111,11 +111,14 @@ async def hold(uri: str, collection: str, name: str, label: str, *, ttl: float =
 
 
 async def release_by_force(uri: str, collection: str, name: str) -> None:
-    from mongolock_async.operations import force_release
+    from mongolock_async.operations import force_release, inspect_lock
 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
     try:
-        assert await force_release(client[TEST_DATABASE][collection], name) is not None
+        info = await inspect_lock(client[TEST_DATABASE][collection], name)
+        assert info is not None and info.holders[0].owner is not None
+        broken = await force_release(client[TEST_DATABASE][collection], name, holder=info.holders[0].owner)
+        assert broken is not None
     finally:
         await client.close()
 

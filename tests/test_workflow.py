@@ -5,14 +5,23 @@ docs/testing.md says they are."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pymongo.errors import OperationFailure
 from pymongo.uri_parser import parse_uri
 
+from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.conftest import FaultServer, set_fail_point, uri_with_options, uri_without_credentials
+from tests.conftest import (
+    FaultServer,
+    child_environment,
+    set_fail_point,
+    uri_with_options,
+    uri_without_credentials,
+)
 
 pytestmark = pytest.mark.environment
 TESTS = Path(__file__).parent
@@ -125,3 +134,26 @@ async def test_a_fail_point_is_scoped_to_one_client(driver: str, fault_server: F
     finally:
         await close_client(mine)
         await close_client(other)
+
+
+@pytest.mark.parametrize("expected", ["uri", None], ids=["a-real-server-expected", "nothing-expected"])
+def test_fault_tests_fail_where_the_real_server_under_test_has_no_fail_points(expected: str | None) -> None:
+    # A MongoDB started without the test commands, as a workflow job's would be if its compose file
+    # lost the flag: the fault tests fall back to a private embedded server only where the run does
+    # not say it tests a real MongoDB.
+    with EmbeddedMongo(test_commands=False) as server:
+        settings = {"MONGODB_URI": server.uri, **({"MONGOLOCK_TEST_EXPECT_SERVER": expected} if expected else {})}
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             "tests/test_workflow.py::test_a_fail_point_is_scoped_to_one_client"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=TESTS.parent,
+            env=child_environment(**settings),
+        )  # fmt: skip
+    if expected:
+        assert result.returncode == 1 and "refuses configureFailPoint" in result.stdout, result.stdout[-3000:]
+        assert "enableTestCommands=1" in result.stdout
+    else:
+        assert result.returncode == 0, result.stdout[-3000:]

@@ -1,14 +1,16 @@
-"""Initiate the MongoDB deployments of replica-set.yml, sharded.yml or access-control.yml once their
-containers run.
+"""Initiate the MongoDB deployments of replica-set.yml, sharded.yml, access-control.yml or tls.yml
+once their containers run.
 
     python .ci/mongodb/initiate.py replica-set|sharded|access-control
+    python .ci/mongodb/initiate.py tls CA_FILE
 
 Waits (up to two minutes) for each member, initiates each replica set, waits for its primary, and
 for the sharded cluster adds both shards through the mongos. For access-control (a member started
 with a keyfile, so it enforces roles; run this on the same host, where MongoDB's localhost exception
 lets the first user be created) it also creates the roles docs/deploying.md gives, from
 mongolock_async.privileges (so this needs the package installed), and a user for each: see
-``create_test_users``. Otherwise it needs only pymongo.
+``create_test_users``. For tls it connects with TLS, verifying the server with CA_FILE. Otherwise
+it needs only pymongo.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
 DEADLINE = time.monotonic() + 120
+TLS: dict[str, Any] = {}
+"""Client options for a server that speaks TLS only (tls.yml): set from the command line."""
 ALREADY_INITIALIZED = 23
 UNAUTHORIZED, USER_EXISTS = 13, 51003
 
 
 def client(port: int, **options: Any) -> MongoClient[dict[str, Any]]:
-    return MongoClient(f"mongodb://localhost:{port}/", directConnection=True, serverSelectionTimeoutMS=2000, **options)
+    return MongoClient(
+        f"mongodb://localhost:{port}/", directConnection=True, serverSelectionTimeoutMS=2000, **TLS, **options
+    )
 
 
 def retry(what: str, step: Any) -> Any:
@@ -111,7 +117,7 @@ def access_control() -> None:
 
 
 def main(topology: str) -> None:
-    if topology == "replica-set":
+    if topology in ("replica-set", "tls"):
         initiate(27017, "rs0", "localhost:27017")
         return
     if topology == "access-control":
@@ -128,6 +134,8 @@ def main(topology: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in ("replica-set", "sharded", "access-control"):
+    if sys.argv[1:2] == ["tls"] and len(sys.argv) == 3:
+        TLS.update(tls=True, tlsCAFile=sys.argv[2])
+    elif len(sys.argv) != 2 or sys.argv[1] not in ("replica-set", "sharded", "access-control"):
         raise SystemExit(__doc__)
     main(sys.argv[1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar, overload
 
@@ -491,6 +491,24 @@ class LockStore:
         remaining lease on the server's clock. A corrupt document is reported with its error."""
         return await self.send(reports.report(self._majority_reads, names, prefix), bound=bound)
 
+    def iterate_reports(
+        self,
+        *,
+        prefix: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+        now: datetime | None = None,
+    ) -> AsyncGenerator[LockReport, None]:
+        """Lock documents as :meth:`report` reports them, in name order, read a batch at a time
+        (see ``reports.iterate``): for listings of any size. Unbounded: the caller stops reading.
+        Judged at ``now`` on the server's clock if given (a view that has just read it), else at
+        the server's clock read first."""
+
+        async def server_time() -> datetime:
+            return now if now is not None else await self.server_time()
+
+        return reports.iterate(self._majority_reads, server_time, prefix, after, limit)
+
     async def leadership(self, name: str, *, bound: float | None = None) -> Leadership | None:
         """Who leads the election ``name`` now, on the server's clock; None if nobody does.
         ``LockDataError`` if the name is not an election's."""
@@ -538,6 +556,16 @@ class LockStore:
         if current is not None and current.get("kind") in PERMIT_KINDS:
             return await reports.force_release_permits(self._collection, name, None)
         return await reports.force_release_lease(self._collection, name, None)
+
+    async def repair(self, name: str) -> reports.ForcedRelease | None:
+        """Reset the lock fields of ``name``'s document if they are corrupt when the write lands
+        (as :meth:`force_release` without ``holder`` does), never breaking a live lease of a sane
+        one: a document repaired by someone else meanwhile, and leased again, is left alone.
+        What was reset (the corrupt fields, read leniently), or None."""
+        current = await self._collection.find_one({"_id": name}, {"kind": 1})
+        if current is not None and current.get("kind") in PERMIT_KINDS:
+            return await reports.force_release_permits(self._collection, name, None, live=False)
+        return await reports.force_release_lease(self._collection, name, None, live=False)
 
     async def ensure_idle_cleanup_index(self, idle_after: int) -> str:
         """Create (or change) the TTL index that deletes lock documents idle for ``idle_after`` seconds."""

@@ -280,13 +280,15 @@ def _renewal(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
     ]
 
 
-def force_release_pipeline(stamp: str, *, repair: bool) -> list[dict[str, Any]]:
-    """Break the live lease of a lock's (or a job's) document, recording it in ``forcedRelease``
-    with ``stamp``; with ``repair``, also reset a document whose lease fields were corrupted
-    (``fence`` is kept when it is a valid token, else restarted from the server clock's floor)."""
+def force_release_pipeline(stamp: str, *, repair: bool, live: bool = True) -> list[dict[str, Any]]:
+    """Break the live lease of a lock's (or a job's) document (unless not ``live``: then only a
+    repair), recording it in ``forcedRelease`` with ``stamp``; with ``repair``, also reset a
+    document whose lease fields were corrupted (``fence`` is kept when it is a valid token, else
+    restarted from the server clock's floor)."""
     now = expressions.SERVER_NOW
     broken = "$_break"
-    breaks: Any = {"$or": [{"$not": [FORCE_SANE]}, _LEASE_LIVE]} if repair else _LEASE_LIVE
+    corrupt = {"$not": [FORCE_SANE]}
+    breaks: Any = ({"$or": [corrupt, _LEASE_LIVE]} if live else corrupt) if repair else _LEASE_LIVE
     record = {"by": stamp, "at": now, "owner": "$owner", "holder": "$holder", "fence": "$fence"}
     return [
         {"$set": {"_break": breaks}},

@@ -291,11 +291,11 @@ def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]
     ]
 
 
-def force_release_pipeline(stamp: str, owner: str | None) -> list[dict[str, Any]]:
-    """Break every live permit (or only ``owner``'s), recording them in ``forcedRelease`` with
-    ``stamp``, and wake the waiters (``freed``); a corrupt document's permits are all broken and
-    its fields reset."""
-    chosen: Any = True if owner is None else {"$eq": ["$$this.o", {"$literal": owner}]}
+def force_release_pipeline(stamp: str, owner: str | None, *, live: bool = True) -> list[dict[str, Any]]:
+    """Break every live permit (or only ``owner``'s; none unless ``live``: then only a repair),
+    recording them in ``forcedRelease`` with ``stamp``, and wake the waiters (``freed``); a corrupt
+    document's permits are all broken and its fields reset."""
+    chosen: Any = live if owner is None else {"$eq": ["$$this.o", {"$literal": owner}]}
     return [
         {"$set": {"_now": expressions.SERVER_NOW, "_sane": _permits_sane("$kind")}},
         {

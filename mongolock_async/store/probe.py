@@ -41,6 +41,7 @@ _UNAUTHORIZED = 13
 # Atlas answers some refused actions with its own code and "user is not allowed to do action [...]".
 _ATLAS_ERROR = 8000
 _MAJORITY = WriteConcern(w="majority")
+_DEFAULT_PORT = 27017
 
 
 def new_scratch_prefix() -> str:
@@ -168,6 +169,26 @@ class DeploymentProbe:
                 return None
             raise
         return sorted(str(document["_id"]) for document in documents)
+
+    async def listed_as(self, client: Any) -> str | None:
+        """How the mongos that ``client`` reaches lists itself in ``config.mongos``, or None where
+        this user may not run ``serverStatus`` (``clusterMonitor`` may).
+
+        A mongos lists itself as ``<its host name>:<its port>`` (``constructInstanceIdString``,
+        mongodb/mongo src/mongo/s/sharding_uptime_reporter.cpp), and ``serverStatus`` reports its
+        host name, with ``:port`` only off the default port 27017 (``prettyHostName``,
+        src/mongo/util/net/socket_utils.cpp; src/mongo/db/commands/server_status.cpp). Behind a
+        mapped port (Docker) the address a client uses says nothing of either."""
+        try:
+            status = await client.admin.command("serverStatus")
+        except OperationFailure as error:
+            if is_refusal(error):
+                return None
+            raise
+        host = str(status.get("host") or "")
+        if not host:
+            return None
+        return host if ":" in host else f"{host}:{_DEFAULT_PORT}"
 
     async def read_in_transaction(self) -> None:
         """Read one document inside a transaction and commit it: whether transactions work here."""

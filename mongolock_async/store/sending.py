@@ -4,9 +4,16 @@ and which errors a retry may fix.
 
 While the client knows no server to write to, a request still waiting after
 ``NO_SERVER_WARNING_AFTER`` seconds logs a warning saying so, once per client and outage: no silent
-waits. Such a request carries the driver's own deadline as well (``pymongo.timeout``), just before
-its bound, and when cut off is reported as the driver reports a request it never sent: a server
+waits; and one cut off is reported as the driver reports a request it never sent: a server
 selection timeout, with what its monitoring ran into.
+
+A request whose cut can be lost (see ``_shield``: on Python 3.11, in a timed wait of the driver's)
+carries the driver's own deadline as well, just after its bound, so that the driver ends it there by
+itself: one sent while no server is known (server selection waits), and every request of a client
+whose pool waits for a connection under a deadline (``timeoutMS`` or ``waitQueueTimeoutMS`` set).
+Not the others: without a deadline, PyMongo waits for a pooled connection in a plain await
+(``asyncio.wait_for`` with no timeout awaits directly), which loses no cancellation, and a deadline
+would cost every request the driver's per-command bookkeeping (``benchmarks/client_cost.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +22,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-import pymongo
 from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
@@ -30,7 +36,7 @@ from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 
 from .._diagnosis import cause_of, retrying_cannot_fix
-from .._shield import RequestTimeout, run_shielded
+from .._shield import DRIVER_DEADLINE_AFTER_CUT, RequestTimeout, run_shielded
 from .._weak import WeakIdentityMap
 from ..errors import ServerTooOldError
 
@@ -60,17 +66,23 @@ async def send(
     happens to the caller (see :func:`~mongolock_async._shield.run_shielded`); past the bound it
     raises ``RequestTimeout``, or a ``ServerSelectionTimeoutError`` while no server is known."""
     warning = None
-    if not _writable_server_known(client):
-        if bound > NO_SERVER_WARNING_AFTER:
-            loop = asyncio.get_running_loop()
-            warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, client, bound)
-        if bound < client.options.server_selection_timeout:
-            request = _selecting_until(time.monotonic() + bound - _SELECTION_AHEAD_OF_CUT, request)
+    known = _writable_server_known(client)
+    if not known and bound > NO_SERVER_WARNING_AFTER:
+        loop = asyncio.get_running_loop()
+        warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, client, bound)
+    # The driver's own deadline where a cut can be lost and the driver would wait on past the bound.
+    waits = _waits_past_a_lost_cut.setdefault(client, lambda: _driver_waits(client.options))
+    driver_deadline = bound + DRIVER_DEADLINE_AFTER_CUT < (waits.server_known if known else waits.no_server)
     try:
-        return await run_shielded(request, bound=bound, on_cancelled=on_cancelled)
-    except RequestTimeout:
-        if _writable_server_known(client):
+        return await run_shielded(request, bound=bound, on_cancelled=on_cancelled, driver_deadline=driver_deadline)
+    except PyMongoError as error:
+        # Under the deadline given here, the driver's own timeout says what a cut says: no answer in time.
+        if not isinstance(error, RequestTimeout) and not (driver_deadline and error.timeout):
             raise
+        if _writable_server_known(client):
+            if isinstance(error, RequestTimeout):
+                raise
+            raise RequestTimeout(f"MongoDB did not answer within {bound:.3g} s") from None
         # Still no server to send it to: what the driver itself reports as a server selection
         # timeout (a request it never sent), with what its monitoring ran into.
         cause = _what_the_servers_ran_into(client) or "no server answered"
@@ -81,19 +93,33 @@ async def send(
             warning.cancel()
 
 
-async def _selecting_until(deadline: float, request: Coroutine[Any, Any, T]) -> T:
-    """Run ``request`` under the driver's own deadline (``pymongo.timeout``), so that its server
-    selection ends by ``deadline`` even if the cancellation that cuts it at its bound is lost.
+class _DriverWaits(NamedTuple):
+    """The longest the driver itself waits where a cut can be lost, in seconds: for a server (while
+    none is known), and for a pooled connection (while one is; 0 where that wait is a plain await,
+    which loses nothing). A request bounded shorter gets the driver's deadline, which replaces these
+    limits: so it never lengthens one."""
 
-    That happens on Python 3.11, where PyMongo waits for the topology to change in
-    ``asyncio.wait_for`` (``_select_servers_loop``, pymongo/asynchronous/topology.py), which
-    returns normally when its wait ends in the loop iteration that cancels it (CPython gh-86296);
-    selection would then go on to the client's server selection timeout. Under a deadline the
-    loop raises ``ServerSelectionTimeoutError`` the next time it looks at the clock. Only while no
-    server is known: the deadline costs per-command bookkeeping that the usual request can spare.
+    no_server: float
+    server_known: float
+
+
+_waits_past_a_lost_cut: WeakIdentityMap[Any, _DriverWaits] = WeakIdentityMap()
+
+
+def _driver_waits(options: Any) -> _DriverWaits:
+    """The ``_DriverWaits`` of a client's ``options`` (a client's options never change).
+
+    ``timeoutMS`` is the driver's deadline for every operation, its wait for a server included
+    (``get_server_selection_timeout``, pymongo/topology_shared.py). Without it, a server is waited
+    for ``serverSelectionTimeoutMS``, and a pooled connection ``waitQueueTimeoutMS``, if set; if not,
+    in a plain await (``_get_conn``, pymongo/asynchronous/pool.py: no deadline, no timeout).
     """
-    with pymongo.timeout(max(deadline - time.monotonic(), 0.001)):
-        return await request
+    if options.timeout:  # 0 means none, as in the driver
+        return _DriverWaits(options.timeout, options.timeout)
+    selection = options.server_selection_timeout
+    queue = options.pool_options.wait_queue_timeout
+    # The deadline replaces serverSelectionTimeoutMS too, should the server be lost meanwhile.
+    return _DriverWaits(selection, 0.0 if queue is None else min(queue, selection))
 
 
 async def check_server(client: Any, full_name: str) -> None:
@@ -197,9 +223,6 @@ async def maybe_await(value: Any) -> Any:
 
 NO_SERVER_WARNING_AFTER = 2.0
 """Seconds a request may wait for a server before a warning says so (no silent waits)."""
-# The driver's deadline for a request sent while no server is known falls this long before the cut
-# at its bound: a cut that is lost then finds selection already past its deadline.
-_SELECTION_AHEAD_OF_CUT = 0.001
 
 
 def _what_the_servers_ran_into(client: Any) -> str | None:

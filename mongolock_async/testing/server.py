@@ -324,7 +324,7 @@ class EmbeddedMongo:
     def _launch(self, *, auth: bool, tls: bool) -> None:
         assert self._workdir is not None and self.log_path is not None
         command = [
-            sys.executable, "-c", (_BOUNDED_HANDSHAKE if tls else "") + _ONE_RETRYABLE_RECORD_PER_SESSION + _LAUNCH,
+            sys.executable, "-c", self._launch_code(tls=tls),
             "--host", "127.0.0.1",
             "--port", str(self.port or 0),
             "--storage-path", str(self._workdir / "data"),
@@ -357,6 +357,11 @@ class EmbeddedMongo:
             )
         self._tell_reaper(str(self._process.pid))
         self._wait_until_listening(log_start)
+
+    def _launch_code(self, *, tls: bool) -> str:
+        """The Python program the server process runs: SecantusDB's command line, after the
+        patches above."""
+        return (_BOUNDED_HANDSHAKE if tls else "") + _ONE_RETRYABLE_RECORD_PER_SESSION + _LAUNCH
 
     def _tell_reaper(self, line: str) -> None:
         if self._reaper is not None and self._reaper.stdin is not None:

@@ -1,0 +1,1 @@
+"""The rehearsal of the real-MongoDB workflow (see ``.ci/rehearse.py``)."""
