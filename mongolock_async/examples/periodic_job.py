@@ -14,9 +14,10 @@ Run it in two or three terminals at once and compare what they print:
     python -m mongolock_async.examples.periodic_job --scheduler loop --every 2 --seconds 10
     mongolock inspect digest                                     # the job: its period, last run, holder
 
-Each replica prints the periods it built the digest in; the digests are in the ``jobs`` database
-(``JOBS_DATABASE``), one per period. Each scheduler stops between runs, never during one: a run
-cut off midway leaves its period not done, and another replica would build that digest again.
+Each replica prints the starts of the periods it built the digests of; the digests are in the
+``jobs`` database (``JOBS_DATABASE``), one per period. Each scheduler stops between runs, never
+during one: a run cut off midway leaves its period not done, and another replica would build that
+digest again.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ async def main(scheduler: str, every: float, seconds: float) -> None:
 
     await SCHEDULERS[scheduler](build_digest, every, seconds)
     await client.close()
-    print(f"replica {os.getpid()} built the digest in the periods from {', '.join(built) or 'none'}", flush=True)
+    print(f"replica {os.getpid()} built the digests of {', '.join(built) or 'none'}", flush=True)
 
 
 if __name__ == "__main__":
