@@ -206,8 +206,11 @@ def test_a_password_in_the_uri_never_shows() -> None:
         # the same way), then interrupted as Ctrl-C would: that ends it cleanly, password unshown.
         seen_processes, deadline = 0, time.monotonic() + 120
         while demo.poll() is None and seen_processes < 40 and time.monotonic() < deadline:
-            ps = subprocess.run(["ps", "-eo", "ppid,args"], capture_output=True, text=True, env=child_environment())
-            listing = ps.stdout
+            # -ww: every command line whole (ps cuts one at the width it guesses, which cut the worker's
+            # module name off behind the runner's 64-character path to the venv's python).
+            listing = subprocess.run(
+                ["ps", "-ww", "-eo", "ppid,args"], capture_output=True, text=True, env=child_environment()
+            ).stdout
             assert PASSWORD not in listing, "a password shows in the process list"
             # This demo's workers only: another test run's demo on the machine proves nothing of this one,
             # which may still be importing (a Ctrl-C then is a KeyboardInterrupt, exit -2).
@@ -219,7 +222,7 @@ def test_a_password_in_the_uri_never_shows() -> None:
         demo.send_signal(signal.SIGINT)
         out, err = demo.communicate(timeout=60)
         assert demo.returncode in (0, 130), err
-        assert seen_processes > 0, "no worker was ever seen: the check proves nothing"
+        assert seen_processes > 0, f"no worker was ever seen: the check proves nothing ({out[-1500:]}{err[-1500:]})"
         assert PASSWORD not in out + err and "Traceback" not in err
         with MongoClient(server.uri) as client:
             left = [name for name in client.list_database_names() if name.startswith("mongolock_demo_")]
