@@ -87,8 +87,10 @@ bench: $(STAMP)
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
 ## then 5 minutes of fenced writes by processes paused at random past their TTL, then 200 cuts per
-## client swept across a request's wait for a pooled connection (the suite runs 40).
+## client swept across a request's wait for a pooled connection (the suite runs 40), then 10 minutes
+## of the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms).
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
 	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/test_request_bounds.py
+	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)

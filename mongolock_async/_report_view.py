@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._inert import json_text, printable
-from .documents import JOB_KIND, JobRun, LockReport, LockState, Place
+from .documents import JOB_KIND, JobRun, LockReport, LockState, Period, Place
 from .jobs import JobState
 from .operations import status_of
 
@@ -84,7 +84,7 @@ def _job_dict(job: JobState) -> dict[str, Any]:
         error = None if entry.error_type is None else {"type": entry.error_type, "message": entry.error_message}
         return {
             "attempt": entry.attempt,
-            "slot": entry.slot,
+            "period": period(entry.period),
             "holder": dict(entry.holder) if entry.holder else None,
             "started_at": _iso(entry.started_at),
             "ended_at": _iso(entry.ended_at),
@@ -95,14 +95,16 @@ def _job_dict(job: JobState) -> dict[str, Any]:
     def ms(value: Any) -> int | None:
         return None if value is None else round(value.total_seconds() * 1000)
 
+    def period(span: Period | None) -> dict[str, Any] | None:
+        return None if span is None else {"start": _iso(span.start), "end": _iso(span.end)}
+
     return {
         "state": job_word(job),
         "every_ms": ms(job.every),
         "offset_ms": ms(job.offset),
         "min_interval_ms": ms(job.min_interval),
         "max_attempts": job.max_attempts,
-        "slot": job.slot,
-        "slot_started_at": _iso(job.slot_started_at),
+        "period": period(job.period),
         "done": job.done,
         "attempts": job.attempts,
         "exhausted": job.exhausted,
@@ -119,7 +121,7 @@ def job_word(job: JobState) -> str:
         return "running"
     if job.held:
         return "held"
-    if job.slot is not None:
+    if job.period is not None:
         return "done" if job.done else ("failed" if job.exhausted else "due")
     if job.last is None:
         return "never run"
@@ -294,9 +296,9 @@ def _print_job(report: LockReport, state: LockState, job: JobState) -> None:
     if job.min_interval is not None:
         schedule.append(f"at least {_span(job.min_interval)} between runs")
     say(f"schedule  {', '.join(schedule) or 'one run at a time'}")
-    if job.slot is not None:
+    if job.period is not None:
         attempts = f"{job.attempts} attempt{'' if job.attempts == 1 else 's'} so far"
-        say(f"period    {job.slot}, from {_when(job.slot_started_at)}, {attempts}")
+        say(f"period    {_when(job.period.start)} to {_when(job.period.end)}, {attempts}")
     if job.not_before is not None and job.not_before > job.server_time:
         say(f"next      not before {_when(job.not_before)}")
     if job.running is not None:

@@ -20,6 +20,11 @@ MIN_TTL = 0.001
 # The longest lease (a year and a day): expiries are computed on the server, and a stored
 # expiry further ahead is treated as corrupt, never as a lease that never expires.
 MAX_TTL = 366 * 86_400.0
+MAX_DURATION = MAX_TTL
+"""The longest duration a job stores (``every``, ``min_interval``, ``hold_at_least``), in seconds:
+a year and a day, as the longest TTL. They are stored in milliseconds and added to server dates;
+unbounded, 1e17 s overflows BSON's 64-bit integers and 3e11 s makes dates past the year 9999,
+which no reader (Python's ``datetime`` among them) can represent."""
 _COLLECTION_METHODS = ("find_one_and_update", "update_one", "update_many", "find_one", "find", "with_options")
 
 
@@ -59,13 +64,17 @@ def seconds(value: object, argument: str, *, minimum: float = 0.0, allow_zero: b
     return number
 
 
-def duration(value: object, argument: str, *, allow_zero: bool = False) -> float:
-    """A ``timedelta`` or a number of seconds, as seconds (positive, or with ``allow_zero`` also 0)."""
+def duration(value: object, argument: str, *, allow_zero: bool = False, maximum: float = MAX_DURATION) -> float:
+    """A ``timedelta`` or a number of seconds, as seconds: positive (or with ``allow_zero`` also 0)
+    and at most ``maximum`` (default ``MAX_DURATION``)."""
     if isinstance(value, timedelta):
         value = value.total_seconds()
     elif isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{argument} must be a datetime.timedelta or a number of seconds, not {type(value).__name__}")
-    return seconds(value, argument, allow_zero=allow_zero)
+    number = seconds(value, argument, allow_zero=allow_zero)
+    if number > maximum:
+        raise ValueError(f"{argument} must be at most {maximum / 86_400:g} days ({maximum:.0f} s), got {number:g} s")
+    return number
 
 
 def ttl(value: object, argument: str = "ttl") -> float:

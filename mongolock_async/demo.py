@@ -38,6 +38,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pymongo.errors import PyMongoError
@@ -590,19 +591,20 @@ async def once_per_period(uri: str, database: Any, view: View, checks: Checks) -
     marked: list[asyncio.Task[Any]] = []
 
     def on_event(event: dict[str, Any]) -> None:
-        kind, worker, slot = event["event"], event["worker"], event.get("slot", 0)
+        kind, worker, period = event["event"], event["worker"], event.get("period", 0)
+        shown = f"period from {datetime.fromtimestamp(period / 1000, UTC):%H:%M:%S}"
         if kind == "started":
-            view.event(f"period {slot}: {worker} runs it (attempt {event['attempt']})")
+            view.event(f"{shown}: {worker} runs it (attempt {event['attempt']})")
             if not marked:  # the first run of the period after next will hang
-                killed["slot"] = slot + 2
-                marked.append(asyncio.create_task(database[HANG].insert_one({"slot": slot + 2, "attempt": 1})))
+                killed["period"] = hung = period + round(2 * PERIOD * 1000)
+                marked.append(asyncio.create_task(database[HANG].insert_one({"period": hung, "attempt": 1})))
         elif kind == "hanging":
             replica = next(replica for replica in replicas if replica.name == worker)
             os.kill(replica.process.pid, signal.SIGKILL)
             killed.update(worker=worker, at=time.time())
-            view.event(f"period {slot}: {worker}'s run hangs: SIGKILLed its process, pid {replica.process.pid}")
-        elif kind == "finished" and slot == killed.get("slot"):
-            view.event(f"period {slot}: {worker} finished it, {time.time() - killed['at']:.2f} s after the kill")
+            view.event(f"{shown}: {worker}'s run hangs: SIGKILLed its process, pid {replica.process.pid}")
+        elif kind == "finished" and period == killed.get("period"):
+            view.event(f"{shown}: {worker} finished it, {time.time() - killed['at']:.2f} s after the kill")
 
     for i in range(3):
         name = f"replica-{i + 1}"
@@ -610,8 +612,8 @@ async def once_per_period(uri: str, database: Any, view: View, checks: Checks) -
     await asyncio.gather(*(replica.follow(on_event) for replica in replicas))
     await asyncio.gather(*marked)  # started by the first event, after the line above began
     digests = await database[DIGESTS].find().to_list(None)
-    runs = Counter(digest["slot"] for digest in digests)
-    retried = [digest for digest in digests if digest["slot"] == killed.get("slot")]
+    runs = Counter(digest["period"] for digest in digests)
+    retried = [digest for digest in digests if digest["period"] == killed.get("period")]
     checks.record(
         view,
         f"every period's job ran to completion exactly once ({len(runs)} periods)",

@@ -20,6 +20,7 @@ import random
 import signal
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import AsyncMongoClient
@@ -52,6 +53,7 @@ ELECTION = "scheduler"
 DIGEST = "hourly-digest"
 DIGESTS = "digests"
 HANG = "hang_marker"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -209,13 +211,15 @@ async def periodic(uri: str, database_name: str, worker: str, every: float, peri
     @locks.run_once(DIGEST, every=every)
     async def build_digest() -> None:
         run = current_run()
-        emit("started", worker=worker, slot=run.slot, attempt=run.attempt, fence=run.fencing_token)
-        if await database[HANG].find_one({"slot": run.slot, "attempt": run.attempt}):
-            emit("hanging", worker=worker, slot=run.slot)
+        assert run.period is not None
+        period = (run.period.start - EPOCH) // timedelta(milliseconds=1)  # its start, in ms since the epoch
+        emit("started", worker=worker, period=period, attempt=run.attempt, fence=run.fencing_token)
+        if await database[HANG].find_one({"period": period, "attempt": run.attempt}):
+            emit("hanging", worker=worker, period=period)
             await asyncio.Event().wait()
         await asyncio.sleep(0.2)  # the digest
-        await database[DIGESTS].insert_one({"slot": run.slot, "attempt": run.attempt, "by": worker})
-        emit("finished", worker=worker, slot=run.slot, attempt=run.attempt)
+        await database[DIGESTS].insert_one({"period": period, "attempt": run.attempt, "by": worker})
+        emit("finished", worker=worker, period=period, attempt=run.attempt)
 
     try:
         emit("ready", worker=worker)

@@ -64,13 +64,21 @@ class Permit(NamedTuple):
     renewed_at: datetime | None
 
 
+class Period(NamedTuple):
+    """A period of a job's schedule: the span ``[start, end)`` of the server's clock, with
+    ``start = offset + floor((now - offset) / every) * every`` (times since the Unix epoch)."""
+
+    start: datetime
+    end: datetime
+
+
 class JobRun(NamedTuple):
     """One run of a job, as its document records it (read leniently: these fields are for people)."""
 
     attempt: int
-    """Its number among the runs in its slot (1 for the first)."""
-    slot: int | None
-    """The period it ran in (see ``JobRecord.every_ms``); None for a job without ``every``."""
+    """Its number among the runs started in its period (1 for the first; always 1 without ``every``)."""
+    period: Period | None
+    """The period it started in, as its schedule defined it; None for a job without ``every``."""
     started_at: datetime | None
     """Server time at which it took the job's lease."""
     holder: Mapping[str, Any]
@@ -96,28 +104,36 @@ class JobRecord(NamedTuple):
     """What a job's document records: its schedule as last asked for, and its runs."""
 
     every_ms: int | None = None
-    """The length of its periods (slots of the server's clock); None: not scheduled per period."""
+    """The length of its periods (spans of the server's clock); None: not scheduled per period."""
     offset_ms: int = 0
     """Where its periods start, after each multiple of ``every_ms`` since the Unix epoch."""
     min_interval_ms: int | None = None
     """The least time between the end of a run and the start of the next."""
     max_attempts: int | None = None
-    """Runs allowed per slot (a run that failed or was lost counts)."""
-    slot: int | None = None
-    """The slot of the latest run (the one ``attempts`` counts in)."""
-    attempts: int = 0
-    """Runs started in ``slot``."""
-    done_slot: int | None = None
-    """The latest slot in which a run succeeded."""
+    """Runs allowed per period (a run that failed or was lost counts)."""
+    tries: tuple[datetime, ...] = ()
+    """Server times at which the latest runs of a job with ``every`` started, oldest first (at most
+    ``max_attempts`` of them): the runs started in a period are those at or after its start."""
+    last_success: datetime | None = None
+    """Server time at which the latest run that succeeded started: the period it started in is
+    done, and so is any earlier one (a server clock that stepped back finds them done)."""
     running: JobRun | None = None
     """The run holding the job's lease now, or that held it until it expired without finishing."""
     last: JobRun | None = None
     """The latest run that ended."""
     last_ended_at: datetime | None = None
     """Server time at which the latest run ended (what ``min_interval_ms`` counts from)."""
-    skipped: tuple[int | None, str] | None = None
-    """The slot and reason of the latest call that did not run (``running``, ``held``, ``done``,
+    skipped: tuple[Period | None, str] | None = None
+    """The period and reason of the latest call that did not run (``running``, ``held``, ``done``,
     ``failed``, ``too_soon``), as the server decided it."""
+
+    def attempts_in(self, period: Period | None) -> int:
+        """Runs started in ``period`` or later (0 for None: a job without ``every`` counts none)."""
+        return 0 if period is None else sum(1 for started in self.tries if started >= period.start)
+
+    def done_in(self, period: Period | None) -> bool:
+        """Whether a run that started in ``period`` or later succeeded."""
+        return period is not None and self.last_success is not None and self.last_success >= period.start
 
 
 class LockState(NamedTuple):
@@ -298,12 +314,6 @@ def _job(value: object, name: str) -> JobRecord:
         return JobRecord()
     if not isinstance(value, Mapping):
         raise LockDataError(name, "job", f"holds {_type_name(value)}, expected a job record")
-    counts = {}
-    for field_name in ("slot", "attempts", "doneSlot"):
-        count = value.get(field_name)
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
-            raise LockDataError(name, f"job.{field_name}", f"holds {_type_name(count)}, expected an integer")
-        counts[field_name] = count
     running = value.get("run")
     if running is not None and not isinstance(running, Mapping):
         raise LockDataError(name, "job.run", f"holds {_type_name(running)}, expected a run record")
@@ -313,18 +323,32 @@ def _job(value: object, name: str) -> JobRecord:
         offset_ms=_int_or_none(value.get("offset")) or 0,
         min_interval_ms=_int_or_none(value.get("minInterval")),
         max_attempts=_int_or_none(value.get("maxAttempts")),
-        slot=counts["slot"],
-        attempts=counts["attempts"] or 0,
-        done_slot=counts["doneSlot"],
+        tries=_tries(value.get("tries"), name),
+        last_success=_date_or_none(value.get("lastSuccess"), name, "job.lastSuccess", strict=True),
         running=None if running is None else _job_run(running, name),
         last=_job_run(last, name) if isinstance(last := value.get("last"), Mapping) else None,
         last_ended_at=_date_or_none(value.get("lastEndedAt"), name, "job.lastEndedAt", strict=True),
         skipped=(
-            (_int_or_none(skipped.get("slot")), str(skipped.get("why")))
+            (_period(skipped.get("period")), str(skipped.get("why")))
             if isinstance(skipped, Mapping) and isinstance(skipped.get("why"), str)
             else None
         ),
     )
+
+
+def _tries(value: object, name: str) -> tuple[datetime, ...]:
+    """A job's ``tries``: an array of dates, which its pipelines count (so checked strictly)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise LockDataError(name, "job.tries", f"holds {_type_name(value)}, expected an array of dates")
+    tries = []
+    for index, entry in enumerate(value):
+        moment = _date_or_none(entry, name, f"job.tries.{index}", strict=True)
+        if moment is None:
+            raise LockDataError(name, f"job.tries.{index}", "holds nothing, expected a date")
+        tries.append(moment)
+    return tuple(tries)
 
 
 def _job_run(value: Mapping[str, Any], name: str) -> JobRun:
@@ -332,7 +356,7 @@ def _job_run(value: Mapping[str, Any], name: str) -> JobRun:
     outcome = value.get("outcome")
     return JobRun(
         attempt=_int_or_none(value.get("attempt")) or 0,
-        slot=_int_or_none(value.get("slot")),
+        period=_period(value.get("period")),
         started_at=_date_or_none(value.get("startedAt"), name, "job.run.startedAt"),
         holder=_mapping(value.get("holder")),
         ended_at=_date_or_none(value.get("endedAt"), name, "job.run.endedAt"),
@@ -340,6 +364,15 @@ def _job_run(value: Mapping[str, Any], name: str) -> JobRun:
         error_type=error.get("type") if isinstance(error.get("type"), str) else None,
         error_message=error.get("message") if isinstance(error.get("message"), str) else None,
     )
+
+
+def _period(value: object) -> Period | None:
+    """A period as a run or a decision records it, ``{start, end}``; None if it is not one."""
+    period = _mapping(value)
+    start, end = period.get("start"), period.get("end")
+    if not isinstance(start, datetime) or not isinstance(end, datetime):
+        return None
+    return Period(_utc(start), _utc(end))
 
 
 def _int_or_none(value: object) -> int | None:

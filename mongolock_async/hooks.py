@@ -10,7 +10,10 @@ subclass.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .documents import Period
 
 logger = logging.getLogger("mongolock_async")
 
@@ -38,15 +41,16 @@ class LockHooks:
     def lost(self, name: str, *, fencing_token: int, held: float, reason: str) -> None:
         """The lease was lost while held (not renewed in time, or taken over); ``reason`` says how."""
 
-    def job_ran(self, name: str, *, outcome: str, duration: float, slot: int | None, attempt: int) -> None:
+    def job_ran(self, name: str, *, outcome: str, duration: float, period: Period | None, attempt: int) -> None:
         """A run of the job ``name`` ended after ``duration`` seconds: ``outcome`` is ``succeeded``,
-        ``failed``, ``cancelled`` or ``lost``; ``slot`` is its period (None without ``every``) and
-        ``attempt`` its number in the slot."""
+        ``failed``, ``cancelled`` or ``lost``; ``period`` is the period it ran in, its start and
+        end on the server's clock (None without ``every``), and ``attempt`` its number in it."""
 
-    def job_skipped(self, name: str, *, reason: str, slot: int | None) -> None:
+    def job_skipped(self, name: str, *, reason: str, period: Period | None) -> None:
         """A call of the job ``name`` did not run it: ``reason`` is ``running`` (a run holds it),
-        ``held`` (kept after a run, ``hold_at_least``), ``done`` (a run succeeded in ``slot``),
-        ``failed`` (the slot's attempts are used up) or ``too_soon`` (``min_interval``)."""
+        ``held`` (kept after a run, ``hold_at_least``), ``done`` (a run that started in ``period``,
+        or later, succeeded), ``failed`` (the period's attempts are used up), ``too_soon``
+        (``min_interval``) or ``lost`` (taken, but the reply came too late to run)."""
 
 
 def notify(hooks: LockHooks | None, event: str, name: str, **details: Any) -> None:

@@ -3,13 +3,16 @@ every process that shares the lock collection.
 
 A job is a name with a lease, as a lock is, and a record of its runs kept in the same document.
 Whether a call runs the job is decided on the server, in the one request that takes the lease:
-nobody else holds it; in a job with ``every``, no run has succeeded in the current *slot* (a
-period of the server's clock, ``floor((now - offset) / every)``) and the slot's ``max_attempts``
-are not used up; with ``min_interval``, the last run ended at least that long ago. The request
-that ends the run records how it ended and, on success, marks its slot done. So "run only if this
-period is not done" and "mark it done" are each one atomic write, and clients' clocks decide
-nothing. A run whose process dies, or that loses its lease, leaves its slot not done: the next
-call in the slot runs the job again once the lease has expired, and the run is recorded as lost.
+nobody else holds it; in a job with ``every``, no run that started in the current *period* (a
+span ``[start, start + every)`` of the server's clock, ``start = offset + floor((now - offset) /
+every) * every``) has succeeded, and fewer than ``max_attempts`` runs started in it; with
+``min_interval``, the last run ended at least that long ago. The request that ends the run records
+how it ended and, on success, when the successful run started. So "run only if this period is not
+done" and "record the success" are each one atomic write, and clients' clocks decide nothing. A
+period is known by its start and end, never by a number: a change of ``every`` or ``offset``, or a
+server clock that steps back, never runs a period whose run succeeded again. A run whose process
+dies, or that loses its lease, leaves its period not done: the next call in the period runs the
+job again once the lease has expired, and the run is recorded as lost.
 
 Use [`run_once`][mongolock_async.jobs.run_once] (or
 [`LockManager.run_once`][mongolock_async.LockManager.run_once]) as a decorator, or
@@ -24,6 +27,7 @@ import asyncio
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -35,13 +39,27 @@ from pymongo.errors import PyMongoError
 from . import _validate
 from ._backoff import Backoff
 from ._collection import AsyncCollectionLike
+from ._diagnosis import cause_of
 from ._options import LEASE_OPTIONS, LeaseKeywords, LeaseOptions
-from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState
+from .documents import JOB_KIND, JobRecord, JobRun, LockReport, LockState, Period
+from .errors import LockLostError
 from .hooks import notify
+from .lease import Lease
 from .lock import AsyncMongoLock
 from .store import JobSchedule, is_transient, of_kind, store_for
+from .waiting import deadline_in
 
-__all__ = ["AsyncMongoJob", "JobResult", "JobRun", "JobRunInfo", "JobState", "current_run", "run_once"]
+__all__ = [
+    "AsyncMongoJob",
+    "DerivedJobNameWarning",
+    "JobResult",
+    "JobRun",
+    "JobRunInfo",
+    "JobState",
+    "Period",
+    "current_run",
+    "run_once",
+]
 
 logger = logging.getLogger("mongolock_async")
 
@@ -49,20 +67,23 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_MAX_ATTEMPTS = 3
-"""Runs allowed per slot of a job with ``every``, unless ``max_attempts`` says otherwise."""
-MAX_EVERY = timedelta(days=366)
+"""Runs allowed per period of a job with ``every``, unless ``max_attempts`` says otherwise."""
 _ERROR_MESSAGE_LIMIT = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+_LOSS_RECORD_TIME = 2.0
+"""Seconds a run that lost its lease spends at most recording the loss in the job's record."""
 
 
 class JobRunInfo(NamedTuple):
     """The run of a job that the calling code is part of (see :func:`current_run`)."""
 
     name: str
-    slot: int | None
-    """The period it runs in (None for a job without ``every``)."""
+    period: Period | None
+    """The period it runs in, on the server's clock (None for a job without ``every``): key the
+    job's writes by ``period.start`` to make a repeated run of the period overwrite, not add."""
     attempt: int
-    """Its number among the runs started in its slot."""
+    """Its number among the runs started in its period (1 without ``every``)."""
     fencing_token: int
     """The run's fencing token: above every earlier run's (pass it with the job's writes)."""
     started_at: datetime | None
@@ -74,7 +95,7 @@ _current: ContextVar[JobRunInfo] = ContextVar("mongolock_async_job_run")
 
 def current_run() -> JobRunInfo:
     """The run of a job that the calling code runs in (call it from inside the job's function):
-    its slot, attempt and fencing token. ``LookupError`` outside a job's run."""
+    its period, attempt and fencing token. ``LookupError`` outside a job's run."""
     try:
         return _current.get()
     except LookupError:
@@ -114,14 +135,12 @@ class JobState:
     max_attempts: int | None
     server_time: datetime
     """The server's clock when this was read."""
-    slot: int | None
-    """The current period (None without ``every``)."""
-    slot_started_at: datetime | None
-    """Server time at which the current period began."""
+    period: Period | None
+    """The current period, by the schedule the job's last run asked for (None without ``every``)."""
     done: bool
-    """Whether a run succeeded in the current period."""
+    """Whether a run that started in the current period (or later) succeeded."""
     attempts: int
-    """Runs started in the current period."""
+    """Runs started in the current period (or later)."""
     exhausted: bool
     """Whether the current period's attempts are used up without a success: no call runs the job
     again before the next period (the failure is in ``last``)."""
@@ -143,17 +162,14 @@ class JobState:
         now = report.server_time
         every = None if record.every_ms is None else timedelta(milliseconds=record.every_ms)
         offset = timedelta(milliseconds=record.offset_ms)
-        slot = slot_started_at = None
-        if record.every_ms:
-            slot = int((now - _EPOCH - offset) // timedelta(milliseconds=record.every_ms))
-            slot_started_at = _EPOCH + offset + slot * timedelta(milliseconds=record.every_ms)
+        period = None if every is None else period_at(now, every, offset)
         held = report.remaining_ms is not None
         last, last_ended_at = record.last, record.last_ended_at
         if record.running is not None and not held:  # its lease expired unfinished
             last = record.running._replace(ended_at=state.expires_at, outcome="lost")
             last_ended_at = max(filter(None, (last_ended_at, state.expires_at)), default=None)
-        attempts = record.attempts if slot is not None and record.slot == slot else 0
-        done = slot is not None and record.done_slot == slot
+        attempts = record.attempts_in(period)
+        done = record.done_in(period)
         max_attempts = record.max_attempts
         min_interval = None if record.min_interval_ms is None else timedelta(milliseconds=record.min_interval_ms)
         return cls(
@@ -163,11 +179,10 @@ class JobState:
             min_interval=min_interval,
             max_attempts=max_attempts,
             server_time=now,
-            slot=slot,
-            slot_started_at=slot_started_at,
+            period=period,
             done=done,
             attempts=attempts,
-            exhausted=bool(slot is not None and not done and max_attempts and attempts >= max_attempts and not held),
+            exhausted=bool(period is not None and not done and max_attempts and attempts >= max_attempts and not held),
             held=held,
             running=record.running if held else None,
             last=last,
@@ -175,22 +190,36 @@ class JobState:
         )
 
 
+def period_at(moment: datetime, every: timedelta, offset: timedelta) -> Period:
+    """The period of ``every`` (shifted by ``offset``) that ``moment`` falls in, as the server's
+    pipeline computes it: in whole milliseconds since the Unix epoch."""
+    every_ms, offset_ms = every // _MILLISECOND, offset // _MILLISECOND
+    moment_ms = (moment - _EPOCH) // _MILLISECOND
+    start = _EPOCH + (moment_ms - (moment_ms - offset_ms) % every_ms) * _MILLISECOND
+    return Period(start, start + every)
+
+
 def describe_skip(reason: str | None, record: JobRecord) -> str:
     """Why a call did not run the job, in words, with who ran it and when."""
     last, running = record.last, record.running
+    period = record.skipped[0] if record.skipped is not None else None
     if reason == "running" and running is not None:
         return f"running since {_when(running.started_at)} ({_who(running.holder)}, attempt {running.attempt})"
     if reason == "done" and last is not None:
-        return f"done in slot {last.slot} by {_who(last.holder)} at {_when(last.ended_at)}"
+        return f"done in the period {_span_of(period)}: last succeeded by {_who(last.holder)} at {_when(last.ended_at)}"
     if reason == "failed" and last is not None:
         error = f": {last.error_type}: {last.error_message}" if last.error_type else f" ({last.outcome})"
-        return f"slot {record.slot} failed after {record.attempts} attempts{error}"
+        return f"the period {_span_of(period)} failed after {record.attempts_in(period)} attempts{error}"
     if reason == "too_soon" and record.last_ended_at is not None and record.min_interval_ms is not None:
         not_before = record.last_ended_at + timedelta(milliseconds=record.min_interval_ms)
         return f"the last run ended at {_when(record.last_ended_at)}; no run before {_when(not_before)}"
     if reason == "held":
         return "its lease is held (kept after a run by hold_at_least, or by a lock of the same name)"
     return reason or "not due"
+
+
+def _span_of(period: Period | None) -> str:
+    return "(none)" if period is None else f"from {_when(period.start)} to {_when(period.end)}"
 
 
 def _who(holder: Any) -> str:
@@ -211,12 +240,11 @@ class _Schedule(NamedTuple):
 def _schedule(
     every: object, offset: object, min_interval: object, max_attempts: object, hold_at_least: object
 ) -> _Schedule:
-    """The job options, checked (before any I/O), in milliseconds."""
+    """The job options, checked (before any I/O), in milliseconds. Every duration is at most
+    ``_validate.MAX_DURATION`` (a year and a day), which keeps what the server adds up in range."""
     every_s = None if every is None else _validate.duration(every, "every")
     if every_s is not None and every_s < 1:
         raise ValueError(f"every must be at least 1 second (a period of the server's clock), got {every_s:g} s")
-    if every_s is not None and every_s > MAX_EVERY.total_seconds():
-        raise ValueError(f"every must be at most {MAX_EVERY.days} days, got {every_s:g} s")
     offset_s = 0.0
     if offset is not None:
         if every_s is None:
@@ -262,22 +290,30 @@ class AsyncMongoJob:
     the options below, at most once per period of the server's clock, or at least some time apart.
 
     - ``every`` (a ``timedelta`` or seconds, at least 1 s): run at most once per period. Periods
-      are slots of the **server's** clock, aligned to the Unix epoch plus ``offset`` (say
+      are spans of the **server's** clock, aligned to the Unix epoch plus ``offset`` (say
       ``every=timedelta(days=1), offset=timedelta(hours=2)``: daily from 02:00 UTC). A call in a
-      period whose run succeeded returns at once without running.
+      period in which a run started and succeeded (or a later one: a server clock that stepped
+      back) returns at once without running. Changing ``every`` or ``offset`` keeps that word: a
+      period that contains a successful run's start is done, whichever schedule that run had.
     - ``max_attempts`` (with ``every``; default 3): runs allowed per period. A run that raises, is
       cancelled, or whose process dies counts; the next call in the period runs the job again
       (once the dead run's lease has expired) until a run succeeds or the attempts are used up.
+      The runs that count are those started in the period, whatever schedule they had.
     - ``min_interval``: no run starts sooner than this after the last run ended, whichever process
       ran it (fixed delay). With ``every`` it must be shorter than ``every``.
     - ``hold_at_least``: the lease is kept until this long after the run started even if the run
       ends sooner (ShedLock's ``lockAtLeastFor``): a call meanwhile does not run the job. It adds
       nothing to ``every``, which already runs each period once; it is for jobs without one.
 
+    Each of ``every``, ``min_interval`` and ``hold_at_least`` is at most a year and a day (as a
+    ``ttl``), else ``ValueError`` names it and the limit.
+
     The other arguments are a lock's (see [`AsyncMongoLock`][mongolock_async.AsyncMongoLock]):
-    ``ttl`` is the run's lease, ``heartbeat`` keeps it for runs that may outlast it, and if the lease
-    is lost anyway the run is cancelled and ``LockLostError`` raised. A job never waits for its turn:
-    a call either runs it or returns at once. Every argument is checked before any I/O.
+    ``ttl`` is the run's lease and ``heartbeat`` keeps it while the run goes on, **on by default
+    for a job** (every ``ttl / 3``; ``heartbeat=False`` turns it off). If the lease is lost anyway,
+    the run is cancelled, ``LockLostError`` raised, and the job's record (``last``) and a WARNING
+    log line say so, with the TTL and the heartbeat. A job never waits for its turn: a call either
+    runs it or returns at once. Every argument is checked before any I/O.
     """
 
     def __init__(
@@ -294,6 +330,7 @@ class AsyncMongoJob:
         **options: Unpack[LeaseKeywords],
     ) -> None:
         self._schedule = _schedule(every, offset, min_interval, max_attempts, hold_at_least)
+        options = {"heartbeat": True, **options}  # a job's runs are the long-running case
         checked = LeaseOptions.checked("AsyncMongoJob", LEASE_OPTIONS, ttl=ttl, **options)
         self._options = replace(checked, blocking=False)
         self._store = store_for(_validate.async_collection(collection), checked.write_concern)
@@ -314,7 +351,7 @@ class AsyncMongoJob:
 
         When it runs, the function runs as the body of ``async with`` the job's lease (a loss of
         the lease cancels it and raises [`LockLostError`][mongolock_async.LockLostError]), and
-        [`current_run`][mongolock_async.jobs.current_run] tells it its slot, attempt and fencing
+        [`current_run`][mongolock_async.jobs.current_run] tells it its period, attempt and fencing
         token. Its end is recorded: a return marks the period done; an exception is recorded (its
         type and message, never its arguments) and propagates; so does a cancellation. When it does
         not run, the result says why (``skipped``) and shows the record the server decided on.
@@ -324,15 +361,15 @@ class AsyncMongoJob:
         lock = _RunLock(self._collection, self._name, self._schedule, self._options)
         if not await lock.acquire():
             record = _record_of(lock.decision)
-            slot, reason = record.skipped or (None, "held")  # held: by a lock of the same name
+            period, reason = record.skipped or (None, "held")  # held: by a lock of the same name
             if lock.taken:
-                slot, reason = None, "lost"  # taken, but the reply came after the lease's deadline
-            notify(self._options.hooks, "job_skipped", self._name, reason=reason, slot=slot)
+                period, reason = None, "lost"  # taken, but the reply came after the lease's deadline
+            notify(self._options.hooks, "job_skipped", self._name, reason=reason, period=period)
             return JobResult(self._name, False, None, reason, record)
         started = time.monotonic()
         running = _record_of(lock.decision).running
         assert running is not None and lock.fencing_token is not None
-        info = JobRunInfo(self._name, running.slot, running.attempt, lock.fencing_token, running.started_at)
+        info = JobRunInfo(self._name, running.period, running.attempt, lock.fencing_token, running.started_at)
         token = _current.set(info)
         lock._guard_body()
         try:
@@ -346,7 +383,7 @@ class AsyncMongoJob:
             _current.reset(token)
             outcome = lock.outcome if lock.recorded else "lost"
             duration = time.monotonic() - started
-            details = {"outcome": outcome, "duration": duration, "slot": info.slot, "attempt": info.attempt}
+            details = {"outcome": outcome, "duration": duration, "period": info.period, "attempt": info.attempt}
             notify(self._options.hooks, "job_ran", self._name, **details)
         return JobResult(self._name, True, value, None, _record_of(lock.decision))
 
@@ -432,7 +469,47 @@ class _RunLock(AsyncMongoLock):
         else:
             self.outcome = "failed"
             self._error = {"type": type(exc).__qualname__, "message": str(exc)[:_ERROR_MESSAGE_LIMIT]}
-        await super().__aexit__(exc_type, exc, tb)
+        lease = self._lease
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            if lease is not None and lease.lost_error is not None:
+                await self._record_loss(lease, lease.lost_error)
+
+    async def _record_loss(self, lease: Lease, lost: LockLostError) -> None:
+        """Say in the job's record (``last``, as ``lost`` with the reason) and in the log that the
+        run was cancelled because its lease was lost, naming the TTL and the heartbeat. The record
+        is written while it still shows this run, within ``_LOSS_RECORD_TIME``; a failure is logged."""
+        if lease.heartbeat_interval is None:
+            heartbeat = "heartbeat off (heartbeat=True, a job's default, renews it while the run goes on)"
+        else:
+            heartbeat = f"heartbeat every {lease.heartbeat_interval:g} s"
+        message = f"the run's lease was lost ({lost.reason}); ttl {lease.ttl:g} s, {heartbeat}"
+        logger.warning("job %r: run cancelled: %s", self._name, message)
+        self.outcome = "lost"
+        self._error = {"type": type(lost).__name__, "message": message[:_ERROR_MESSAGE_LIMIT]}
+        try:
+            await self._hand_over(lease.owner, until=deadline_in(min(lease.ttl, _LOSS_RECORD_TIME)))
+        except PyMongoError as error:
+            logger.warning("job %r: the loss of its run could not be recorded (%s)", self._name, cause_of(error))
+
+
+class DerivedJobNameWarning(UserWarning):
+    """A job (or a ``run_once`` lock) is named after its function's module and qualified name."""
+
+
+def derived_name(function: Callable[..., Any]) -> str:
+    """The default name of ``function``'s job, its module and qualified name, with a
+    ``DerivedJobNameWarning`` at the line that decorates it (once per line: Python's default
+    warning filter shows a warning once per place)."""
+    name = _validate.lock_name(f"{function.__module__}.{function.__qualname__}")
+    warnings.warn(
+        f"the job name {name!r} is derived from the function's module and qualified name: moving or renaming "
+        "the function starts a new job under a new name, which runs at once; pass an explicit name",
+        DerivedJobNameWarning,
+        stacklevel=3,  # the line that applies the decorator
+    )
+    return name
 
 
 def run_once(
@@ -443,22 +520,24 @@ def run_once(
     process, and with ``every``, ``min_interval`` or ``hold_at_least`` (see
     [`AsyncMongoJob`][mongolock_async.jobs.AsyncMongoJob], whose keywords ``options`` are), at most
     once per period or at least that far apart. A call that does not run the function returns
-    None at once (and logs why at INFO); the arguments are checked now, before any I/O."""
+    None at once (and logs why at INFO); the arguments are checked now, before any I/O.
+
+    Give scheduled jobs an explicit ``name``: the derived one changes when the function moves or is
+    renamed, and the job then starts afresh (it runs at once, whatever the old name's record says).
+    Decorating without a name warns so (``DerivedJobNameWarning``, once per place it happens)."""
 
     checked = AsyncMongoJob(collection, name or "run_once", **options)  # every argument now, before any I/O
 
     def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
-        default_name = f"{function.__module__}.{function.__qualname__}"
-        job = checked if name else AsyncMongoJob(collection, default_name, **options)
+        job = checked if name else AsyncMongoJob(collection, derived_name(function), **options)
 
         @functools.wraps(function)
         async def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
             result = await job.run(function, *args, **kwargs)
             if not result.ran:
-                logger.info("skipped %s: %s", function.__qualname__, result)
+                logger.info("%s", result)  # "job 'name' skipped: why"
             return result.value
 
         return run
 
     return decorate
-

@@ -14,7 +14,7 @@ from ._dashboard_guard import LOOPBACK_HOSTS
 from ._options import LOCK_OPTIONS, LeaseOptions, ManagerKeywords
 from .dashboard import Dashboard
 from .election import AsyncMongoElection
-from .jobs import AsyncMongoJob, JobState, run_once
+from .jobs import AsyncMongoJob, JobState, derived_name, run_once
 from .live import LockWatch
 from .lock import AsyncMongoLock
 from .operations import ForcedRelease, LockInfo
@@ -105,8 +105,10 @@ class LockManager:
         A call that does not run the function returns None at once and logs why at INFO. The
         function runs as the body of ``async with`` the job's lease: if the lease is lost, it is
         cancelled and [`LockLostError`][mongolock_async.LockLostError] is raised. ``name`` defaults
-        to the function's module and qualified name; ``overrides`` set lease options
-        (``heartbeat=True`` for long jobs); the manager's ``blocking``, ``timeout``, ``fair``,
+        to the function's module and qualified name, with a ``DerivedJobNameWarning`` (give
+        scheduled jobs an explicit one: the derived one changes when the function moves);
+        ``overrides`` set lease options (a job's heartbeat is on unless the manager's defaults or
+        the call say ``heartbeat``); the manager's ``blocking``, ``timeout``, ``fair``,
         ``retry_base`` and ``retry_cap`` do not apply: a job never waits in line.
 
         ``wait=True`` is for work that must run on every call, one call at a time: the call waits
@@ -132,7 +134,7 @@ class LockManager:
         options: dict[str, Any] = {"blocking": True, **overrides}
 
         def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | None]]:
-            lock_name = _validate.lock_name(name or f"{function.__module__}.{function.__qualname__}")
+            lock_name = _validate.lock_name(name) if name else derived_name(function)
             LeaseOptions.checked("run_once", LOCK_OPTIONS, **self._options(options))  # now, before any I/O
 
             @functools.wraps(function)

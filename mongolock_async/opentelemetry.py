@@ -35,6 +35,7 @@ except ModuleNotFoundError as error:
     ) from error
 
 from ._version import __version__
+from .documents import Period
 from .hooks import LockHooks
 
 _NAME = "mongolock.name"
@@ -91,14 +92,15 @@ class OpenTelemetryHooks(LockHooks):
             "mongolock.hold", held, {_NAME: name, _OUTCOME: "lost", _TOKEN: fencing_token}, error=reason
         )
 
-    def job_ran(self, name: str, *, outcome: str, duration: float, slot: int | None, attempt: int) -> None:
+    def job_ran(self, name: str, *, outcome: str, duration: float, period: Period | None, attempt: int) -> None:
         self._job_runs.record(duration, {_NAME: name, _OUTCOME: outcome})
         attributes: dict[str, str | int] = {_NAME: name, _OUTCOME: outcome, "mongolock.job.attempt": attempt}
-        if slot is not None:
-            attributes["mongolock.job.slot"] = slot
+        if period is not None:
+            attributes["mongolock.job.period_start"] = period.start.isoformat()
+            attributes["mongolock.job.period_end"] = period.end.isoformat()
         self._span("mongolock.job.run", duration, attributes, error=None if outcome == "succeeded" else outcome)
 
-    def job_skipped(self, name: str, *, reason: str, slot: int | None) -> None:
+    def job_skipped(self, name: str, *, reason: str, period: Period | None) -> None:
         self._job_skips.add(1, {_NAME: name, "mongolock.job.reason": reason})
 
     def _span(self, span_name: str, seconds: float, attributes: dict[str, str | int], error: str | None = None) -> None:

@@ -144,6 +144,11 @@ class LocalQueue:
         """Monotonic time of the first attempt, since the last answered one, that failed in transit."""
         self.last_error: Exception | None = None
         """The error of the last attempt, if it failed in transit."""
+        self.uncertain_since: float | None = None
+        """Monotonic send time of the earliest request for the place whose outcome is unknown (it
+        failed in transit, or its waiter stopped waiting for it), since a reply last showed the
+        place; None if there is none. While it is set, attempts claim without moving the lease's
+        expiry (``PlaceRequest.keep_expiry``), and a lease they get counts from then."""
 
     @property
     def head(self) -> Waiter | None:
@@ -157,12 +162,16 @@ class LocalQueue:
         head = self.waiters[0]
         if self.slot is None:
             self.slot = self.new_token()
+        keep = self.uncertain_since is not None
         if not self.followers:
-            return PlaceRequest(self.slot, head.ttl_ms, head.holder, weight=head.weight)
+            return PlaceRequest(self.slot, head.ttl_ms, head.holder, weight=head.weight, keep_expiry=keep)
         if len(self.waiters) > 1 and self.upcoming is None:
             self.upcoming = PlaceRequest(self.new_token(), self.waiters[1].ttl_ms, self.waiters[1].holder)
-        follower = self.upcoming if len(self.waiters) > 1 else None
-        return PlaceRequest(self.slot, head.ttl_ms, head.holder, follower)
+        # The follower the place records on the server is named again while it may be there, even
+        # with its waiter gone: a hand-off to the place queues it, and a claim that named none
+        # would leave that place queued, unknown here, for the next release to hand the lock to.
+        follower = self.upcoming if len(self.waiters) > 1 else self.place_follower
+        return PlaceRequest(self.slot, head.ttl_ms, head.holder, follower, keep_expiry=keep)
 
     def tokens(self) -> list[str]:
         """The tokens of this process's places on the server (the slot and its follower)."""
@@ -238,8 +247,7 @@ class LocalQueue:
         server may have applied it, the place (and the follower it records, or queues with the
         lease) may be there: UNCERTAIN."""
         if maybe_applied:
-            self.place = PlaceState.UNCERTAIN
-            self.place_follower = place.follower or self.place_follower
+            self._uncertain(place, now)
         if outage:
             if self.failing_since is None:
                 self.failing_since = now
@@ -249,14 +257,20 @@ class LocalQueue:
             waiter.attempt_at = None
             self._move(waiter, Turn.BACKING_OFF)
 
-    def on_attempt_abandoned(self, place: PlaceRequest) -> None:
-        """The caller of the first waiter's attempt was cancelled while it was in flight: the
-        request ran to its end, but its reply is not applied here. Whatever it wrote (the place,
-        the follower it records, or a lease taken for the place) is UNCERTAIN: withdrawn if nobody
-        waits any more, else looked at by the next first waiter's attempt, which claims such a lease."""
+    def on_attempt_abandoned(self, place: PlaceRequest, sent_at: float) -> None:
+        """The caller of the first waiter's attempt (sent at ``sent_at``) was cancelled while it
+        was in flight: the request ran to its end, but its reply is not applied here. Whatever it
+        wrote (the place, the follower it records, or a lease taken for the place) is UNCERTAIN:
+        withdrawn if nobody waits any more, else looked at by the next first waiter's attempt,
+        which claims such a lease (without moving its expiry)."""
         if self.slot == place.token:
-            self.place = PlaceState.UNCERTAIN
-            self.place_follower = place.follower or self.place_follower
+            self._uncertain(place, sent_at)
+
+    def _uncertain(self, place: PlaceRequest, sent_at: float) -> None:
+        """A request for the place, sent at ``sent_at``, may have been applied: UNCERTAIN."""
+        self.place = PlaceState.UNCERTAIN
+        self.place_follower = place.follower or self.place_follower
+        self.uncertain_since = sent_at if self.uncertain_since is None else min(self.uncertain_since, sent_at)
 
     def on_place_uncovered(self) -> None:
         """The write that gave the first waiter's predecessor the lease queued this process's next
@@ -334,6 +348,7 @@ class LocalQueue:
             self.look_at = None  # a new place: its first waiter has seen nothing of it yet
         self.slot = None if place is None else place.token
         self.place = PlaceState.ABSENT if place is None else PlaceState.STORED
+        self.uncertain_since = None
         self.place_written_at = written_at
         self.place_fence = fence
         self.place_ttl_ms = 0 if place is None else place.ttl_ms

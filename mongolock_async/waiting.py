@@ -177,6 +177,7 @@ async def _attempt(
     """
     place = queue.head_place()
     token = place.token
+    uncertain_since = queue.uncertain_since
     covered = watcher.covers_new_requests()
     with_session = not covered and (not first or waiter.in_session)
     queue.on_attempt_sent(waiter)
@@ -189,7 +190,7 @@ async def _attempt(
     except asyncio.CancelledError:
         # The request ran to its end, but this task is gone: what it wrote is withdrawn (or
         # claimed by the next waiter) on the way out of wait_for_lease.
-        queue.on_attempt_abandoned(place)
+        queue.on_attempt_abandoned(place, sent_at)
         raise
     except PyMongoError as error:
         if not is_transient(error):
@@ -213,7 +214,10 @@ async def _attempt(
         return  # a release of this process handed it the lease while this was in flight
     if state.holds(token):
         queue.local_streak = 0
-        queue.on_taken(Grant(token, state.fence_of(token), sent_at, place.ttl_ms), follower=place.follower)
+        # A lease claimed without moving its expiry counts from the unanswered request that may
+        # have set it (see PlaceRequest.keep_expiry): its expiry is later than that plus the TTL.
+        granted_at = sent_at if uncertain_since is None else min(sent_at, uncertain_since)
+        queue.on_taken(Grant(token, state.fence_of(token), granted_at, place.ttl_ms), follower=place.follower)
         # The same write queued a place for the next waiter: the hand-off to it must be reported
         # too, by a stream from this write on, or else the next waiter looks again, in a session.
         if (
@@ -317,7 +321,12 @@ async def _send_attempt(
     stream must start at it); None without."""
     store = request.store
     arguments = (request.name, place.token, place.ttl_ms, place.holder)
-    options: dict[str, Any] = {"enqueue": True, "fair": request.fair, "follower": place.follower}
+    options: dict[str, Any] = {
+        "enqueue": True,
+        "fair": request.fair,
+        "follower": place.follower,
+        "keep_expiry": place.keep_expiry,
+    }
     if with_session:
         return await store.try_acquire(
             *arguments, **options, permits=request.permits, operation_time=True, bound=bound

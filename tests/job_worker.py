@@ -1,14 +1,15 @@
-"""One OS process of the job tests. Prints one JSON line per run it completed, {"run": [slot,
+"""One OS process of the job tests. Prints one JSON line per run it completed, {"run": [period,
 start, end, pid]}, times on CLOCK_MONOTONIC (shared by the machine's processes; libfaketime is told
-to leave it alone), the slot as the server decided it (for ``control``: from this process's own
-clock); and with ``fire``, one per call that did not run the job, {"skipped": [slot, reason]}.
+to leave it alone), the period (its start, in milliseconds since the epoch) as the server decided
+it (for ``control``: from this process's own clock); and with ``fire``, one per call that did not
+run the job, {"skipped": [period, reason]}.
 
 ``fire``: calls the job ``NAME`` (``every`` EVERY seconds) at a jittered moment of each of its own
 periods (spread over most of it), until SECONDS have passed; the job runs 50 ms. ``control`` does
 the same with a plain ``run_once`` (no ``every``): one run at a time, but nothing per period.
 ``delay``: calls the job (``min_interval`` EVERY seconds; 0: none) and sleeps 0.2 s after each
 call (a fixed-delay loop), until SECONDS have passed; the job runs 0.1 s. ``hang``: calls the job
-(``every`` EVERY seconds, offset OFFSET, TTL 1.5 s, renewed) once; the run prints ``running <slot>`` and
+(``every`` EVERY seconds, offset OFFSET, TTL 1.5 s, renewed) once; the run prints ``running <period>`` and
 waits until the process is killed.
 
     python tests/job_worker.py URI DATABASE COLLECTION MODE NAME EVERY SECONDS [OFFSET]
@@ -22,12 +23,20 @@ import os
 import random
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoJob, LockManager
-from mongolock_async.jobs import current_run
+from mongolock_async.jobs import Period, current_run
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def start_ms(period: Period | None) -> int | None:
+    """A period's start, in milliseconds since the epoch: its key in the output."""
+    return None if period is None else (period.start - EPOCH) // timedelta(milliseconds=1)
 
 
 async def main(
@@ -38,13 +47,13 @@ async def main(
     locks = LockManager(client[database][collection], ttl=10.0)
     period = float(every)
     runs: list[list[Any]] = []
-    calls: list[list[Any]] = []  # [slot, reason] of each call that did not run the job
+    calls: list[list[Any]] = []  # [period, reason] of each call that did not run the job
 
     async def work(body: float) -> None:
         start = time.monotonic()
-        slot = current_run().slot if mode != "control" else int(time.time() // period)
+        key = start_ms(current_run().period) if mode != "control" else int(time.time() // period * period * 1000)
         await asyncio.sleep(body)
-        runs.append([slot, start, time.monotonic(), os.getpid()])
+        runs.append([key, start, time.monotonic(), os.getpid()])
 
     stop_at = time.monotonic() + float(seconds)
     if mode in ("fire", "control"):
@@ -56,7 +65,7 @@ async def main(
             await asyncio.sleep(max(0.0, period - into) + random.uniform(0.05, 0.8) * period)
             result = await job.run(work, 0.05)
             if not result.ran and result.record.skipped is not None:
-                calls.append(list(result.record.skipped))
+                calls.append([start_ms(result.record.skipped[0]), result.record.skipped[1]])
     elif mode == "delay":
         options = {"min_interval": period} if period else {}
         job = locks.run_once(name, **options)(work)
@@ -69,7 +78,7 @@ async def main(
 
         @locks.run_once(name, every=period, offset=offset, ttl=1.5, heartbeat=True)
         async def hang() -> None:
-            print("running", current_run().slot, flush=True)
+            print("running", start_ms(current_run().period), flush=True)
             await asyncio.Event().wait()
 
         await hang()

@@ -73,8 +73,9 @@ STABLE_API_V1_OPERATORS = {
     "$add", "$multiply", "$subtract", "$max", "$sum", "$cond", "$not", "$eq", "$ne", "$ifNull", "$literal",
     "$toDate", "$toLong", "$filter", "$map", "$reduce", "$let", "$range", "$arrayElemAt", "$indexOfArray",
     "$size", "$concat", "$concatArrays", "$first", "$isArray", "$mergeObjects", "$slice",
-    # A job's period arithmetic: REGISTER_STABLE_EXPRESSION(floor, ...) and (divide, ...), same file.
-    "$floor", "$divide",
+    # A job's period and record: REGISTER_STABLE_EXPRESSION(mod, ...) and (allElementsTrue, ...),
+    # same file.
+    "$mod", "$allElementsTrue",
 }  # fmt: skip
 
 
@@ -214,7 +215,7 @@ async def every_kind_of_job_request(driver: str, uri: str, name: str, **options:
 
 
 async def test_a_strict_stable_api_client_runs_jobs(driver: str, mongodb_uri: str) -> None:
-    # A job's requests carry its period's arithmetic ($floor, $divide) besides the lock's pipeline:
+    # A job's requests carry its period's arithmetic ($mod) besides the lock's pipeline:
     # a strict client must be able to send every one of them (on MongoDB, any expression outside
     # API V1 fails with APIStrictError; the embedded server does not check expressions).
     counter = CommandCounter()
@@ -228,7 +229,7 @@ async def test_a_strict_stable_api_client_runs_jobs(driver: str, mongodb_uri: st
         await close_client(client)
     used = set().union(*(operators_in(command) for command in counter.commands))
     assert used <= STABLE_API_V1_OPERATORS, f"outside the Stable API: {used - STABLE_API_V1_OPERATORS}"
-    assert {"$floor", "$divide"} <= used, "the period's arithmetic was not sent: the test proves nothing about it"
+    assert {"$mod", "$allElementsTrue"} <= used, "the period's arithmetic was not sent: the test proves nothing"
 
 
 async def test_a_strict_client_reaches_the_server_as_strict(driver: str, mongodb_uri: str) -> None:

@@ -390,3 +390,60 @@ async def test_a_program_that_closed_its_client_and_ends_holding_a_lock_says_wha
     assert "could not release 'closed'" in ended.stderr and "its TTL is 30 s" in ended.stderr, ended.stderr
     held = not await handle(pymongo_collection, "lock", "closed").acquire(blocking=False)
     assert held, "the warning says the lease stays held"
+
+
+RELEASES_AT = [round(3.45 + index * 0.05, 2) for index in range(11)]
+"""When each name's holder releases: after the second waiter gave up (at 3.4 s), each at its own
+distance from the first waiter's last write of its place (about 3 s, or its refresh, 3.5 s), up to
+0.5 s later: before the fix, 6 to 11 of these moments failed in each run of each variant, while
+with the 6 moments from 3.6 to 3.85 s the pymongo runs could pass on a loaded machine."""
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair-lock"])
+async def test_a_second_waiter_that_gave_up_leaves_no_follower_place(
+    driver: str, mongodb_uri: str, lock_collection: Any, kind: str
+) -> None:
+    # Two waiters of this process: the first's place records the second's as its follower, which a
+    # hand-off to the place queues in the same write. The second gives up; the first is handed
+    # the lock and, the hand-off coming too long after its place's last write to be taken as it
+    # is, claims it. Its release must not hand the lock to that follower's place, which nobody
+    # waits behind: with the follower left out of the claim, the place stayed queued, unknown to
+    # this process, and the release handed it a lease nobody held, for its TTL (the chaos run,
+    # benchmarks/lease_chaos.py, found it).
+    names = [f"follower-{kind}-{index}" for index in range(len(RELEASES_AT))]
+    remote = make_client(driver, mongodb_uri)
+    try:
+        elsewhere = remote[TEST_DATABASE][lock_collection.name]
+        holders = [handle(elsewhere, kind, name, ttl=3.0) for name in names]
+        assert all(await asyncio.gather(*(acquire(holder) for holder in holders)))
+        started = time.monotonic()
+        firsts = [handle(lock_collection, kind, name, ttl=1.5) for name in names]
+
+        async def take_and_release(first: AsyncMongoLock) -> bool:
+            # Released at once: held until all names are handed over, a first lease (1.5 s) might
+            # run out on a loaded machine.
+            if not await acquire(first, 20.0):
+                return False
+            assert await first.release(), f"{first.name}: the lease was gone before its release"
+            return True
+
+        first_waits = [asyncio.ensure_future(take_and_release(first)) for first in firsts]
+        await asyncio.sleep(0.1)  # the first waiters' places are written, without a follower
+        seconds = [asyncio.ensure_future(acquire(handle(lock_collection, kind, name), 3.3)) for name in names]
+        await asyncio.sleep(0.9)
+        # The holders' leases are renewed: at their first expiry (3 s) each first waiter looks
+        # again, and writes its place again, now with the second waiter's place as its follower.
+        await asyncio.gather(*(holder.extend(6.0) for holder in holders))
+
+        async def release_at(holder: AsyncMongoLock, moment: float) -> None:
+            await asyncio.sleep(max(0.0, started + moment - time.monotonic()))
+            assert await holder.release()
+
+        await asyncio.gather(*(release_at(holder, moment) for holder, moment in zip(holders, RELEASES_AT, strict=True)))
+        assert not any(await asyncio.gather(*seconds)), "a second waiter got the lock before the first"
+        assert all(await asyncio.gather(*first_waits))
+        moments = [f"released at {moment:g} s" for moment in RELEASES_AT]
+        blocked = await not_taken_at_once(elsewhere, kind, names, moments)
+        assert not blocked, f"handed to the place of a waiter that had given up: {blocked}"
+    finally:
+        await close_client(remote)

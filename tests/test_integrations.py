@@ -25,6 +25,7 @@ from fastapi import FastAPI
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockLostError, LockManager, LockTimeoutError
 from mongolock_async.fastapi import hold_lock, limit_concurrency
+from mongolock_async.jobs import DerivedJobNameWarning
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import child_environment
@@ -63,11 +64,13 @@ async def test_run_once_runs_one_call_at_a_time_and_skips_the_others(lock_collec
     assert len(runs) == 1 and results.count(None) == 3 and results[runs[0]] == runs[0] * 10
     assert await job(7) == 70, "free again once the first run ended"
 
-    @locks.run_once(wait=True)
-    async def queued(replica: int) -> int:
-        runs.append(replica)
-        await asyncio.sleep(0.05)
-        return replica
+    with pytest.warns(DerivedJobNameWarning, match="is derived from the function's module and qualified name"):
+
+        @locks.run_once(wait=True)
+        async def queued(replica: int) -> int:
+            runs.append(replica)
+            await asyncio.sleep(0.05)
+            return replica
 
     assert sorted(await asyncio.gather(*(queued(replica) for replica in range(3)))) == [0, 1, 2]
     doc = await lock_collection.find_one({"_id": f"{__name__}.test_run_once_runs_one_call_at_a_time_and_skips_"
@@ -78,7 +81,7 @@ async def test_run_once_runs_one_call_at_a_time_and_skips_the_others(lock_collec
 async def test_run_once_protects_the_job_like_async_with(lock_collection: Any) -> None:
     locks = LockManager(lock_collection, ttl=0.6)
 
-    @locks.run_once("short-lease")
+    @locks.run_once("short-lease", heartbeat=False)  # a job's heartbeat is on unless told otherwise
     async def too_long() -> None:
         await asyncio.sleep(5)
 

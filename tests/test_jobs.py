@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pymongo import AsyncMongoClient
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import (
@@ -29,14 +32,16 @@ from mongolock_async import (
     LockManager,
 )
 from mongolock_async.examples.periodic_job import SCHEDULERS
-from mongolock_async.jobs import current_run, run_once
+from mongolock_async.jobs import DerivedJobNameWarning, Period, current_run, run_once
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.conftest import CommandCounter, child_environment
 from tests.conftest import one_driver as mongolock_driver  # noqa: F401 - these tests run once
+from tests.job_worker import EPOCH, start_ms
+from tests.server_clock import SteppedServerClock
 
 WORKER = Path(__file__).with_name("job_worker.py")
-Run = tuple[int, float, float, int]  # slot, start, end, pid
+Run = tuple[int, float, float, int]  # period (its start, ms since the epoch), start, end, pid
 
 
 def run_job_workers(
@@ -67,41 +72,41 @@ def run_job_workers(
     return runs
 
 
-def runs_per_slot(runs: list[Run]) -> Counter[int]:
-    return Counter(slot for slot, *_ in runs)
+def runs_per_period(runs: list[Run]) -> Counter[int]:
+    return Counter(period for period, *_ in runs)
 
 
-def one_run_per_called_slot(runs: list[Run], skipped: list[tuple[int, str]]) -> dict[int, str]:
+def one_run_per_called_period(runs: list[Run], skipped: list[tuple[int, str]]) -> dict[int, str]:
     """Each period's count of runs against its calls that did not run: a period with a call must
     have exactly one run, unless each of its calls found a run of an earlier period still going
     (``running``: a loaded machine can delay a run past its period). What is not so, by period."""
-    counts = runs_per_slot(runs)
+    counts = runs_per_period(runs)
     reasons: dict[int, set[str]] = {}
-    for slot, reason in skipped:
-        reasons.setdefault(slot, set()).add(reason)
-    wrong = {slot: f"{n} runs" for slot, n in counts.items() if n > 1}
-    for slot, seen in reasons.items():
-        if counts[slot] == 0 and seen != {"running"}:
-            wrong[slot] = f"no run; calls skipped as {sorted(seen)}"
+    for period, reason in skipped:
+        reasons.setdefault(period, set()).add(reason)
+    wrong = {period: f"{n} runs" for period, n in counts.items() if n > 1}
+    for period, seen in reasons.items():
+        if counts[period] == 0 and seen != {"running"}:
+            wrong[period] = f"no run; calls skipped as {sorted(seen)}"
     return wrong
 
 
-def test_the_detector_counts_runs_per_slot() -> None:
+def test_the_detector_counts_runs_per_period() -> None:
     runs = [(7, 0.0, 0.1, 1), (7, 0.5, 0.6, 2), (8, 1.2, 1.3, 1)]
-    assert runs_per_slot(runs) == {7: 2, 8: 1}
-    assert one_run_per_called_slot(runs, [(8, "done")]) == {7: "2 runs"}
-    assert one_run_per_called_slot(runs[2:], [(9, "done")]) == {9: "no run; calls skipped as ['done']"}
-    assert one_run_per_called_slot(runs[2:], [(9, "running")]) == {}
+    assert runs_per_period(runs) == {7: 2, 8: 1}
+    assert one_run_per_called_period(runs, [(8, "done")]) == {7: "2 runs"}
+    assert one_run_per_called_period(runs[2:], [(9, "done")]) == {9: "no run; calls skipped as ['done']"}
+    assert one_run_per_called_period(runs[2:], [(9, "running")]) == {}
 
 
-async def test_four_processes_run_a_periodic_job_once_per_slot(mongodb_uri: str, pymongo_collection: Any) -> None:
+async def test_four_processes_run_a_periodic_job_once_per_period(mongodb_uri: str, pymongo_collection: Any) -> None:
     # 4 processes fire the same job (every 1 s) at jittered moments of each period for 22 s.
     lock_collection = pymongo_collection
     commands = [([], ["fire", "periodic", "1", "22"]) for _ in range(4)]
     skipped: list[tuple[int, str]] = []
     runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands, skipped)
-    assert not one_run_per_called_slot(runs, skipped), one_run_per_called_slot(runs, skipped)
-    assert sum(1 for n in runs_per_slot(runs).values() if n == 1) >= 20, runs_per_slot(runs)
+    assert not one_run_per_called_period(runs, skipped), one_run_per_called_period(runs, skipped)
+    assert sum(1 for n in runs_per_period(runs).values() if n == 1) >= 20, runs_per_period(runs)
     assert {reason for _, reason in skipped} <= {"running", "done"}, skipped
     assert len({pid for *_, pid in runs}) > 1, "the runs were spread over the processes"
 
@@ -113,7 +118,7 @@ async def test_the_control_without_periods_runs_several_times_per_period(
     # The same firing with a plain run_once (one run at a time, but nothing per period).
     commands = [([], ["control", "control", "1", "6"]) for _ in range(4)]
     runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands)
-    assert max(runs_per_slot(runs).values()) > 1, "the detector would miss a second run in a period"
+    assert max(runs_per_period(runs).values()) > 1, "the detector would miss a second run in a period"
 
 
 FAKETIME_MISSING = "this test runs processes under faketime (Debian's faketime package; `make test` installs it)"
@@ -130,8 +135,8 @@ async def test_client_clocks_that_disagree_do_not_matter(mongodb_uri: str, pymon
     ]
     skipped: list[tuple[int, str]] = []
     runs = await asyncio.to_thread(run_job_workers, mongodb_uri, lock_collection, commands, skipped)
-    assert not one_run_per_called_slot(runs, skipped), one_run_per_called_slot(runs, skipped)
-    assert len(runs_per_slot(runs)) >= 8, f"only {len(runs_per_slot(runs))} periods had a run"
+    assert not one_run_per_called_period(runs, skipped), one_run_per_called_period(runs, skipped)
+    assert len(runs_per_period(runs)) >= 8, f"only {len(runs_per_period(runs))} periods had a run"
     assert len({pid for *_, pid in runs}) > 1, "the skewed processes ran the job too"
 
 
@@ -145,17 +150,17 @@ def test_faketime_shifts_a_processs_wall_clock() -> None:
     assert 39 < float(shifted.stdout) - time.time() < 45
 
 
-def slot_midway(every: float) -> float:
+def period_midway(every: float) -> float:
     """An offset that puts now (by this machine's clock, the embedded server's too) in the middle
     of a period of ``every`` seconds."""
     return (time.time() - every / 2) % every
 
 
-async def test_a_run_killed_mid_job_is_retried_in_the_same_slot_after_its_ttl(
+async def test_a_run_killed_mid_job_is_retried_in_the_same_period_after_its_ttl(
     mongodb_uri: str, pymongo_collection: Any
 ) -> None:
     lock_collection = pymongo_collection
-    every, offset = 3600.0, slot_midway(3600.0)
+    every, offset = 3600.0, period_midway(3600.0)
     locks = LockManager(lock_collection, ttl=10.0)
     arguments = [mongodb_uri, TEST_DATABASE, lock_collection.name, "hang", "hang", str(every), "0", str(offset)]
     process = subprocess.Popen(  # noqa: ASYNC220 - read in a thread
@@ -165,7 +170,7 @@ async def test_a_run_killed_mid_job_is_retried_in_the_same_slot_after_its_ttl(
         assert process.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 60)
         assert line.startswith("running"), line
-        killed_slot = int(line.split()[1])
+        killed_period = int(line.split()[1])
     finally:
         process.kill()
         process.wait()
@@ -175,7 +180,7 @@ async def test_a_run_killed_mid_job_is_retried_in_the_same_slot_after_its_ttl(
     @locks.run_once("hang", every=every, offset=offset)
     async def job() -> str:
         run = current_run()
-        attempts.append((run.slot, run.attempt))
+        attempts.append((start_ms(run.period), run.attempt))
         return "retried"
 
     assert await job() is None, "the killed run's lease was still live"
@@ -184,14 +189,14 @@ async def test_a_run_killed_mid_job_is_retried_in_the_same_slot_after_its_ttl(
     while (result := await job()) is None:
         assert time.monotonic() - killed_at < 10, "not retried after the killed run's TTL (1.5 s)"
         await asyncio.sleep(0.1)
-    assert result == "retried" and attempts == [(killed_slot, 2)], attempts
+    assert result == "retried" and attempts == [(killed_period, 2)], attempts
     state = await locks.job("hang")
     assert state is not None and state.done and state.attempts == 2 and state.last is not None
     assert state.last.outcome == "succeeded" and state.last.attempt == 2
 
 
-async def test_a_job_that_raises_is_retried_up_to_max_attempts_then_the_slot_is_failed(lock_collection: Any) -> None:
-    job = AsyncMongoJob(lock_collection, "flaky", every=3600, offset=slot_midway(3600.0), max_attempts=3)
+async def test_a_job_that_raises_is_retried_up_to_max_attempts_then_the_period_is_failed(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "flaky", every=3600, offset=period_midway(3600.0), max_attempts=3)
     calls = 0
 
     async def flaky() -> None:
@@ -211,14 +216,23 @@ async def test_a_job_that_raises_is_retried_up_to_max_attempts_then_the_slot_is_
     assert state.last.error_message == "attempt 3: the upstream said no"
 
 
-async def test_a_run_that_loses_its_lease_is_recorded_lost_and_retried(lock_collection: Any) -> None:
-    job = AsyncMongoJob(lock_collection, "overrun", every=3600, offset=slot_midway(3600.0), ttl=0.6)
+async def test_a_run_that_loses_its_lease_says_so_in_its_record_and_log_and_is_retried(
+    lock_collection: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = AsyncMongoJob(lock_collection, "overrun", every=3600, offset=period_midway(3600.0), ttl=0.6, heartbeat=False)
 
     async def too_long() -> None:
         await asyncio.sleep(5)
 
-    with pytest.raises(LockLostError):
+    with caplog.at_level(logging.WARNING, logger="mongolock_async"), pytest.raises(LockLostError):
         await job.run(too_long)
+    said = [record.getMessage() for record in caplog.records if "run cancelled" in record.getMessage()]
+    assert len(said) == 1 and "job 'overrun'" in said[0], caplog.text
+    assert "ttl 0.6 s" in said[0] and "heartbeat off" in said[0], said
+    state = await job.state()
+    assert state is not None and state.last is not None and state.last.outcome == "lost"
+    assert state.last.error_type == "LockLostError" and state.last.error_message is not None
+    assert "ttl 0.6 s" in state.last.error_message and "heartbeat off" in state.last.error_message
     await asyncio.sleep(0.2)  # past the lease's expiry on the server too
 
     async def quick() -> int:
@@ -228,6 +242,22 @@ async def test_a_run_that_loses_its_lease_is_recorded_lost_and_retried(lock_coll
     assert result.ran and result.value == 2
     state = await job.state()
     assert state is not None and state.done and state.attempts == 2
+
+
+async def test_a_jobs_runs_are_renewed_by_default_and_a_locks_lease_is_not(lock_collection: Any) -> None:
+    job = AsyncMongoJob(lock_collection, "long", ttl=0.6)
+
+    async def three_ttls() -> str:
+        await asyncio.sleep(1.8)
+        return "finished"
+
+    result = await job.run(three_ttls)
+    assert result.ran and result.value == "finished"
+    state = await job.state()
+    assert state is not None and state.last is not None and state.last.outcome == "succeeded"
+    with pytest.raises(LockLostError, match="use heartbeat=True"):
+        async with AsyncMongoLock(lock_collection, "long-lock", ttl=0.6):
+            await asyncio.sleep(1.8)
 
 
 async def test_min_interval_keeps_fixed_delay_runs_of_three_processes_apart(
@@ -270,51 +300,145 @@ async def test_hold_at_least_keeps_the_lease_after_a_short_run(lock_collection: 
 
 
 async def test_periods_are_the_servers_and_a_new_period_runs_again(lock_collection: Any) -> None:
-    ran: list[int | None] = []
+    ran: list[Period] = []
 
     @run_once(lock_collection, "every-3-s", every=3)
     async def job() -> None:
-        ran.append(current_run().slot)
+        period = current_run().period
+        assert period is not None
+        ran.append(period)
 
     await job()
+    first = ran[0]
+    assert first.end - first.start == timedelta(seconds=3)
+    assert (first.start - EPOCH) % timedelta(seconds=3) == timedelta(0), "periods start at multiples of every"
     state = await AsyncMongoJob(lock_collection, "every-3-s").state()
-    assert state is not None and state.slot is not None and state.slot_started_at is not None
-    assert state.last is not None and state.last.slot == ran[0] and state.last.outcome == "succeeded"
+    assert state is not None and state.period is not None
+    assert state.last is not None and state.last.period == first and state.last.outcome == "succeeded"
     # The state may be read a period later than the run (a run at a period's end, on a loaded
     # machine). Until just after the run's next period begins on the server's clock, then two
     # calls well inside it.
-    next_period = state.slot_started_at + (ran[0] + 1 - state.slot) * timedelta(seconds=3)
-    await asyncio.sleep(max((next_period - state.server_time).total_seconds(), 0) + 0.05)
+    await asyncio.sleep(max((first.end - state.server_time).total_seconds(), 0) + 0.05)
     await job()
     await job()
-    assert ran == [ran[0], ran[0] + 1]
+    assert ran == [first, Period(first.end, first.end + timedelta(seconds=3))]
+
+
+async def test_a_period_stays_done_whatever_every_or_offset_the_next_call_has(lock_collection: Any) -> None:
+    # Now lies midway through an hour-long period, a two-hour one and an hour shifted by 10 minutes
+    # (each offset is chosen so): each contains the first run's start. With periods known by number,
+    # every=3600, then 7200, then 3600 ran three times.
+    hour, two_hours = period_midway(3600.0), period_midway(7200.0)
+    schedules: list[dict[str, float]] = [
+        {"every": 3600, "offset": hour},
+        {"every": 7200, "offset": two_hours},  # longer
+        {"every": 3600, "offset": hour},  # back
+        {"every": 3600, "offset": (hour + 600) % 3600},  # shifted
+        {"every": 1800, "offset": period_midway(1800.0)},  # shorter, also containing the run
+    ]
+    ran: list[Period | None] = []
+
+    async def work() -> None:
+        ran.append(current_run().period)
+
+    results = [await AsyncMongoJob(lock_collection, "digest", **schedule).run(work) for schedule in schedules]
+    assert [result.skipped for result in results] == [None, "done", "done", "done", "done"], results
+    assert len(ran) == 1
+
+
+async def test_two_versions_with_different_periods_under_one_name_never_run_a_period_twice(
+    lock_collection: Any,
+) -> None:
+    hourly = AsyncMongoJob(lock_collection, "export", every=3600, offset=period_midway(3600.0))
+    daily = AsyncMongoJob(lock_collection, "export", every=86_400, offset=period_midway(86_400.0))
+    ran: list[str] = []
+
+    async def work(version: str) -> None:
+        ran.append(version)
+
+    for _ in range(3):  # their replicas fire in turn
+        await hourly.run(work, "hourly")
+        await daily.run(work, "daily")
+    assert ran == ["hourly"], "the hour's run is the day's too: the day is done"
+
+
+async def test_a_schedule_change_does_not_give_a_failed_period_its_attempts_back(lock_collection: Any) -> None:
+    calls = 0
+
+    async def fail() -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("upstream down")
+
+    hourly = AsyncMongoJob(lock_collection, "sync", every=3600, offset=period_midway(3600.0), max_attempts=2)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await hourly.run(fail)
+    shifted = (period_midway(3600.0) + 600) % 3600  # ten minutes later: the failed runs are in it still
+    for schedule in ({"every": 7200, "offset": period_midway(7200.0)}, {"every": 3600, "offset": shifted}):
+        result = await AsyncMongoJob(lock_collection, "sync", max_attempts=2, **schedule).run(fail)
+        assert not result.ran and result.skipped == "failed", result
+        assert "failed after 2 attempts: RuntimeError: upstream down" in str(result)
+    assert calls == 2
+    state = await hourly.state()
+    assert state is not None and state.exhausted and state.attempts == 2 and not state.done
+
+
+async def test_a_server_clock_stepped_back_across_a_boundary_runs_no_period_twice(tmp_path: Path) -> None:
+    # A failover to a member whose clock is behind: the server's clock goes back across the hour
+    # it has just entered. The hour it left is done (its run was before, and the next hour's run
+    # came after it), and the next hour has had its run: neither runs again. With periods known by
+    # number, both did: the earlier slot was not the last one done, and then the later one was not.
+    async with SteppedServerClock(tmp_path) as clock:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(clock.uri)
+        try:
+            job = AsyncMongoJob(client[TEST_DATABASE]["jobs"], "hourly", every=3600)
+            ran: list[datetime] = []
+
+            async def work() -> None:
+                period = current_run().period
+                assert period is not None
+                ran.append(period.start)
+
+            hour = timedelta(hours=1)
+            boundary = EPOCH + (datetime.now(UTC) - EPOCH) // hour * hour + 2 * hour
+            outcomes = []
+            for seconds in (-30, 30, -10, 20, 3630, 3640):
+                await clock.set(boundary + timedelta(seconds=seconds))
+                result = await job.run(work)
+                outcomes.append("ran" if result.ran else result.skipped)
+            assert outcomes == ["ran", "ran", "done", "done", "ran", "done"], outcomes
+            assert ran == [boundary - hour, boundary, boundary + hour]
+        finally:
+            await client.close()
 
 
 class Recorder(LockHooks):
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def job_ran(self, name: str, *, outcome: str, duration: float, slot: int | None, attempt: int) -> None:
-        self.events.append(("ran", {"outcome": outcome, "slot": slot, "attempt": attempt}))
+    def job_ran(self, name: str, *, outcome: str, duration: float, period: Period | None, attempt: int) -> None:
+        self.events.append(("ran", {"outcome": outcome, "period": period, "attempt": attempt}))
 
-    def job_skipped(self, name: str, *, reason: str, slot: int | None) -> None:
-        self.events.append(("skipped", {"reason": reason, "slot": slot}))
+    def job_skipped(self, name: str, *, reason: str, period: Period | None) -> None:
+        self.events.append(("skipped", {"reason": reason, "period": period}))
 
 
 async def test_hooks_hear_of_runs_and_skips(lock_collection: Any) -> None:
     hooks = Recorder()
-    job = AsyncMongoJob(lock_collection, "observed", every=3600, offset=slot_midway(3600.0), hooks=hooks)
+    job = AsyncMongoJob(lock_collection, "observed", every=3600, offset=period_midway(3600.0), hooks=hooks)
 
     async def work() -> None:
         await asyncio.sleep(0.2)
 
     await asyncio.gather(job.run(work), job.run(work))
     await job.run(work)
-    slot = hooks.events[-1][1]["slot"]
+    period = hooks.events[-1][1]["period"]
+    assert isinstance(period, Period)
     assert sorted(kind for kind, _ in hooks.events) == ["ran", "skipped", "skipped"]
-    assert {"reason": "running", "slot": slot} in [details for kind, details in hooks.events if kind == "skipped"]
-    assert ("skipped", {"reason": "done", "slot": slot}) == hooks.events[-1]
-    assert ("ran", {"outcome": "succeeded", "slot": slot, "attempt": 1}) in hooks.events
+    assert {"reason": "running", "period": period} in [details for kind, details in hooks.events if kind == "skipped"]
+    assert ("skipped", {"reason": "done", "period": period}) == hooks.events[-1]
+    assert ("ran", {"outcome": "succeeded", "period": period, "attempt": 1}) in hooks.events
 
 
 async def test_a_free_lock_document_of_the_name_becomes_the_jobs(lock_collection: Any) -> None:
@@ -348,10 +472,10 @@ async def test_a_job_name_of_another_kind_or_a_corrupt_record_is_refused(lock_co
 
     with pytest.raises(LockDataError, match="a semaphore, not a job"):
         await AsyncMongoJob(lock_collection, "a-semaphore").run(work)
-    await lock_collection.insert_one({"_id": "corrupt", "kind": "job", "job": {"attempts": "three"}})
-    with pytest.raises(LockDataError, match=r"job\.attempts"):
+    await lock_collection.insert_one({"_id": "corrupt", "kind": "job", "job": {"tries": "three"}})
+    with pytest.raises(LockDataError, match=r"job\.tries"):
         await AsyncMongoJob(lock_collection, "corrupt", every=60).run(work)
-    assert (await lock_collection.find_one({"_id": "corrupt"}))["job"] == {"attempts": "three"}, "left as it was"
+    assert (await lock_collection.find_one({"_id": "corrupt"}))["job"] == {"tries": "three"}, "left as it was"
 
 
 @pytest.mark.parametrize(
@@ -370,6 +494,17 @@ async def test_a_job_name_of_another_kind_or_a_corrupt_record_is_refused(lock_co
         ({"every": 60, "hold_at_least": 60}, ValueError, "hold_at_least"),
         ({"every": timedelta(days=400)}, ValueError, "every"),
         ({"ttl": 0}, ValueError, "ttl"),
+        # Every duration a job stores is bounded, with an error naming it and the limit: 1e17 s
+        # failed only in BSON's encoding, after the checks; 3e11 s was stored, and broke every
+        # reader of the record (a date past the year 9999).
+        ({"every": 1e17}, ValueError, r"every must be at most 366 days \(31622400 s\)"),
+        ({"min_interval": 1e17}, ValueError, r"min_interval must be at most 366 days \(31622400 s\)"),
+        ({"min_interval": 3e11}, ValueError, r"min_interval must be at most 366 days \(31622400 s\), got 3e\+11 s"),
+        ({"min_interval": timedelta(days=367)}, ValueError, r"min_interval must be at most"),
+        ({"hold_at_least": 1e17}, ValueError, r"hold_at_least must be at most 366 days \(31622400 s\)"),
+        ({"hold_at_least": 3e11}, ValueError, r"hold_at_least must be at most"),
+        ({"ttl": 1e17}, ValueError, r"ttl must be at most"),
+        ({"every": 60, "offset": 1e17}, ValueError, "offset"),
     ],
 )
 async def test_bad_arguments_are_refused_before_any_io(
@@ -386,6 +521,38 @@ async def test_bad_arguments_are_refused_before_any_io(
     assert command_counter.names == []
 
 
+def test_a_derived_job_name_warns_once_where_the_function_is_decorated(lock_collection: Any) -> None:
+    async def nightly() -> None:
+        pass
+
+    locks = LockManager(lock_collection)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per place
+        for _ in range(3):  # a decoration that runs again (in a lifespan, say) warns once
+            run_once(lock_collection)(nightly)
+        locks.run_once()(nightly)
+        locks.run_once(wait=True)(nightly)
+        run_once(lock_collection, "nightly")(nightly)  # named: nothing to say
+        locks.run_once("nightly")(nightly)
+    derived = [warning for warning in caught if issubclass(warning.category, DerivedJobNameWarning)]
+    assert len(derived) == 3, [str(warning.message) for warning in caught]
+    name = f"{__name__}.test_a_derived_job_name_warns_once_where_the_function_is_decorated.<locals>.nightly"
+    assert all(f"the job name {name!r} is derived" in str(warning.message) for warning in derived)
+    assert {warning.filename for warning in derived} == {__file__}, "it points at the decorating line"
+
+
+async def test_a_skipped_call_logs_the_jobs_name(lock_collection: Any, caplog: pytest.LogCaptureFixture) -> None:
+    @run_once(lock_collection, "digest-of-the-hour", every=3600, offset=period_midway(3600.0))
+    async def digest() -> str:
+        return "built"
+
+    with caplog.at_level(logging.INFO, logger="mongolock_async"):
+        assert await digest() == "built"
+        assert await digest() is None
+    lines = [record.getMessage() for record in caplog.records if record.levelno == logging.INFO]
+    assert any(line.startswith("job 'digest-of-the-hour' skipped: done in the period from ") for line in lines), lines
+
+
 async def test_run_once_with_wait_takes_no_job_options(lock_collection: Any) -> None:
     with pytest.raises(TypeError, match="every"):
         LockManager(lock_collection).run_once("job", wait=True, every=60)
@@ -394,7 +561,7 @@ async def test_run_once_with_wait_takes_no_job_options(lock_collection: Any) -> 
 async def test_the_command_line_shows_a_jobs_state(mongodb_uri: str, lock_collection: Any) -> None:
     # Midway through a period: what the run recorded is still this period's when the commands read it.
     job = AsyncMongoJob(
-        lock_collection, "shown", every=timedelta(minutes=15), offset=slot_midway(900.0), label="reporter"
+        lock_collection, "shown", every=timedelta(minutes=15), offset=period_midway(900.0), label="reporter"
     )
 
     async def fail() -> None:
@@ -463,10 +630,11 @@ async def test_the_periodic_example_builds_one_digest_per_period_on_three_replic
         digests = await client[database]["digests"].find().to_list(None)
     finally:
         await client.drop_database(database)
-    counts = Counter(digest["slot"] for digest in digests)
-    slots = range(min(counts), max(counts) + 1)
-    assert len(slots) >= 4 and all(counts[slot] == 1 for slot in slots), counts
-    assert all("built the digest in periods" in out for out in outputs), outputs
+    counts = Counter(digest["period"] for digest in digests)
+    first, last = min(counts), max(counts)
+    periods = [first + n * timedelta(seconds=1) for n in range((last - first) // timedelta(seconds=1) + 1)]
+    assert len(periods) >= 4 and all(counts[period] == 1 for period in periods), counts
+    assert all("built the digests of" in out for out in outputs), outputs
 
 
 @pytest.mark.parametrize("scheduler", ["loop", "apscheduler", "fastapi"])
@@ -487,7 +655,7 @@ async def test_the_periodic_examples_schedulers_stop_between_runs_never_during_o
 
 
 async def test_a_run_whose_lease_is_broken_by_force_is_cancelled_and_recorded_lost(lock_collection: Any) -> None:
-    job = AsyncMongoJob(lock_collection, "broken", every=3600, offset=slot_midway(3600.0), ttl=3.0, heartbeat=0.5)
+    job = AsyncMongoJob(lock_collection, "broken", every=3600, offset=period_midway(3600.0), ttl=3.0, heartbeat=0.5)
     started = asyncio.Event()
 
     async def long_run() -> None:

@@ -228,9 +228,10 @@ async def test_a_late_release_hands_no_permit_to_a_token_that_is_done(lock_colle
     assert await store.release("late", "done", permits=permits) is not None
     await store.leave("late", ["gave-up"], fair=False, permits=permits)
     for finished in ("done", "gave-up"):
-        assert (await store.try_acquire("late", "again", 10_000, holder, permits=permits)).holds("again")
+        releasing = f"releasing-to-{finished}"  # a token, like every one, never used again once released
+        assert (await store.try_acquire("late", releasing, 10_000, holder, permits=permits)).holds(releasing)
         successor = PlaceRequest(finished, 10_000, holder)
-        state = await store.release("late", "again", successor=successor, permits=permits)
+        state = await store.release("late", releasing, successor=successor, permits=permits)
         assert state is not None and not state.holds(finished), f"a permit went to {finished!r}, which is done"
         assert state.queue == (), "nor does it wait in the queue"
 

@@ -189,11 +189,14 @@ async def test_watch_lines_and_json_are_inert_and_exact(mongodb_uri: str) -> Non
 
 async def odd_jobs(collection: Any) -> AsyncMongoLock:
     """A lock in use (its handle, which the caller keeps), a job whose ``job.every`` was corrupted,
-    and a job with a legitimate ``min_interval`` of 3e11 s, whose next run is after the year 9999."""
+    and a job whose ``min_interval`` is 3e11 s, whose next run is after the year 9999 (the library
+    refuses to store more than a year and a day since issue 36: a record written by another writer,
+    or an older version, can still hold it)."""
     fine = AsyncMongoLock(collection, "fine", ttl=120, label="worker")
     assert await fine.acquire(blocking=False)
-    distant = AsyncMongoJob(collection, "distant", min_interval=3e11, ttl=10)
+    distant = AsyncMongoJob(collection, "distant", min_interval=60, ttl=10)
     assert (await distant.run(asyncio.sleep, 0)).ran
+    await collection.update_one({"_id": "distant"}, {"$set": {"job.minInterval": int(3e11 * 1000)}})
     corrupt = AsyncMongoJob(collection, "corrupt", every=60, ttl=10)
     assert (await corrupt.run(asyncio.sleep, 0)).ran
     await collection.update_one({"_id": "corrupt"}, {"$set": {"job.every": 2**62}})

@@ -14,9 +14,10 @@ Run it in two or three terminals at once and compare what they print:
     python -m mongolock_async.examples.periodic_job --scheduler loop --every 2 --seconds 10
     mongolock inspect digest                                     # the job: its period, last run, holder
 
-Each replica prints the periods it built the digest in; the digests are in the ``jobs`` database
-(``JOBS_DATABASE``), one per period. Each scheduler stops between runs, never during one: a run
-cut off midway leaves its period not done, and another replica would build that digest again.
+Each replica prints the starts of the periods it built the digests of; the digests are in the
+``jobs`` database (``JOBS_DATABASE``), one per period. Each scheduler stops between runs, never
+during one: a run cut off midway leaves its period not done, and another replica would build that
+digest again.
 """
 
 from __future__ import annotations
@@ -96,18 +97,19 @@ async def main(scheduler: str, every: float, seconds: float) -> None:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongodb_uri())
     digests = client[os.environ.get("JOBS_DATABASE", "jobs")]["digests"]
     locks = LockManager(lock_collection(client), ttl=30, label=f"replica {os.getpid()}")
-    built: list[int] = []
+    built: list[str] = []
 
     @locks.run_once("digest", every=timedelta(seconds=every))
     async def build_digest() -> None:
-        run = current_run()  # its period (slot) on the server's clock, attempt and fencing token
-        await digests.insert_one({"slot": run.slot, "by": os.getpid(), "attempt": run.attempt})
-        assert run.slot is not None
-        built.append(run.slot)
+        run = current_run()  # its period (start, end) on the server's clock, attempt and fencing token
+        assert run.period is not None
+        # Keyed by the period's start: a second run of a period (its first cut off) would find it.
+        await digests.insert_one({"period": run.period.start, "by": os.getpid(), "attempt": run.attempt})
+        built.append(f"{run.period.start:%H:%M:%S}")
 
     await SCHEDULERS[scheduler](build_digest, every, seconds)
     await client.close()
-    print(f"replica {os.getpid()} built the digest in periods {built}", flush=True)
+    print(f"replica {os.getpid()} built the digests of {', '.join(built) or 'none'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -191,9 +191,22 @@ def _with_place(places: Any, token: Any, place: dict[str, Any]) -> dict[str, Any
 _WITHDRAWALS_REMEMBERED = 64
 
 
-def _withdrawn(token: Any) -> dict[str, Any]:
-    """Whether ``token``'s place was withdrawn: its owner gave up waiting."""
-    return {"$in": [token, _array_or_empty("$withdrawn")]}
+def _done_with(token: Any, released: Any) -> dict[str, Any]:
+    """Whether ``token`` is done with: its place was withdrawn (its owner gave up waiting), or it
+    held a lease (a permit) that it released (``released``: the tokens a document remembers
+    releasing). Its process never sends it again then: it moved on to new tokens.
+
+    A request of such a token that the server applies late (cut off by its bound, still on its
+    way) must take, claim and queue nothing. A waiter's attempt cut off by its timeout lands when it
+    lands; meanwhile the next waiter of its process attempts again with the same token, takes the
+    lock, runs and releases. Were the late attempt applied as an attempt, it would take the free
+    lock for that token, a lease nobody holds, for a TTL; or, the lock held again by then, queue a
+    place for it, and the holder's release would hand the lock to it: a lease nobody holds for a
+    TTL, after a place that lasted one (tests/test_late_requests.py). The memory is bounded (the
+    last 64 withdrawals; a lock's releases while the lease they ended would have lasted, at most
+    16, and its latest; a semaphore's last 64): a request that lands later than that is applied
+    as an attempt again, and what it leaves lasts its TTL, as any outcome lost in transit."""
+    return {"$or": [{"$in": [token, _array_or_empty("$withdrawn")]}, {"$in": [token, released]}]}
 
 
 def _remember_withdrawals() -> dict[str, Any]:

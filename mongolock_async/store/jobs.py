@@ -2,13 +2,19 @@
 and the finish that records how it ended.
 
 A job's document is a lock's (owner, expiresAt, fence, ttlMs, holder, ...) with kind "job" and the
-job's record: job: {every, offset, minInterval, maxAttempts (the schedule as last asked for), slot
-and attempts (runs started in that slot), doneSlot (the latest slot a run succeeded in), run: {o,
-slot, attempt, startedAt, holder} (the run holding the lease, or null), last: (the latest run that
-ended, with endedAt, outcome, error: {type, message}), lastEndedAt, seen: {slot, why} (the latest
-decision not to run), finished: [the last owner tokens that finished a run]}. A slot is
-floor((server time in ms - offset) / every): periods of the server's clock, so clients' clocks never
-decide whether a slot is done.
+job's record: job: {every, offset, minInterval, maxAttempts (the schedule as last asked for), tries
+(the start times of the latest runs, at most maxAttempts of them), lastSuccess (the start time of
+the latest run that succeeded), run: {o, period: {start, end}, attempt, startedAt, holder} (the run
+holding the lease, or null), last: (the latest run that ended, with endedAt, outcome, error: {type,
+message}), lastEndedAt, seen: {period, why} (the latest decision not to run), finished: [the last
+owner tokens that finished a run]}.
+
+A period is a span of the server's clock, ``[start, start + every)`` with ``start = offset +
+floor((now - offset) / every) * every`` (milliseconds since the Unix epoch), known by its start and
+end, never by a number: the schedule of the request that asks decides which period it is, and the
+record says when runs started and succeeded. So a period is done when a run that started in it (or
+later: a server clock that stepped back) succeeded, and its attempts are the runs started in it,
+whatever ``every`` or ``offset`` the earlier runs were asked with. Clients' clocks decide nothing.
 """
 
 from __future__ import annotations
@@ -25,35 +31,50 @@ class JobSchedule(NamedTuple):
     """When a job may run (see ``LockStore.start_job``), in milliseconds."""
 
     every_ms: int | None = None
-    """Run at most once per slot of this length of the server's clock; None: no slots."""
+    """Run at most once per period of this length of the server's clock; None: no periods."""
     offset_ms: int = 0
-    """Slots start this long after each multiple of ``every_ms`` since the Unix epoch."""
+    """Periods start this long after each multiple of ``every_ms`` since the Unix epoch."""
     min_interval_ms: int | None = None
     """Start no run sooner than this after the last run ended."""
     max_attempts: int = 1
-    """Runs allowed per slot (with ``every_ms``)."""
+    """Runs allowed per period (with ``every_ms``)."""
 
 
 _JOB_KIND_IS: dict[str, Any] = {"$eq": ["$kind", JOB_KIND]}
+_ALL_TRIES_DATES: dict[str, Any] = {
+    "$allElementsTrue": [
+        {"$map": {"input": _array_or_empty("$job.tries"), "in": {"$eq": [{"$type": "$$this"}, "date"]}}}
+    ]
+}
 _JOB_SANE: dict[str, Any] = {
     "$and": [
         _LEASE_FIELDS_SANE,
         {"$or": [_type_in("$kind", "missing", "null"), _JOB_KIND_IS]},
         _type_in("$job", "missing", "null", "object"),
-        _type_in("$job.slot", "missing", "null", "int", "long"),
-        _type_in("$job.attempts", "missing", "null", "int", "long"),
-        _type_in("$job.doneSlot", "missing", "null", "int", "long"),
+        _type_in("$job.tries", "missing", "null", "array"),
+        _ALL_TRIES_DATES,
+        _type_in("$job.lastSuccess", "missing", "null", "date"),
         _type_in("$job.run", "missing", "null", "object"),
         _type_in("$job.lastEndedAt", "missing", "null", "date"),
     ]
 }
 """A job's document, or a lock's (a ``run_once`` of an earlier version kept its job in one)."""
 _FINISHED_REMEMBERED = 16
-_JOB_TEMPORARY = ["_v", "_now", "_sane", "_j", "_live", "_slot", "_lost", "_attempts", "_lastEnd", "_why", "_take",
-                  "_own", "_until", "_keep"]  # fmt: skip
+_JOB_TEMPORARY = ["_v", "_now", "_sane", "_j", "_live", "_start", "_period", "_lost", "_attempts", "_done",
+                  "_lastEnd", "_why", "_take", "_ours", "_own", "_record", "_until", "_keep"]  # fmt: skip
 
 
 def start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule: JobSchedule) -> list[Any]:
+    """Take the job's lease for ``owner`` if the job is due by ``schedule`` (see
+    ``LockStore.start_job``).
+
+    Matches the job's name (upserting). Computes the current period on the server's clock, and takes
+    the lease (kind, owner, expiresAt, fence, ...) only when nobody holds it, no run that started in
+    this period or later succeeded, fewer than ``maxAttempts`` runs started in it, and the last run
+    ended ``minInterval`` ago or more; the run is recorded in ``job.run`` and its start in
+    ``job.tries``. Otherwise records why not in ``job.seen``. A run whose lease expired unfinished
+    becomes ``job.last``, as lost. Returns (with ``findAndModify``) the document after the write.
+    """
     values = {
         "me": owner,
         "ttl": ttl_ms,
@@ -66,12 +87,18 @@ def start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule:
     return [_values(**values), *_JOB_START_STAGES]
 
 
+def _period_start() -> dict[str, Any]:
+    """The start of the current period, ``now - ((now - offset) mod every)``, as a date: integer
+    arithmetic on milliseconds ($mod of longs is exact and, with a non-negative dividend, not
+    negative: ExpressionMod in src/mongo/db/pipeline/expression.cpp, as C++'s %), so every request
+    with the same schedule finds the same boundaries."""
+    now_ms = {"$toLong": _NOW}
+    return {"$toDate": {"$subtract": [now_ms, {"$mod": [{"$subtract": [now_ms, "$_v.offset"]}, "$_v.every"]}]}}
+
+
 def _job_start_stages() -> tuple[dict[str, Any], ...]:
-    slot = {
-        "$toLong": {"$floor": {"$divide": [{"$subtract": [{"$toLong": _NOW}, "$_v.offset"]}, "$_v.every"]}}
-    }
     has_run = {"$eq": [{"$type": "$_j.run"}, "object"]}
-    slotted = {"$ne": ["$_slot", None]}
+    periodic = {"$ne": ["$_start", None]}
     too_soon = {
         "$and": [
             {"$ne": ["$_v.minInterval", None]},
@@ -86,10 +113,10 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
             "$_live",
             _if(has_run, "running", "held"),
             _if(
-                {"$and": [slotted, {"$eq": ["$_j.doneSlot", "$_slot"]}]},
+                "$_done",
                 "done",
                 _if(
-                    {"$and": [slotted, {"$gte": ["$_attempts", "$_v.maxAttempts"]}]},
+                    {"$and": [periodic, {"$gte": ["$_attempts", "$_v.maxAttempts"]}]},
                     "failed",
                     _if(too_soon, "too_soon", None),
                 ),
@@ -97,7 +124,11 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
         ),
     )
     attempt = {"$add": ["$_attempts", 1]}
-    run = {"o": "$_v.me", "slot": "$_slot", "attempt": attempt, "startedAt": _NOW, "holder": "$_v.holder"}
+    run = {"o": "$_v.me", "period": "$_period", "attempt": attempt, "startedAt": _NOW, "holder": "$_v.holder"}
+    # The latest starts (the oldest dropped past maxAttempts): enough to count a period's attempts.
+    tries = {
+        "$slice": [{"$concatArrays": [_array_or_empty("$_j.tries"), [_NOW]]}, {"$multiply": ["$_v.maxAttempts", -1]}]
+    }
     record = {
         "$mergeObjects": [
             "$_j",
@@ -106,30 +137,44 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
                 "offset": "$_v.offset",
                 "minInterval": "$_v.minInterval",
                 "maxAttempts": "$_v.maxAttempts",
-                "slot": _if("$_take", "$_slot", "$_j.slot"),
-                "attempts": _if("$_take", attempt, "$_j.attempts"),
+                "tries": _if({"$and": ["$_take", periodic]}, tries, "$_j.tries"),
                 "run": _if("$_take", run, _if("$_lost", None, "$_j.run")),
                 "last": _if(
                     "$_lost", {"$mergeObjects": ["$_j.run", {"endedAt": "$expiresAt", "outcome": "lost"}]}, "$_j.last"
                 ),
                 "lastEndedAt": "$_lastEnd",
-                "seen": _if("$_take", "$_j.seen", {"slot": "$_slot", "why": "$_why"}),
+                "seen": _if("$_take", "$_j.seen", {"period": "$_period", "why": "$_why"}),
             },
         ]
     }
+    last_success = "$_j.lastSuccess"
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": _JOB_SANE, "_j": {"$cond": [{"$eq": [{"$type": "$job"}, "object"]}, "$job", {}]}}},
         {
             "$set": {
                 "_live": {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]},
-                "_slot": _if({"$eq": ["$_v.every", None]}, None, slot),
+                "_start": _if({"$eq": ["$_v.every", None]}, None, _period_start()),
             }
         },
         {
             "$set": {
+                "_period": _if(periodic, {"start": "$_start", "end": {"$add": ["$_start", "$_v.every"]}}, None),
                 "_lost": {"$and": ["$_sane", {"$not": ["$_live"]}, has_run]},
-                "_attempts": _if({"$eq": ["$_j.slot", "$_slot"]}, {"$ifNull": ["$_j.attempts", 0]}, 0),
+                # Runs started in this period, or later (on a server clock that stepped back).
+                "_attempts": _if(
+                    periodic,
+                    {
+                        "$size": {
+                            "$filter": {"input": _array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", "$_start"]}}
+                        }
+                    },
+                    0,
+                ),
+                # A success at or after the period's start: this period's, or a later one's.
+                "_done": {
+                    "$and": [periodic, {"$eq": [{"$type": last_success}, "date"]}, {"$gte": [last_success, "$_start"]}]
+                },
             }
         },
         # A run lost with its lease ended when the lease expired: that counts for min_interval.
@@ -160,6 +205,15 @@ _JOB_START_STAGES = _job_start_stages()
 def finish_pipeline(
     owner: str, outcome: str, error: Mapping[str, str] | None, hold_at_least_ms: int | None
 ) -> list[Any]:
+    """End ``owner``'s run and record how it ended (see ``LockStore.finish_job``).
+
+    For a document matched by name (and owner, or the run, or a finish already recorded). While
+    ``owner`` holds the live lease of the run in ``job.run``: records the run in ``job.last`` with
+    ``outcome`` (a success moves ``job.lastSuccess`` to the run's start) and ends the lease, or
+    keeps it until ``hold_at_least`` after the run's start. A run whose lease is gone is recorded
+    only as ``lost`` (its own account of the loss), and only while ``job.run`` is still that run;
+    the lease is left as it is. Adds ``owner`` to ``job.finished`` whenever it records.
+    """
     error_record = None if error is None else dict(error)
     values = {"me": owner, "outcome": outcome, "error": error_record, "hold": hold_at_least_ms}
     return [_values(**values), *_JOB_FINISH_STAGES]
@@ -167,9 +221,7 @@ def finish_pipeline(
 
 def _job_finish_stages() -> tuple[dict[str, Any], ...]:
     released = {"$and": ["$_own", {"$not": ["$_keep"]}]}
-    succeeded_in_a_slot = {
-        "$and": [{"$eq": ["$_v.outcome", "succeeded"]}, {"$ne": [{"$ifNull": ["$_j.run.slot", None]}, None]}]
-    }
+    succeeded = {"$eq": ["$_v.outcome", "succeeded"]}
     record = {
         "$mergeObjects": [
             "$_j",
@@ -179,7 +231,7 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
                     "$mergeObjects": ["$_j.run", {"endedAt": _NOW, "outcome": "$_v.outcome", "error": "$_v.error"}]
                 },
                 "lastEndedAt": _NOW,
-                "doneSlot": _if(succeeded_in_a_slot, "$_j.run.slot", "$_j.doneSlot"),
+                "lastSuccess": _if(succeeded, {"$max": ["$_j.lastSuccess", "$_j.run.startedAt"]}, "$_j.lastSuccess"),
                 "finished": {
                     "$slice": [
                         {"$concatArrays": [_array_or_empty("$_j.finished"), ["$_v.me"]]},
@@ -192,19 +244,14 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": {"$and": [_JOB_SANE, _JOB_KIND_IS]}, "_j": "$job"}},
+        {"$set": {"_ours": {"$and": ["$_sane", {"$eq": ["$_j.run.o", "$_v.me"]}]}}},
+        {"$set": {"_own": {"$and": ["$_ours", {"$eq": ["$owner", "$_v.me"]}, {"$gt": ["$expiresAt", _NOW]}]}}},
         {
             "$set": {
-                "_own": {
-                    "$and": [
-                        "$_sane",
-                        {"$eq": ["$owner", "$_v.me"]},
-                        {"$gt": ["$expiresAt", _NOW]},
-                        {"$eq": ["$_j.run.o", "$_v.me"]},
-                    ]
-                }
+                "_record": {"$or": ["$_own", {"$and": ["$_ours", {"$eq": ["$_v.outcome", "lost"]}]}]},
+                "_until": _if({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]}),
             }
         },
-        {"$set": {"_until": _if({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]})}},
         {"$set": {"_keep": {"$and": ["$_own", {"$eq": [{"$type": "$_until"}, "date"]}, {"$gt": ["$_until", _NOW]}]}}},
         {
             "$set": {
@@ -212,7 +259,7 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
                 "expiresAt": _if("$_own", _if("$_keep", "$_until", _NOW), "$expiresAt"),
                 "releasedAt": _if(released, _NOW, "$releasedAt"),
                 "releasedOwner": _if(released, "$_v.me", "$releasedOwner"),
-                "job": _if("$_own", record, "$job"),
+                "job": _if("$_record", record, "$job"),
             }
         },
         {"$unset": _JOB_TEMPORARY},

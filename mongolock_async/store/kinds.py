@@ -28,6 +28,13 @@ class PlaceRequest(NamedTuple):
     follower: PlaceRequest | None = None
     weight: int = 1
     """What the place asks for of a semaphore's or read-write lock's limit (see ``Permits``)."""
+    keep_expiry: bool = False
+    """Claim a lease (a permit) handed to the place, or taken for it, without moving its expiry:
+    the place's last request went unanswered, and took or claimed it perhaps. A claim that
+    restarted the expiry, cut off in turn, would keep a lease nobody hears of alive; one after
+    another (each next waiter's, each cut off by its patience), for as long as they came. The
+    claimer counts the lease from the unanswered request's send time instead (its expiry is
+    later than that plus the TTL)."""
 
 
 class Permits(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from bson.codec_options import DatetimeConversion
 from pymongo import ReadPreference, ReturnDocument, UpdateOne
-from pymongo.errors import BulkWriteError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
@@ -119,6 +119,7 @@ class LockStore:
         enqueue: bool = ...,
         fair: bool = ...,
         follower: PlaceRequest | None = ...,
+        keep_expiry: bool = ...,
         permits: Permits | None = ...,
         operation_time: Literal[False] = ...,
         bound: float | None = ...,
@@ -136,6 +137,7 @@ class LockStore:
         enqueue: bool = ...,
         fair: bool = ...,
         follower: PlaceRequest | None = ...,
+        keep_expiry: bool = ...,
         permits: Permits | None = ...,
         operation_time: Literal[True],
         bound: float | None = ...,
@@ -152,6 +154,7 @@ class LockStore:
         enqueue: bool = False,
         fair: bool = False,
         follower: PlaceRequest | None = None,
+        keep_expiry: bool = False,
         permits: Permits | None = None,
         operation_time: bool = False,
         bound: float | None = None,
@@ -165,6 +168,7 @@ class LockStore:
         refreshes) ``owner``'s place in the queue when the lock is not taken; ``fair`` refuses a free
         lock while an older place waits. ``follower`` (see ``PlaceRequest``) is queued in the
         same write when the lock is taken, and recorded with the place when it is not.
+        ``keep_expiry`` claims without moving the expiry (see ``PlaceRequest.keep_expiry``).
         ``operation_time`` sends it in a session and returns the document with the request's
         ``operationTime`` (where a change stream that must report every later write starts).
 
@@ -172,7 +176,7 @@ class LockStore:
         the holders' weights leave room for it (or claims one handed to it). ``LockDataError`` if the
         document is of another kind.
         """
-        place = PlaceRequest(owner, ttl_ms, holder, follower)
+        place = PlaceRequest(owner, ttl_ms, holder, follower, keep_expiry=keep_expiry)
         pipeline = queries_for(permits).acquire(place, enqueue=enqueue, fair=fair)
         command = sending.find_and_modify_command(
             self._collection.name, self._write_concern_document, {"_id": name}, pipeline, upsert=True
@@ -248,10 +252,22 @@ class LockStore:
 
         The tokens are remembered as withdrawn, so that an attempt of theirs the server applies
         later (one cut off by its bound, still on its way) neither queues them again nor takes the
-        lock for a waiter that is gone. So this writes even when no place of theirs is there yet.
+        lock for a waiter that is gone. So this writes even when no place of theirs is there yet,
+        and creates the document when there is none yet: the attempt it withdraws may be the one
+        that would create it, landing after this.
         """
         pipeline = queries_for(permits).leave(tokens, fair=fair)
-        await self.send(_awaited(self._collection.update_one({"_id": name}, pipeline)), bound=bound)
+        await self.send(self._upsert_once(name, pipeline), bound=bound)
+
+    async def _upsert_once(self, name: str, pipeline: list[dict[str, Any]]) -> None:
+        """``update_one`` of ``name``'s document with ``upsert``, sent again when it raced another
+        request's upsert of the same new name (a duplicate key on ``_id``: the document is there now)."""
+        try:
+            await self._collection.update_one({"_id": name}, pipeline, upsert=True)
+        except DuplicateKeyError as error:
+            if (error.details or {}).get("keyPattern", {"_id": 1}) != {"_id": 1}:
+                raise  # another unique index of the user's: not the upsert race
+            await self._collection.update_one({"_id": name}, pipeline)
 
     async def guard_transaction(
         self,
@@ -401,12 +417,13 @@ class LockStore:
         either way (taken: ``owner`` holds it; else ``job.skipped`` says why, as decided now).
 
         One round trip, an upserting ``findAndModify``: on the server's clock it computes the
-        current slot, and takes the lease only if nobody holds it, no run succeeded in the slot, the
-        slot's attempts are not used up, and the last run ended at least ``min_interval_ms`` ago;
-        the run is recorded in the same write. A run whose lease expired unfinished (its process
-        died, or lost the lease) is recorded as lost. A free lock's document of the same name (a
-        ``run_once`` of an earlier version) becomes the job's; ``LockDataError`` if the name is a
-        semaphore's, a read-write lock's or an election's.
+        current period of ``schedule`` (its start and end), and takes the lease only if nobody
+        holds it, no run that started in the period (or later) succeeded, fewer than its
+        ``max_attempts`` runs started in it, and the last run ended at least ``min_interval_ms``
+        ago; the run is recorded in the same write. A run whose lease expired unfinished (its
+        process died, or lost the lease) is recorded as lost. A free lock's document of the same
+        name (a ``run_once`` of an earlier version) becomes the job's; ``LockDataError`` if the
+        name is a semaphore's, a read-write lock's or an election's.
         """
         pipeline = jobs.start_pipeline(owner, ttl_ms, holder, schedule)
         command = sending.find_and_modify_command(
@@ -432,13 +449,16 @@ class LockStore:
     ) -> bool:
         """End ``owner``'s run of the job ``name`` and record how it ended (``outcome``, one of
         ``documents.JOB_OUTCOMES``, and for a failure the error's type and message); a success
-        marks its slot done. The lease ends too, unless ``hold_at_least_ms`` after the run's start is
-        still ahead: then it is kept until then (ShedLock's ``lockAtLeastFor``), unrenewed.
+        marks its period done. The lease ends too, unless ``hold_at_least_ms`` after the run's
+        start is still ahead: then it is kept until then (ShedLock's ``lockAtLeastFor``), unrenewed.
+        A run that lost its lease reports it with ``outcome="lost"`` and the reason in ``error``:
+        recorded while the job's record still shows that run (nobody started another since).
 
-        Returns whether this ended ``owner``'s live run (False: its lease had expired, or was
-        broken). A finish sent again after a lost reply recognises its own earlier success.
+        Returns whether this recorded ``owner``'s run (False: its lease had expired, or was broken,
+        or another run started since). A finish sent again after a lost reply recognises its own
+        earlier success.
         """
-        query = {"_id": name, "$or": [{"owner": owner}, {"job.finished": owner}]}
+        query = {"_id": name, "$or": [{"owner": owner}, {"job.finished": owner}, {"job.run.o": owner}]}
         pipeline = jobs.finish_pipeline(owner, outcome, error, hold_at_least_ms)
         command = sending.find_and_modify_command(self._collection.name, self._write_concern_document, query, pipeline)
         doc = await self.send(sending.find_and_modify(self._collection, command, self._codec_options), bound=bound)

@@ -33,6 +33,7 @@ from .expressions import (
     _TEMPORARY,
     MAX_TTL_MS,
     _array_or_empty,
+    _done_with,
     _first_or_null,
     _live_places,
     _new_place,
@@ -43,7 +44,6 @@ from .expressions import (
     _type_in,
     _values,
     _with_place,
-    _withdrawn,
     _without,
 )
 
@@ -97,8 +97,14 @@ def _remember_release() -> dict[str, Any]:
     return {"$cond": ["$_own", {"$slice": [remembered, -LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
 
 
+_RELEASED_TOKENS: dict[str, Any] = {
+    "$concatArrays": [{"$map": {"input": _array_or_empty("$recentReleases"), "in": "$$this.o"}}, ["$releasedOwner"]]
+}
+"""The owner tokens whose release the document remembers (see ``_remember_release``)."""
+
+
 def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
-    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder)}
+    values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder), "keep": place.keep_expiry}
     if place.follower is not None:
         follower = place.follower
         values.update(next=follower.token, nextTtl=follower.ttl_ms, nextHolder=dict(follower.holder))
@@ -111,6 +117,8 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
     my_place = _new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
     my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
     got_it = {"$or": ["$_claim", "$_take"]}
+    # A claim that keeps the expiry (see PlaceRequest.keep_expiry) writes nothing of the lease.
+    renewed = {"$or": ["$_take", {"$and": ["$_claim", {"$not": ["$_v.keep"]}]}]}
     waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
     taken_queue: Any = _without("$_q", me)
     if follower:
@@ -119,7 +127,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_q": _live_places()}},
-        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _withdrawn(me)}},
+        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _done_with(me, _RELEASED_TOKENS)}},
         # Places ahead of ours: all live places if we have none yet.
         {
             "$set": {
@@ -135,12 +143,12 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
         {
             "$set": {
                 "owner": {"$cond": [got_it, me, "$owner"]},
-                "expiresAt": {"$cond": [got_it, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
+                "expiresAt": {"$cond": [renewed, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
                 "fence": {"$cond": ["$_take", _NEXT_FENCE, "$fence"]},
-                "ttlMs": {"$cond": [got_it, "$_v.ttl", "$ttlMs"]},
+                "ttlMs": {"$cond": [renewed, "$_v.ttl", "$ttlMs"]},
                 "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
                 "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
-                "renewedAt": {"$cond": [got_it, _NOW, "$renewedAt"]},
+                "renewedAt": {"$cond": [renewed, _NOW, "$renewedAt"]},
                 "queue": {
                     "$cond": [
                         {"$not": ["$_sane"]},
@@ -192,23 +200,27 @@ def _release_stages(
     else:
         next_place = ("$_v.next", "$_v.nextTtl") if follower else None
         successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
-        candidates = _with_place("$_q", "$_v.successor", successor_place)
+        # A successor that is done with (its waiters gave up and withdrew it while this release was
+        # on its way) is neither handed the lease nor queued: queued, it would be a place nobody
+        # waits behind, and the next release would hand the lock to it.
+        candidates = {"$cond": ["$_gone", "$_q", _with_place("$_q", "$_v.successor", successor_place)]}
         others = _without("$_q", "$_v.successor")
         if fair:
             handee = _first_or_null(candidates)
         elif successor_first:
-            handee = successor_place
+            handee = {"$cond": ["$_gone", _first_or_null(others), successor_place]}
         else:
-            handee = {"$ifNull": [{"$first": [others]}, successor_place]}
+            handee = {"$ifNull": [{"$first": [others]}, {"$cond": ["$_gone", None, successor_place]}]}
     # The handee leaves the queue; its follower (if any) joins it last.
     remaining = {"$concatArrays": [_without(_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
     live_places: Any = _live_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
     successor_token = "$_v.successor" if successor else None
+    successor_gone = {"_gone": _done_with(successor_token, _RELEASED_TOKENS)} if successor else {}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _SANE, "_q": live_places}},
+        {"$set": {"_sane": _SANE, "_q": live_places, **successor_gone}},
         {"$set": {"_own": {"$and": [_LIVE, mine]}, "_c": candidates}},
         {"$set": {"_h": {"$cond": ["$_own", handee, None]}}},
         {

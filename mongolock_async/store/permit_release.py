@@ -32,6 +32,7 @@ from .expressions import (
 )
 from .permits import (
     _LIVE_HOLDERS,
+    _NEW_DOCUMENT,
     _holder_tokens,
     _latest_expiry,
     _new_permit,
@@ -295,7 +296,11 @@ def _release_stages(
                 # release that frees a permit without handing it on, and that a waiter could take.
                 "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}, nobody_blocks]}, "$_v.stamp", "$freed"]},
                 "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
-                "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
+                # Remembered on a document not written yet too (the withdrawal upserts it): the
+                # attempt it withdraws may create it later.
+                "withdrawn": {"$cond": [{"$or": ["$_sane", _NEW_DOCUMENT]}, _remember_withdrawals(), "$withdrawn"]}
+                if leaving
+                else "$withdrawn",
                 "releasedOwners": {
                     "$cond": [
                         {"$and": ["$_own", not leaving]},

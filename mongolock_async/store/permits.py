@@ -28,6 +28,7 @@ from .expressions import (
     _NOW,
     _TEMPORARY,
     _array_or_empty,
+    _done_with,
     _live_places,
     _new_place,
     _server_plus,
@@ -35,7 +36,6 @@ from .expressions import (
     _type_in,
     _values,
     _with_place,
-    _withdrawn,
     _without,
 )
 
@@ -66,20 +66,25 @@ _HOLDER_WELL_FORMED: dict[str, Any] = {
 }
 
 
+_NEW_DOCUMENT: dict[str, Any] = {
+    "$and": [
+        _type_in("$kind", "missing"),
+        _type_in("$owner", "missing"),
+        _type_in("$fence", "missing"),
+        _type_in("$holders", "missing"),
+    ]
+}
+"""A document no lock, semaphore or read-write lock wrote yet (the upsert's bare _id, or one that
+records only withdrawals)."""
+
+
 def _permits_sane(kind: Any) -> dict[str, Any]:
     """A document of ``kind`` with the fields its decisions read in the shapes written here, or a
     new document (the upsert's bare _id). A document of another kind, or one edited into another
     shape, is left as it is, and the caller raises LockDataError from LockState parsing."""
     return {
         "$or": [
-            {
-                "$and": [
-                    _type_in("$kind", "missing"),
-                    _type_in("$owner", "missing"),
-                    _type_in("$fence", "missing"),
-                    _type_in("$holders", "missing"),
-                ]
-            },
+            _NEW_DOCUMENT,
             {
                 "$and": [
                     {"$eq": ["$kind", kind]},
@@ -162,7 +167,8 @@ def acquire_pipeline(
     place: PlaceRequest, permits: Permits, *, enqueue: bool, fair: bool
 ) -> list[dict[str, Any]]:
     """The acquire of a permit (a semaphore's or a read-write lock's): see ``_acquire_stages``."""
-    return [_values(**_permit_values(place, permits)), *_acquire_stages(enqueue=enqueue, fair=fair)]
+    values = {**_permit_values(place, permits), "keep": place.keep_expiry}
+    return [_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair)]
 
 
 @functools.cache
@@ -200,7 +206,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
         {
             "$set": {
                 "_mine": {"$in": [me, _holder_tokens("$_hs")]},
-                "_gone": _withdrawn(me),
+                "_gone": _done_with(me, _array_or_empty("$releasedOwners")),
                 "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
                 "_nf": _NEXT_FENCE_IF_SANE,
                 "_room": {"$lte": [{"$add": [_weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
@@ -222,7 +228,8 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
                 "holders": {
                     "$cond": [
                         "$_claim",
-                        renewed_mine,
+                        # A claim that keeps the expiry (see PlaceRequest.keep_expiry) changes nothing.
+                        {"$cond": ["$_v.keep", "$_hs", renewed_mine]},
                         {
                             "$cond": [
                                 "$_take",

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -126,6 +127,8 @@ class EmbeddedMongo:
       asks for TLS, verified with the server's certificate authority.
     - ``oplog_entries``: the oplog's cap (default ``OPLOG_ENTRIES``); each change stream's opening
       costs the server about 30 us an entry kept.
+    - ``environment``: variables set for the server process, over this process's environment
+      (libfaketime's ``LD_PRELOAD`` and ``FAKETIME_TIMESTAMP_FILE``, say, to set the server's clock).
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class EmbeddedMongo:
         port: int | None = None,
         tls: EmbeddedTLS | None = None,
         oplog_entries: int = OPLOG_ENTRIES,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         if importlib.util.find_spec("secantus") is None:
             raise EmbeddedServerError(
@@ -154,6 +158,7 @@ class EmbeddedMongo:
         """The port: OS-assigned at the first start unless given."""
         self.tls = tls
         self.oplog_entries = oplog_entries
+        self.environment = dict(environment or {})
         self._workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
@@ -345,6 +350,7 @@ class EmbeddedMongo:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self._workdir,
+                env={**os.environ, **self.environment},
                 # PR_SET_PDEATHSIG follows the thread that forks; only the main thread lives as long
                 # as the process. Servers started elsewhere rely on the reaper alone.
                 preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else os.setpgrp,
