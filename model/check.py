@@ -1,0 +1,216 @@
+"""Check the lease protocol's model (model/lease.pml) with SPIN: every configuration exhaustively,
+then every control, which must be refuted.
+
+    python3 model/check.py            # the bounded check of `make model`
+    python3 model/check.py --deep     # the deeper bounds of `make soak`
+    python3 model/check.py --only p3x1-lost --trail   # one run, its counterexample's steps printed
+
+The verifier is compiled once (model/build/, again only when lease.pml changes) and each run
+picks its bounds, faults and control from MODEL_* environment variables (see lease.pml's init).
+Exit status 1 if the real model has a counterexample, a control has none, or a search did not
+complete (a bound that did not fit in memory or time is a failure, never a pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODEL = HERE / "lease.pml"
+BUILD = HERE / "build"
+# Exact (lossless) state compression; safety properties only (they are all assertions here).
+CFLAGS = ["-O1", "-DSAFETY", "-DNOREDUCE", "-DCOLLAPSE", "-DMEMLIM=6000", "-w"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One exhaustive search: its bounds and faults (MODEL_* settings), and for a control, the
+    mutation in force and the property whose counterexample it must produce."""
+
+    name: str
+    settings: dict[str, str]
+    what: str
+    refutes: str | None = None  # a control: the property (its uerror prefix, e.g. "P3") it must violate
+    deep: bool = False
+
+
+# The mutations (lease.pml's MUT_*), as the switches' numbers.
+MUT = {
+    "no-withdrawal": "1",
+    "no-withdrawn": "2",
+    "claim-withdrawn": "3",
+    "hand-to-any-place": "4",
+    "fence-clock-only": "5",
+    "no-fence-check": "6",
+    "forget-releases": "7",
+    "renew-expired": "8",
+    "look-per-head": "9",
+}
+
+
+def _s(**settings: object) -> dict[str, str]:
+    return {key.upper(): str(value) for key, value in settings.items()}
+
+
+# The real model: each run is exhaustive within its bounds (see docs/model.md for why these).
+CONFIGS: list[Run] = [
+    Run("p3x1", _s(tasks="1,1,1", timeouts="255,2,0", h=7), "3 processes, a task each: no timeout, a short one, a try"),
+    Run("p2x2", _s(tasks="2,2", timeouts="255,1,2,255", h=6, start_by=2), "2 processes with 2 tasks each"),
+    Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3 processes with 2 tasks each"),
+    Run("p2x1-fair", _s(tasks="1,1", timeouts="255,2", h=7, fair=1), "fair=True"),
+    Run("p2x1-heartbeat", _s(tasks="1,1", timeouts="255,255", h=8, hb=1, acqs=1), "the heartbeat renews"),
+    Run("p3x1-lost", _s(tasks="1,1,1", timeouts="255,2,255", h=6, f_lost=1), "a reply lost, or a request unapplied"),
+    Run("p2x2-cancel", _s(tasks="2,1", timeouts="255,2,255", h=6, f_cancel=1), "a caller cancelled at any await"),
+    Run("p3x1-pause", _s(tasks="1,1,1", timeouts="255,255,2", h=8, f_pause=1), "a process paused past its TTL"),
+    Run("p3x1-kill", _s(tasks="1,1,1", timeouts="255,255,2", h=7, f_kill=1), "a process killed"),
+    Run("p3x1-step", _s(tasks="1,1,1", timeouts="255,255,2", h=7, f_step=1), "the server's clock steps back or on"),
+    Run("p2x2-stream", _s(tasks="2,1", timeouts="255,255,2", h=7, f_event=1, f_stream=1), "events lost or late, the stream fails"),
+    Run("p3x1-held", _s(tasks="1,1,1", timeouts="255,1,255", h=7, f_hold=1), "a request held at the server"),
+    Run("p2x1-force-purge", _s(tasks="1,1", timeouts="255,255", h=10, acqs=2, f_force=1, f_purge=1, hb=1), "force release, idle cleanup"),
+]
+
+DEEP: list[Run] = [
+    Run("deep-p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=6, start_by=2), "3x2, a longer horizon", deep=True),
+    Run("deep-p3x1-lost2", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=2), "two replies lost", deep=True),
+    Run("deep-p2x2-cancel2", _s(tasks="2,2", timeouts="255,2,1,255", h=7, f_cancel=2), "two cancellations", deep=True),
+    Run("deep-p3x1-mix", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=1, f_step=1, f_event=1), "mixed faults", deep=True),
+]
+
+# The controls: each mutation must be refuted by a counterexample to the property it names.
+CONTROLS: list[Run] = [
+    Run("ctl-no-withdrawal", _s(mut=MUT["no-withdrawal"], tasks="1,1", timeouts="255,1", h=7), "a waiter that gives up withdraws nothing", "P3"),
+    Run("ctl-no-withdrawn", _s(mut=MUT["no-withdrawn"], tasks="1,1", timeouts="255,1", h=7, f_hold=1), "a withdrawal forgets its tokens", "P3"),
+    Run("ctl-claim-withdrawn", _s(mut=MUT["claim-withdrawn"], tasks="1,1", timeouts="255,1", h=7, f_hold=1), "a withdrawn token claims", "P3"),
+    Run("ctl-hand-to-any-place", _s(mut=MUT["hand-to-any-place"], tasks="1,1,1", timeouts="255,1,255", h=7, f_kill=1), "a release hands off to an expired place", "P3"),
+    Run("ctl-fence-clock-only", _s(mut=MUT["fence-clock-only"], tasks="1,1", timeouts="255,255", h=6, f_step=1), "fence = server clock", "P2"),
+    Run("ctl-no-fence-check", _s(mut=MUT["no-fence-check"], tasks="2,1", timeouts="255,255,255", h=7, f_event=1), "a stale hand-off event taken as fresh", "P1"),
+    Run("ctl-forget-releases", _s(mut=MUT["forget-releases"], tasks="1,1", timeouts="255,255", h=7, f_lost=1), "a resent release not recognised", "P3"),
+    Run("ctl-renew-expired", _s(mut=MUT["renew-expired"], tasks="1,1", timeouts="255,255", h=8, hb=1, f_pause=1), "renewal revives an expired lease", "P1"),
+    Run("ctl-look-per-head", _s(mut=MUT["look-per-head"], tasks="2,1", timeouts="1,255,255", h=8), "the look-again time per waiter", "P4"),
+]
+
+
+@dataclass
+class Result:
+    run: Run
+    stored: int = 0
+    transitions: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    complete: bool = False
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        if self.run.refutes is not None:
+            return self.error.startswith(self.run.refutes)
+        return self.complete and not self.error
+
+
+def build() -> Path:
+    """The verifier, compiled again only when the model (or this script's flags) changed."""
+    pan = BUILD / "pan"
+    stamp = BUILD / "flags"
+    flags = " ".join(CFLAGS)
+    if pan.exists() and pan.stat().st_mtime > MODEL.stat().st_mtime and stamp.exists() and stamp.read_text() == flags:
+        return pan
+    for tool in ("spin", "gcc"):
+        if shutil.which(tool) is None:
+            sys.exit(f"model/check.py: {tool} is not installed (Debian: apt-get install {tool}; `make model` does it)")
+    BUILD.mkdir(exist_ok=True)
+    shutil.copy(MODEL, BUILD / "lease.pml")
+    started = time.monotonic()
+    subprocess.run(["spin", "-a", "lease.pml"], cwd=BUILD, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["gcc", *CFLAGS, "-o", "pan", "pan.c"], cwd=BUILD, check=True)
+    stamp.write_text(flags)
+    print(f"compiled the verifier in {time.monotonic() - started:.0f} s", flush=True)
+    return pan
+
+
+def verify(pan: Path, run: Run, *, limit: float, trail: bool = False) -> Result:
+    """One search; a control stops at its first counterexample."""
+    workdir = BUILD / run.name
+    workdir.mkdir(exist_ok=True)
+    for old in workdir.glob("*.trail"):
+        old.unlink()
+    env = {**os.environ, **{f"MODEL_{key}": value for key, value in run.settings.items()}}
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [str(pan), "-m20000", "-E", "-n", "-c1"],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=limit,
+        )  # fmt: skip
+        text = done.stdout
+    except subprocess.TimeoutExpired as expired:
+        text = f"Search not completed: stopped after {limit:.0f} s\n" + str(expired.stdout or "")
+    result = Result(run, seconds=time.monotonic() - started, output=text.splitlines())
+    if match := re.search(r"(\d+) states, stored", text):
+        result.stored = int(match.group(1))
+    if match := re.search(r"(\d+) transitions", text):
+        result.transitions = int(match.group(1))
+    if match := re.search(r"pan:\d+: (P\d[^\n]*?)(?: \(at depth|$)", text):
+        result.error = match.group(1).strip()
+    elif "assertion violated (gfen[w]>fence_seen)" in text:
+        result.error = "P2 fencing: a holder's fencing token not above every earlier one"
+    elif re.search(r"errors: [1-9]", text):
+        result.error = "other: " + next((line for line in text.splitlines() if line.startswith("pan:")), "?")
+    result.complete = (
+        "Search not completed" not in text and "out of memory" not in text and "max search depth too small" not in text
+    )
+    if trail and list(workdir.glob("*.trail")):
+        replay = subprocess.run([str(pan), "-r", "-n"], cwd=workdir, env=env, capture_output=True, text=True)
+        result.output = replay.stdout.splitlines()
+    return result
+
+
+def describe(result: Result) -> str:
+    run = result.run
+    if run.refutes is not None:
+        verdict = "refuted" if result.ok else "NOT REFUTED"
+        outcome = f"{verdict} ({result.error or 'no counterexample'}; wanted {run.refutes})"
+    else:
+        verdict = "passes" if result.ok else "FAILS"
+        outcome = verdict if result.ok else f"{verdict}: {result.error or 'search not completed'}"
+    return f"{run.name:<24} {result.stored:>10,} states {result.seconds:>7.1f} s  {outcome}   [{run.what}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deep", action="store_true", help="also the deeper bounds (make soak)")
+    parser.add_argument("--only", help="only the runs whose names match this regular expression")
+    parser.add_argument("--trail", action="store_true", help="print a counterexample's steps (with --only)")
+    parser.add_argument("--jobs", type=int, default=2, help="searches at once (default 2)")
+    parser.add_argument("--limit", type=float, default=600, help="seconds a search may take (default 600)")
+    arguments = parser.parse_args()
+    runs = CONFIGS + (DEEP if arguments.deep else []) + CONTROLS
+    if arguments.only:
+        runs = [run for run in CONFIGS + DEEP + CONTROLS if re.fullmatch(arguments.only, run.name)]
+        if not runs:
+            parser.error(f"no run named {arguments.only}")
+    pan = build()
+    started = time.monotonic()
+    failed = 0
+    with ThreadPoolExecutor(max_workers=arguments.jobs) as pool:
+        searches = [pool.submit(verify, pan, run, limit=arguments.limit, trail=arguments.trail) for run in runs]
+        for search in as_completed(searches):
+            result = search.result()
+            print(describe(result), flush=True)
+            if arguments.trail:
+                print("\n".join(result.output))
+            failed += not result.ok
+    total = sum(1 for _ in runs)
+    print(f"{total - failed}/{total} as expected, {time.monotonic() - started:.0f} s of searching")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
