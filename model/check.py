@@ -54,6 +54,8 @@ MUT = {
     "forget-releases": "7",
     "renew-expired": "8",
     "look-per-head": "9",
+    "released-not-done": "10",
+    "leave-no-upsert": "11",
 }
 
 
@@ -61,41 +63,50 @@ def _s(**settings: object) -> dict[str, str]:
     return {key.upper(): str(value) for key, value in settings.items()}
 
 
-# The real model: each run is exhaustive within its bounds (see docs/model.md for why these).
+# The real model: each run is exhaustive within its bounds (docs/model.md says why these). TASKS
+# lists each process's acquiring tasks (0: the process only exists), TIMEOUTS each task's acquire
+# timeout in ticks (255: none, 0: blocking=False), H the ticks of time explored.
 CONFIGS: list[Run] = [
-    Run("p3x1", _s(tasks="1,1,1", timeouts="255,2,0", h=7), "3 processes, a task each: no timeout, a short one, a try"),
-    Run("p2x2", _s(tasks="2,2", timeouts="255,1,2,255", h=6, start_by=2), "2 processes with 2 tasks each"),
-    Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3 processes with 2 tasks each"),
-    Run("p2x1-fair", _s(tasks="1,1", timeouts="255,2", h=7, fair=1), "fair=True"),
-    Run("p2x1-heartbeat", _s(tasks="1,1", timeouts="255,255", h=8, hb=1, acqs=1), "the heartbeat renews"),
-    Run("p3x1-lost", _s(tasks="1,1,1", timeouts="255,2,255", h=6, f_lost=1), "a reply lost, or a request unapplied"),
-    Run("p2x2-cancel", _s(tasks="2,1", timeouts="255,2,255", h=6, f_cancel=1), "a caller cancelled at any await"),
-    Run("p3x1-pause", _s(tasks="1,1,1", timeouts="255,255,2", h=8, f_pause=1), "a process paused past its TTL"),
-    Run("p3x1-kill", _s(tasks="1,1,1", timeouts="255,255,2", h=7, f_kill=1), "a process killed"),
-    Run("p3x1-step", _s(tasks="1,1,1", timeouts="255,255,2", h=7, f_step=1), "the server's clock steps back or on"),
-    Run("p2x2-stream", _s(tasks="2,1", timeouts="255,255,2", h=7, f_event=1, f_stream=1), "events lost or late, the stream fails"),
-    Run("p3x1-held", _s(tasks="1,1,1", timeouts="255,1,255", h=7, f_hold=1), "a request held at the server"),
-    Run("p2x1-force-purge", _s(tasks="1,1", timeouts="255,255", h=10, acqs=2, f_force=1, f_purge=1, hb=1), "force release, idle cleanup"),
+    Run("p3x1", _s(tasks="1,1,1", timeouts="255,2,0", h=7), "3 processes, a task each (no timeout, 2 ticks, a try)"),
+    Run("p2x2", _s(tasks="2,2,0", timeouts="255,1,2,255", h=6, start_by=2), "2 processes, 2 tasks each"),
+    Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3 processes, 2 tasks each"),
+    Run("fair", _s(tasks="1,1,1", timeouts="255,2,255", h=7, fair=1), "fair=True"),
+    Run("heartbeat", _s(tasks="1,1,0", timeouts="255,255", h=8, hb=1), "the heartbeat renews"),
+    Run("lost", _s(tasks="1,1,0", timeouts="255,2", h=7, f_lost=1), "a reply lost (resent), or a request unapplied"),
+    Run("cancel", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_cancel=1), "a caller cancelled at any await"),
+    Run("held", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_hold=1), "a request held at the server past its bound"),
+    Run("pause", _s(tasks="1,1,0", timeouts="255,255", h=8, f_pause=1), "a process paused past its TTL"),
+    Run("kill", _s(tasks="1,1,1", timeouts="255,255,255", h=7, f_kill=1, start_by=2), "a process killed"),
+    Run("step", _s(tasks="1,1,0", timeouts="255,255", h=7, f_step=1), "the server's clock steps back or on"),
+    Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=7, f_event=1, f_stream=1), "events lost or late, stream fails"),
+    Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=10, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
 ]
 
 DEEP: list[Run] = [
-    Run("deep-p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=6, start_by=2), "3x2, a longer horizon", deep=True),
-    Run("deep-p3x1-lost2", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=2), "two replies lost", deep=True),
-    Run("deep-p2x2-cancel2", _s(tasks="2,2", timeouts="255,2,1,255", h=7, f_cancel=2), "two cancellations", deep=True),
-    Run("deep-p3x1-mix", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=1, f_step=1, f_event=1), "mixed faults", deep=True),
+    Run("deep-p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=6, start_by=2), "3x2, longer", deep=True),
+    Run("deep-lost2", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=2), "two replies lost", deep=True),
+    Run("deep-cancel2", _s(tasks="2,2,0", timeouts="255,2,1,255", h=7, f_cancel=2), "two cancellations", deep=True),
+    Run("deep-mix", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=1, f_step=1, f_event=1), "faults", deep=True),
 ]
+
+
+def _control(mutation: str, refutes: str, what: str, **settings: object) -> Run:
+    return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes)
+
 
 # The controls: each mutation must be refuted by a counterexample to the property it names.
 CONTROLS: list[Run] = [
-    Run("ctl-no-withdrawal", _s(mut=MUT["no-withdrawal"], tasks="1,1", timeouts="255,1", h=7), "a waiter that gives up withdraws nothing", "P3"),
-    Run("ctl-no-withdrawn", _s(mut=MUT["no-withdrawn"], tasks="1,1", timeouts="255,1", h=7, f_hold=1), "a withdrawal forgets its tokens", "P3"),
-    Run("ctl-claim-withdrawn", _s(mut=MUT["claim-withdrawn"], tasks="1,1", timeouts="255,1", h=7, f_hold=1), "a withdrawn token claims", "P3"),
-    Run("ctl-hand-to-any-place", _s(mut=MUT["hand-to-any-place"], tasks="1,1,1", timeouts="255,1,255", h=7, f_kill=1), "a release hands off to an expired place", "P3"),
-    Run("ctl-fence-clock-only", _s(mut=MUT["fence-clock-only"], tasks="1,1", timeouts="255,255", h=6, f_step=1), "fence = server clock", "P2"),
-    Run("ctl-no-fence-check", _s(mut=MUT["no-fence-check"], tasks="2,1", timeouts="255,255,255", h=7, f_event=1), "a stale hand-off event taken as fresh", "P1"),
-    Run("ctl-forget-releases", _s(mut=MUT["forget-releases"], tasks="1,1", timeouts="255,255", h=7, f_lost=1), "a resent release not recognised", "P3"),
-    Run("ctl-renew-expired", _s(mut=MUT["renew-expired"], tasks="1,1", timeouts="255,255", h=8, hb=1, f_pause=1), "renewal revives an expired lease", "P1"),
-    Run("ctl-look-per-head", _s(mut=MUT["look-per-head"], tasks="2,1", timeouts="1,255,255", h=8), "the look-again time per waiter", "P4"),
+    _control("no-withdrawal", "P3", "a waiter that gives up withdraws nothing", tasks="2,1,1", timeouts="255,1,255", h=8),
+    _control("no-withdrawn", "P3", "a withdrawal forgets its tokens", tasks="1,2,0", timeouts="255,1,1", h=7, f_hold=1),
+    _control("claim-withdrawn", "P3", "a withdrawn token claims", tasks="1,2,0", timeouts="255,1,1", h=7, f_hold=1),
+    _control("released-not-done", "P3", "a released token's late acquire queues", tasks="1,2,0", timeouts="255,1,1",
+             h=7, f_hold=1),  # fmt: skip
+    _control("leave-no-upsert", "P3", "a withdrawal before the document exists writes nothing", tasks="1,2,0",
+             timeouts="255,1,1", h=7, f_hold=1),  # fmt: skip
+    _control("hand-to-any-place", "P3", "a release hands off to an expired place", tasks="1,1,1",
+             timeouts="255,255,255", h=7, f_kill=1, start_by=2),  # fmt: skip
+    _control("fence-clock-only", "P2", "a fencing token is the server's clock", tasks="1,1,0", timeouts="255,255",
+             h=6, f_step=1),  # fmt: skip
 ]
 
 

@@ -75,6 +75,8 @@ hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as i
 #define MUT_FORGET_RELEASES 7   /* a release sent again does not match recentReleases */
 #define MUT_RENEW_EXPIRED 8     /* a renewal revives an expired lease */
 #define MUT_LOOK_PER_HEAD 9     /* when to look again belongs to the first waiter, not the place */
+#define MUT_RELEASED_NOT_DONE 10 /* a token whose lease was released is not done with (before issue 36) */
+#define MUT_LEAVE_NO_UPSERT 11  /* a withdrawal of a name with no document writes nothing (before issue 36) */
 #define MUTATED(m) (MUT == (m))
 
 #define T 3             /* a TTL */
@@ -269,6 +271,7 @@ byte f_hold, f_lost, f_cancel, f_pause, f_kill, f_step, f_event, f_stream, f_for
 
 /* ---- what the properties track ------------------------------------------------------------- */
 byte fence_seen;        /* the largest fencing token a holder was given */
+byte forced_tok;        /* the owner token whose lease an operator broke last */
 byte gh_since = NONE;   /* a live lease nobody believes in: since when (rt) ... */
 byte gh_tok;            /* ... its owner and fence */
 byte gh_fen;
@@ -280,7 +283,7 @@ byte fr_quiet;          /* P4 is judged only from this tick on (after a fault th
 hidden byte tq_t[QN+1], tq_at[QN+1], tq_exp[QN+1], tq_n[QN+1];
 hidden byte tq_len, i_, j_, k_, x_, y_, z_, h_t, h_at, h_n, v_, u_;
 hidden byte b_, c_, e_, f_;
-hidden byte w_, g_, bd_, own_;
+hidden byte w_, g_, bd_, own_, h_exp;
 
 /* ================================================================================================
  * The store's writes, each atomic on the server. ACTION comments name the store entry point and
@@ -367,6 +370,24 @@ inline next_fence()
 
 #define WITHDRAWN(t) ((d_wd >> (t)) & 1)
 
+/* expressions._done_with: token t was withdrawn, or held a lease the document remembers releasing
+ * (releasedOwner, recentReleases.o): its process never sends it again; in dw_ */
+hidden byte dw_, sc_;
+inline done_with(t)
+{
+	dw_ = WITHDRAWN(t);
+	if
+	:: !MUTATED(MUT_RELEASED_NOT_DONE) ->
+		dw_ = dw_ || (t != 0 && d_rel == t);
+		i_ = 0;
+		do
+		:: i_ < RR -> dw_ = dw_ || (t != 0 && rr_o[i_] == t); i_++
+		:: else -> break
+		od
+	:: else
+	fi
+}
+
 /* a change event to process p's stream (watcher: the server-side filter lets through releases,
  * deletions, and hand-offs to p's places) */
 inline event(p, kind, tok, fen)
@@ -401,6 +422,7 @@ inline srv_acquire(r)
 {
 	x_ = rq_tok[r]; y_ = rq_a[r];
 	d_ex = 1;
+	done_with(x_);                                                       /* _gone */
 	live_places(0, 0);
 	/* _ahead: live places ahead of ours, all of them if we have none (fair only) */
 	k_ = 0;
@@ -409,9 +431,9 @@ inline srv_acquire(r)
 	:: else -> break
 	od;
 	b_ = LIVE;
-	c_ = (b_ && d_own == x_ && !WITHDRAWN(x_));                          /* _claim */
+	c_ = (b_ && d_own == x_ && !dw_);                                    /* _claim */
 	c_ = (c_ || MUTATED(MUT_CLAIM_WITHDRAWN) && b_ && d_own == x_);
-	e_ = (!b_ && (!FAIR || k_ == 0) && !WITHDRAWN(x_));                 /* _take */
+	e_ = (!b_ && (!FAIR || k_ == 0) && !dw_);                           /* _take */
 	if
 	:: c_ || e_ ->
 		d_own = x_; d_exp = srv + T;
@@ -427,8 +449,8 @@ inline srv_acquire(r)
 		tq_store()
 	:: else ->
 		if
-		:: WITHDRAWN(x_) -> tq_store()
-		:: !WITHDRAWN(x_) && rq_b[r] -> tq_with_place(x_, y_); tq_store()
+		:: dw_ -> tq_store()
+		:: !dw_ && rq_b[r] -> tq_with_place(x_, y_); tq_store()
 		:: else                                                          /* queue as it was */
 		fi
 	fi;
@@ -510,30 +532,41 @@ inline srv_release(r)
 	:: else ->
 		live_places(x_, 0);
 		c_ = (LIVE && d_own == x_);                                           /* _own */
+		/* a successor done with (withdrawn, or its lease released) is neither handed the lease nor
+		 * queued: sc_, the successor in play (0: none) */
+		sc_ = rq_a[r];
+		if
+		:: sc_ != 0 -> done_with(sc_);
+			if
+			:: dw_ -> tq_without(sc_); sc_ = 0
+			:: else
+			fi
+		:: else
+		fi;
 		/* _c: the candidates, the successor rewritten where it stands or queued last */
 		if
-		:: rq_a[r] != 0 && c_ -> tq_with_place(rq_a[r], rq_b[r])
+		:: sc_ != 0 && c_ -> tq_with_place(sc_, rq_b[r])
 		:: else
 		fi;
 		h_t = 0; h_at = 0; h_n = 0;
 		if
 		:: c_ ->
 			if
-			:: rq_a[r] == 0 || FAIR || !rq_c[r] ->
+			:: sc_ == 0 || FAIR || !rq_c[r] ->
 				/* the oldest place (fair: of all; else of the other processes' first) */
 				k_ = 0;
 				do
-				:: k_ < tq_len && !FAIR && rq_a[r] != 0 && tq_t[k_] == rq_a[r] -> k_++
+				:: k_ < tq_len && !FAIR && sc_ != 0 && tq_t[k_] == sc_ -> k_++
 				:: else -> break
 				od;
 				if
-				:: k_ < tq_len -> h_t = tq_t[k_]; h_at = tq_at[k_]; h_n = tq_n[k_]
+				:: k_ < tq_len -> h_t = tq_t[k_]; h_at = tq_at[k_]; h_n = tq_n[k_]; h_exp = tq_exp[k_]
 				:: else
 				fi
 			:: else
 			fi;
 			if
-			:: h_t == 0 && rq_a[r] != 0 -> h_t = rq_a[r]; h_at = srv; h_n = rq_b[r]   /* the successor's new place */
+			:: h_t == 0 && sc_ != 0 -> h_t = sc_; h_at = srv; h_n = rq_b[r]; h_exp = srv + T   /* the successor's new place */
 			:: else
 			fi;
 			/* recentReleases: those still resendable, and this one */
@@ -559,7 +592,7 @@ inline srv_release(r)
 			:: else -> break
 			od;
 			own_ = d_own;
-			c_code { check_handee(h_t); };
+			c_code { check_handee(h_t, h_exp); };
 			hand_on(h_t != rq_a[r])
 		:: else
 		fi;
@@ -575,7 +608,8 @@ inline srv_release(r)
 inline srv_leave(r)
 {
 	if
-	:: d_ex ->
+	:: d_ex || !MUTATED(MUT_LEAVE_NO_UPSERT) ->
+		d_ex = 1;                                 /* an upsert: the attempt it withdraws may create it later */
 		live_places(rq_tok[r], rq_a[r]);
 		c_ = (LIVE && (d_own == rq_tok[r] || d_own == rq_a[r]));
 		if
@@ -649,6 +683,7 @@ inline srv_force()
 		fi; w_++
 	:: else -> break
 	od;
+	forced_tok = d_own;
 	d_own = 0; d_exp = srv;
 	event_all(E_RELEASED)
 }
@@ -968,7 +1003,7 @@ inline hold(p, w)
 		assert(gfen[w] > fence_seen);   /* P2 fencing */
 		fence_seen = gfen[w];
 		ltok[w] = gtok[w]; lfen[w] = gfen[w]; ldl[w] = gsent[w] + T - M;
-		lrdue[w] = rt + 1; lren[w] = NONE; lforced[w] = 0;
+		lrdue[w] = rt + 1; lren[w] = NONE; lforced[w] = (gtok[w] == forced_tok);   /* broken before its reply came */
 		gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 		clear_wait(w);
 		ts[w] = TS_HOLD
@@ -1597,13 +1632,14 @@ void trace_doc(void)
 }
 /* P3 (promise 6): a release hands the lease only to a token its process still keeps (a waiter's
  * place or its follower, a release's successor, an attempt's place in flight) or is withdrawing; a
- * killed process's places are exempt (nothing can withdraw them: they expire within a TTL). */
-void check_handee(int tok)
+ * killed process's places are exempt while they are live (nothing can withdraw them: they expire
+ * within a TTL), never once they have expired (exp, on the server's clock). */
+void check_handee(int tok, int exp)
 {
 	int p, w, s, kept = 0;
 	if (tok == 0) return;
 	p = (tok - 1) / TPP;
-	if (!now.alive[p]) return;
+	if (!now.alive[p] && exp > now.srv) return;
 	if (now.lq_on[p] && (now.lq_slot[p] == tok || now.lq_pfol[p] == tok || now.lq_up[p] == tok)) kept = 1;
 	for (w = p * NT; w < p * NT + NT; w++) {
 		if ((now.ts[w] == TS_REL || now.ts[w] == TS_RELB) && (now.rsucc[w] == tok || now.rsfol[w] == tok)) kept = 1;
