@@ -78,8 +78,8 @@ CONFIGS: list[Run] = [
     Run("pause", _s(tasks="1,1,0", timeouts="255,255", h=8, f_pause=1), "a process paused past its TTL"),
     Run("kill", _s(tasks="1,1,1", timeouts="255,255,255", h=7, f_kill=1, start_by=2), "a process killed"),
     Run("step", _s(tasks="1,1,0", timeouts="255,255", h=7, f_step=1), "the server's clock steps back or on"),
-    Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=7, f_event=1, f_stream=1), "events lost or late, stream fails"),
-    Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=10, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
+    Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=6, f_event=1, f_stream=1), "events lost or late, stream fails"),
+    Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=9, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
 ]
 
 DEEP: list[Run] = [
@@ -170,7 +170,7 @@ def verify(pan: Path, run: Run, *, limit: float, trail: bool = False) -> Result:
         result.transitions = int(match.group(1))
     if match := re.search(r"pan:\d+: (P\d[^\n]*?)(?: \(at depth|$)", text):
         result.error = match.group(1).strip()
-    elif "assertion violated (gfen[w]>fence_seen)" in text:
+    elif "assertion violated ((gfen[w]>fence_seen)" in text:
         result.error = "P2 fencing: a holder's fencing token not above every earlier one"
     elif re.search(r"errors: [1-9]", text):
         result.error = "other: " + next((line for line in text.splitlines() if line.startswith("pan:")), "?")

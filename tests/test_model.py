@@ -183,7 +183,7 @@ def test_the_controls_switches_are_the_models() -> None:
         for match in re.finditer(r"#define MUT_(\w+) (\d+)", MODEL.read_text())
     }
     check = _check_script()
-    assert check.MUT == defined
+    assert defined == check.MUT
     used = {run.settings["MUT"] for run in check.CONTROLS}
     assert all(run.refutes for run in check.CONTROLS)
     assert used <= set(defined.values())
