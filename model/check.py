@@ -56,6 +56,8 @@ MUT = {
     "look-per-head": "9",
     "released-not-done": "10",
     "leave-no-upsert": "11",
+    "deadline-from-reply": "12",
+    "take-live": "13",
 }
 
 
@@ -69,7 +71,7 @@ def _s(**settings: object) -> dict[str, str]:
 CONFIGS: list[Run] = [
     Run("p3x1", _s(tasks="1,1,1", timeouts="255,2,0", h=7), "3 processes, a task each (no timeout, 2 ticks, a try)"),
     Run("p2x2", _s(tasks="2,2,0", timeouts="255,1,2,255", h=6, start_by=2), "2 processes, 2 tasks each"),
-    Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3 processes, 2 tasks each"),
+    Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,0,2,1,255", h=3, start_by=1), "3 processes, 2 tasks each (a TTL)"),
     Run("fair", _s(tasks="1,1,1", timeouts="255,2,255", h=7, fair=1), "fair=True"),
     Run("heartbeat", _s(tasks="1,1,0", timeouts="255,255", h=8, hb=1), "the heartbeat renews"),
     Run("lost", _s(tasks="1,1,0", timeouts="255,2", h=7, f_lost=1), "a reply lost (resent), or a request unapplied"),
@@ -78,11 +80,12 @@ CONFIGS: list[Run] = [
     Run("pause", _s(tasks="1,1,0", timeouts="255,255", h=8, f_pause=1), "a process paused past its TTL"),
     Run("kill", _s(tasks="1,1,1", timeouts="255,255,255", h=7, f_kill=1, start_by=2), "a process killed"),
     Run("step", _s(tasks="1,1,0", timeouts="255,255", h=7, f_step=1), "the server's clock steps back or on"),
-    Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=6, f_event=1, f_stream=1), "events lost or late, stream fails"),
+    Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=6, f_event=1, f_stream=1), "events lost or late, a reopen"),
     Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=9, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
 ]
 
 DEEP: list[Run] = [
+    Run("deep-p3x2-h4", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3x2, 4 ticks", deep=True),
     Run("deep-p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=6, start_by=2), "3x2, longer", deep=True),
     Run("deep-lost2", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=2), "two replies lost", deep=True),
     Run("deep-cancel2", _s(tasks="2,2,0", timeouts="255,2,1,255", h=7, f_cancel=2), "two cancellations", deep=True),
@@ -91,22 +94,25 @@ DEEP: list[Run] = [
 
 
 def _control(mutation: str, refutes: str, what: str, **settings: object) -> Run:
+    """The control of ``mutation``: a counterexample to ``refutes`` (a property, e.g. "P3") wanted."""
     return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes)
 
 
-# The controls: each mutation must be refuted by a counterexample to the property it names.
+# The controls: each mutation must be refuted by a counterexample to the property it names. Each
+# runs where its trace is short: 2 processes, one with 2 waiters that give up after a tick, a
+# request held at the server (HELD), a process killed (KILLED), the server's clock stepped (STEPPED).
+HELD = {"tasks": "1,2,0", "timeouts": "255,1,1", "h": 7, "f_hold": 1}
+GAVE_UP = {"tasks": "2,1,1", "timeouts": "255,1,255", "h": 8}
+STEPPED = {"tasks": "1,1,0", "timeouts": "255,255", "h": 6, "f_step": 1}
+KILLED = {"tasks": "1,1,1", "timeouts": "255,255,255", "h": 7, "f_kill": 1, "start_by": 2}
 CONTROLS: list[Run] = [
-    _control("no-withdrawal", "P3", "a waiter that gives up withdraws nothing", tasks="2,1,1", timeouts="255,1,255", h=8),
-    _control("no-withdrawn", "P3", "a withdrawal forgets its tokens", tasks="1,2,0", timeouts="255,1,1", h=7, f_hold=1),
-    _control("claim-withdrawn", "P3", "a withdrawn token claims", tasks="1,2,0", timeouts="255,1,1", h=7, f_hold=1),
-    _control("released-not-done", "P3", "a released token's late acquire queues", tasks="1,2,0", timeouts="255,1,1",
-             h=7, f_hold=1),  # fmt: skip
-    _control("leave-no-upsert", "P3", "a withdrawal before the document exists writes nothing", tasks="1,2,0",
-             timeouts="255,1,1", h=7, f_hold=1),  # fmt: skip
-    _control("hand-to-any-place", "P3", "a release hands off to an expired place", tasks="1,1,1",
-             timeouts="255,255,255", h=7, f_kill=1, start_by=2),  # fmt: skip
-    _control("fence-clock-only", "P2", "a fencing token is the server's clock", tasks="1,1,0", timeouts="255,255",
-             h=6, f_step=1),  # fmt: skip
+    _control("no-withdrawal", "P3", "a waiter that gives up withdraws nothing", **GAVE_UP),
+    _control("no-withdrawn", "P3", "a withdrawal forgets its tokens", **HELD),
+    _control("released-not-done", "P3", "a released token's late acquire queues", **HELD),
+    _control("leave-no-upsert", "P3", "a withdrawal before the document exists writes nothing", **HELD),
+    _control("hand-to-any-place", "P3", "a release hands off to an expired place", **KILLED),
+    _control("take-live", "P1", "an acquire takes a live lease", tasks="1,1,0", timeouts="255,255", h=5),
+    _control("fence-clock-only", "P2", "a fencing token is the server's clock alone", **STEPPED),
 ]
 
 

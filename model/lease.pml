@@ -76,6 +76,8 @@ hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as i
 #define MUT_RENEW_EXPIRED 8     /* a renewal revives an expired lease */
 #define MUT_LOOK_PER_HEAD 9     /* when to look again belongs to the first waiter, not the place */
 #define MUT_RELEASED_NOT_DONE 10 /* a token whose lease was released is not done with (before issue 36) */
+#define MUT_DEADLINE_FROM_REPLY 12 /* a holder's local deadline counts from the reply, not the request */
+#define MUT_TAKE_LIVE 13        /* an acquire takes the lock without testing the lease is not live */
 #define MUT_LEAVE_NO_UPSERT 11  /* a withdrawal of a name with no document writes nothing (before issue 36) */
 #define MUTATED(m) (MUT == (m))
 
@@ -433,7 +435,7 @@ inline srv_acquire(r)
 	b_ = LIVE;
 	c_ = (b_ && d_own == x_ && !dw_);                                    /* _claim */
 	c_ = (c_ || MUTATED(MUT_CLAIM_WITHDRAWN) && b_ && d_own == x_);
-	e_ = (!b_ && (!FAIR || k_ == 0) && !dw_);                           /* _take */
+	e_ = ((!b_ || MUTATED(MUT_TAKE_LIVE)) && (!FAIR || k_ == 0) && !dw_); /* _take */
 	if
 	:: c_ || e_ ->
 		d_own = x_; d_exp = srv + T;
@@ -993,7 +995,7 @@ inline start_release(p, w, tok, until, then)
 inline hold(p, w)
 {
 	if
-	:: rt >= gsent[w] + T - M ->
+	:: rt >= gsent[w] + T - M && !MUTATED(MUT_DEADLINE_FROM_REPLY) ->
 		printf("%d/%d t%d (p%d) granted tok %d too late to hold it: hands it on\n", rt, srv, w, p, gtok[w]);
 		g_ = gtok[w]; gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 		start_release(p, w, g_, rt + T, THEN_REWAIT)
@@ -1004,7 +1006,7 @@ inline hold(p, w)
 		 * later holder's, see srv_force) */
 		assert(gfen[w] > fence_seen || gtok[w] == forced_tok);   /* P2 fencing */
 		fence_seen = (gfen[w] > fence_seen -> gfen[w] : fence_seen);
-		ltok[w] = gtok[w]; lfen[w] = gfen[w]; ldl[w] = gsent[w] + T - M;
+		ltok[w] = gtok[w]; lfen[w] = gfen[w]; ldl[w] = (MUTATED(MUT_DEADLINE_FROM_REPLY) -> rt : gsent[w]) + T - M;
 		lrdue[w] = rt + 1; lren[w] = NONE; lforced[w] = (gtok[w] == forced_tok);   /* broken before its reply came */
 		gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 		clear_wait(w);

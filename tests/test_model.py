@@ -122,10 +122,12 @@ def store_fields() -> dict[str, set[str]]:
     release: set[str] = set()
     for shape in _bool_shapes("fair", "successor_first"):
         for successor in (None, _place("s"), _place("s", follower)):
-            release |= _pipeline_fields(mutex.release_pipeline("o", successor, **shape))
+            fair, first = shape["fair"], shape["successor_first"]
+            release |= _pipeline_fields(mutex.release_pipeline("o", successor, fair=fair, successor_first=first))
     withdraw: set[str] = set()
-    for shape in _bool_shapes("fair"):
-        withdraw |= _pipeline_fields(mutex.release_pipeline(None, None, successor_first=False, leaving=["a"], **shape))
+    for fair in (False, True):
+        leave = mutex.release_pipeline(None, None, fair=fair, successor_first=False, leaving=["a"])
+        withdraw |= _pipeline_fields(leave)
     force: set[str] = set()
     for repair in (False, True):
         force |= _pipeline_fields(mutex.force_release_pipeline("stamp", repair=repair))
