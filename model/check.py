@@ -58,6 +58,7 @@ MUT = {
     "leave-no-upsert": "11",
     "deadline-from-reply": "12",
     "take-live": "13",
+    "follower-forgotten": "14",
 }
 
 
@@ -86,10 +87,6 @@ CONFIGS: list[Run] = [  # the longest first: the others run beside it
 
 DEEP: list[Run] = [
     Run("deep-p3x2-h4", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3x2, 4 ticks", deep=True),
-    Run("deep-p3x2", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=6, start_by=2), "3x2, longer", deep=True),
-    Run("deep-lost2", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=2), "two replies lost", deep=True),
-    Run("deep-cancel2", _s(tasks="2,2,0", timeouts="255,2,1,255", h=7, f_cancel=2), "two cancellations", deep=True),
-    Run("deep-mix", _s(tasks="1,1,1", timeouts="255,2,255", h=8, f_lost=1, f_step=1, f_event=1), "faults", deep=True),
 ]
 
 
@@ -102,6 +99,7 @@ def _control(mutation: str, refutes: str, what: str, **settings: object) -> Run:
 # runs where its trace is short: 2 processes, one with 2 waiters that give up after a tick, a
 # request held at the server (HELD), a process killed (KILLED), the server's clock stepped (STEPPED).
 HELD = {"tasks": "1,2,0", "timeouts": "255,1,1", "h": 7, "f_hold": 1}
+CANCELLED = {"tasks": "2,2,0", "timeouts": "255,2,1,255", "h": 7, "f_cancel": 2}
 GAVE_UP = {"tasks": "2,1,1", "timeouts": "255,1,255", "h": 8}
 STEPPED = {"tasks": "1,1,0", "timeouts": "255,255", "h": 6, "f_step": 1}
 KILLED = {"tasks": "1,1,1", "timeouts": "255,255,255", "h": 7, "f_kill": 1, "start_by": 2}
@@ -111,6 +109,7 @@ CONTROLS: list[Run] = [
     _control("released-not-done", "P3", "a released token's late acquire queues", **HELD),
     _control("leave-no-upsert", "P3", "a withdrawal before the document exists writes nothing", **HELD),
     _control("hand-to-any-place", "P3", "a release hands off to an expired place", **KILLED),
+    _control("follower-forgotten", "P3", "a lone waiter names no follower its place records", **CANCELLED),
     _control("take-live", "P1", "an acquire takes a live lease", tasks="1,1,0", timeouts="255,255", h=5),
     _control("fence-clock-only", "P2", "a fencing token is the server's clock alone", **STEPPED),
 ]

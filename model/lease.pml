@@ -78,6 +78,7 @@ hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as i
 #define MUT_RELEASED_NOT_DONE 10 /* a token whose lease was released is not done with (before issue 36) */
 #define MUT_DEADLINE_FROM_REPLY 12 /* a holder's local deadline counts from the reply, not the request */
 #define MUT_TAKE_LIVE 13        /* an acquire takes the lock without testing the lease is not live */
+#define MUT_FOLLOWER_FORGOTTEN 14 /* a lone waiter's attempt names no follower, though its place may record one (before issue 36) */
 #define MUT_LEAVE_NO_UPSERT 11  /* a withdrawal of a name with no document writes nothing (before issue 36) */
 #define MUTATED(m) (MUT == (m))
 
@@ -836,7 +837,9 @@ inline on_handed_to_place(p, tok, fen)
 	fi
 }
 
-/* head_place: the slot (a new token if none) and the follower for the second waiter */
+/* head_place: the slot (a new token if none) and the follower: the second waiter's, else the one
+ * the place may record (named again while it may be there, its waiter gone or not: a claim that
+ * named none would leave that place queued, unknown here) */
 inline head_place(p, a, b)
 {
 	if
@@ -848,7 +851,7 @@ inline head_place(p, a, b)
 	:: else
 	fi;
 	a = lq_slot[p];
-	b = (lq_n[p] > 1 -> lq_up[p] : 0)
+	b = (lq_n[p] > 1 -> lq_up[p] : (MUTATED(MUT_FOLLOWER_FORGOTTEN) -> 0 : lq_pfol[p]))
 }
 
 /* queues.join: queue w last, making the queue if nobody waits */
