@@ -80,6 +80,7 @@ hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as i
 #define MUT_TAKE_LIVE 13        /* an acquire takes the lock without testing the lease is not live */
 #define MUT_FOLLOWER_FORGOTTEN 14 /* a lone waiter's attempt names no follower, though its place may record one (before issue 36) */
 #define MUT_LEAVE_NO_UPSERT 11  /* a withdrawal of a name with no document writes nothing (before issue 36) */
+#define MUT_OVERSLEEP 15        /* a placed waiter sleeps past the horizon (until its timeout) instead of looking again at the lease's expiry: only news wakes it */
 #define MUTATED(m) (MUT == (m))
 
 #define T 3             /* a TTL */
@@ -1039,7 +1040,7 @@ inline stop_waiting(p, w)
 }
 
 /* _sleep_without_news: a TTL while the stream reports news, else backoff (a tick) */
-#define SLEEP(p) (STREAMING(p) -> T : 1)
+#define SLEEP(p) (MUTATED(MUT_OVERSLEEP) -> H + 1 : (STREAMING(p) -> T : 1))
 
 /* the first waiter's attempt (waiting._attempt, up to the request) */
 inline attempt(p, w)
@@ -1177,7 +1178,7 @@ inline attempt_done(p, w)
 					if
 					:: tcov[w] ->
 						tu[w] = PLACED;
-						lq_look[p] = rt + (rq_r3[x_] < SLEEP(p) -> rq_r3[x_] : SLEEP(p))
+						lq_look[p] = rt + (rq_r3[x_] < SLEEP(p) && !MUTATED(MUT_OVERSLEEP) -> rq_r3[x_] : SLEEP(p))
 					:: else -> tu[w] = DUE
 					fi
 				:: else

@@ -1,8 +1,8 @@
-"""The model of the lease protocol (model/lease.pml) and the store keep each other honest: every
-write the store can send, found in the store's source as it is now, is named in model/actions.md
-by one action of the model (or said to be outside it, and why); every action the table names is
-one the model has; and each action's ``WRITES`` line is the fields the store's pipeline writes.
-(The model itself is checked by ``make model``.)"""
+"""The models (model/lease.pml, the lease protocol; model/jobs.pml, a job's periods) and the store
+keep each other honest: every write the store can send, found in the store's source as it is now,
+is named in model/actions.md by one action of a model (or said to be outside them, and why); every
+action the table names is one a model has; and each action's ``WRITES`` line is the fields the
+store's pipeline for it writes. (The models themselves are checked by ``make model``.)"""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from mongolock_async.store import expressions, mutex
+from mongolock_async.store import expressions, jobs, mutex
+from mongolock_async.store.jobs import JobSchedule
 from mongolock_async.store.kinds import PlaceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "mongolock_async" / "store"
 MODEL = ROOT / "model" / "lease.pml"
+JOBS_MODEL = ROOT / "model" / "jobs.pml"
 TABLE = ROOT / "model" / "actions.md"
 
 # What sends a write to a collection: its write methods, a bulk write's statements, and the
@@ -82,10 +84,12 @@ def table() -> dict[str, str]:
 
 
 def model_actions() -> dict[str, set[str]]:
-    """The model's actions (its ``ACTION name:`` comments) and the fields each says it writes."""
+    """The models' actions (their ``ACTION name:`` comments) and the fields each says it writes."""
     actions: dict[str, set[str]] = {}
-    for match in re.finditer(r"/\* ACTION (\w+):(?:(?!\*/).)*?\n \* WRITES ([^\n]*)", MODEL.read_text(), re.S):
-        actions[match.group(1)] = set(match.group(2).split())
+    for model in (MODEL, JOBS_MODEL):
+        for match in re.finditer(r"/\* ACTION (\w+):(?:(?!\*/).)*?\n \* WRITES ([^\n]*)", model.read_text(), re.S):
+            assert match.group(1) not in actions, f"two models have an ACTION {match.group(1)}"
+            actions[match.group(1)] = set(match.group(2).split())
     return actions
 
 
@@ -128,6 +132,12 @@ def store_fields() -> dict[str, set[str]]:
     for fair in (False, True):
         leave = mutex.release_pipeline(None, None, fair=fair, successor_first=False, leaving=["a"])
         withdraw |= _pipeline_fields(leave)
+    start: set[str] = set()
+    for schedule in (JobSchedule(), JobSchedule(every_ms=1000, offset_ms=10, min_interval_ms=5, max_attempts=2)):
+        start |= _pipeline_fields(jobs.start_pipeline("o", 1000, {"host": "h"}, schedule))
+    finish: set[str] = set()
+    for outcome, hold in (("succeeded", None), ("failed", 500), ("lost", None)):
+        finish |= _pipeline_fields(jobs.finish_pipeline("o", outcome, None, hold))
     force: set[str] = set()
     for repair in (False, True):
         force |= _pipeline_fields(mutex.force_release_pipeline("stamp", repair=repair))
@@ -138,6 +148,8 @@ def store_fields() -> dict[str, set[str]]:
         "renew": _pipeline_fields(mutex._renewal(1000, "stamp")),
         "refresh_place": _pipeline_fields(expressions._refresh_place("a", 1000)),
         "force_release": force,
+        "start_job": start,
+        "finish_job": finish,
     }
 
 
@@ -178,17 +190,23 @@ def _check_script() -> ModuleType:
     return module
 
 
-def test_the_controls_switches_are_the_models() -> None:
-    """model/check.py turns each control on by the number lease.pml gives its MUT_ switch."""
-    defined = {
+def _switches(model: Path) -> dict[str, str]:
+    return {
         match.group(1).lower().replace("_", "-"): match.group(2)
-        for match in re.finditer(r"#define MUT_(\w+) (\d+)", MODEL.read_text())
+        for match in re.finditer(r"#define MUT_(\w+) (\d+)", model.read_text())
     }
+
+
+def test_the_controls_switches_are_the_models() -> None:
+    """model/check.py turns each control on by the number its model (lease.pml, jobs.pml) gives
+    its MUT_ switch, and every control and finding names the property it must refute."""
     check = _check_script()
-    assert defined == check.MUT
-    used = {run.settings["MUT"] for run in check.CONTROLS}
-    assert all(run.refutes for run in check.CONTROLS)
-    assert used <= set(defined.values())
+    assert _switches(MODEL) == check.MUT
+    assert _switches(JOBS_MODEL) == check.JOBS_MUT
+    for run in check.CONTROLS + check.FINDINGS:
+        assert run.refutes, f"{run.name} names no property"
+        defined = _switches(ROOT / "model" / f"{run.model}.pml")
+        assert run.finding or run.settings["MUT"] in defined.values(), f"{run.name}: no such switch"
 
 
 @pytest.mark.parametrize(
