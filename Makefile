@@ -84,10 +84,11 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/view_cost.py
 	$(PYTHON) benchmarks/plots.py
 
-## The lease protocol's model (model/lease.pml) checked by SPIN: every bounded configuration
-## exhaustively (no counterexample allowed), then every control (a mutation that must be refuted).
-## States and times printed; docs/model.md. Installs Debian's spin and gcc (the verifier's compiler)
-## when missing; the compiled verifier is kept in model/build/ until the model changes.
+## The lease protocol's model (model/lease.pml) and a job's periods' (model/jobs.pml) checked by
+## SPIN: every bounded configuration exhaustively (no counterexample allowed), then every control (a
+## mutation that must be refuted) and finding (a counterexample in the code's rules, still there).
+## States and times printed; docs/model.md. Installs Debian's spin and gcc (the verifiers' compiler)
+## when missing; each compiled verifier is kept in model/build/ until its model changes.
 model:
 	$(call debian,spin,make model cannot run without it)
 	$(call debian,gcc,make model cannot compile the verifier without it)

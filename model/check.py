@@ -114,10 +114,14 @@ JOBS: list[Run] = [
 ]  # fmt: skip
 
 
-def _control(mutation: str, refutes: str, what: str, model: str = "lease", **settings: object) -> Run:
+def _control(mutation: str, refutes: str, what: str, **settings: object) -> Run:
     """The control of ``mutation``: a counterexample to ``refutes`` (a property, e.g. "P3") wanted."""
-    switch = (JOBS_MUT if model == "jobs" else MUT)[mutation]
-    return Run(f"ctl-{mutation}", _s(mut=switch, **settings), what, refutes, model=model)
+    return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes)
+
+
+def _jobs_control(name: str, mutation: str, what: str, **settings: object) -> Run:
+    """A control of jobs.pml's ``mutation``: a second success in one period (P5) wanted."""
+    return Run(f"ctl-{name}", _s(mut=JOBS_MUT[mutation], **settings), what, "P5 once", model="jobs")
 
 
 # The controls: each mutation must be refuted by a counterexample to the property it names. Each
@@ -139,12 +143,12 @@ CONTROLS: list[Run] = [
     _control("fence-clock-only", "P2", "a fencing token is the server's clock alone", **STEPPED),
     _control("oversleep", "P4", "a placed waiter sleeps until news, not the lease's expiry",
              tasks="1,1,0", timeouts="255,255", h=8),
-    _control("slot-number", "P5 once", "a period done by its slot number, with two schedules", "jobs",
-             every="3,4", offset="0,1", calls="3,3", h=7),
-    _control("finish-unowned", "P5 once", "a finish records success without the live lease", "jobs",
-             every="4,4", calls="2,2", h=6),
-    Run("ctl-slot-number-step", _s(mut=JOBS_MUT["slot-number"], every="3,3", offset="1,1", calls="3,3", h=7, f_step=1),
-        "a period done by its slot number, the clock stepped back", "P5 once", model="jobs"),
+    _jobs_control("slot-number", "slot-number", "a period done by its slot number, with two schedules",
+                  every="3,4", offset="0,1", calls="3,3", h=7),
+    _jobs_control("finish-unowned", "finish-unowned", "a finish records success without the live lease",
+                  every="4,4", calls="2,2", h=6),
+    _jobs_control("slot-number-step", "slot-number", "a period done by its slot number, the clock stepped back",
+                  every="3,3", offset="1,1", calls="3,3", h=7, f_step=1),
 ]  # fmt: skip
 
 # Counterexamples the model finds in issue 36's rules for a job's attempts (docs/model.md): each must
