@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test lint docs screenshots demo bench soak
+.PHONY: test lint docs screenshots demo bench soak model
 
 ## Root installs system packages itself; anyone else through a sudo that asks no password (GitHub's
 ## hosted runners run jobs as the user runner, with one). With neither, the install fails and says so.
@@ -85,12 +85,26 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/view_scale.py
 	$(PYTHON) benchmarks/plots.py
 
+## The lease protocol's model (model/lease.pml) and a job's periods' (model/jobs.pml) checked by
+## SPIN: every bounded configuration exhaustively (no counterexample allowed), then every control (a
+## mutation that must be refuted) and finding (a counterexample in the code's rules, still there).
+## States and times printed; docs/model.md. Installs Debian's spin and gcc (the verifiers' compiler)
+## when missing; each compiled verifier is kept in model/build/ until its model changes.
+model:
+	$(call debian,spin,make model cannot run without it)
+	$(call debian,gcc,make model cannot compile the verifier without it)
+	python3 model/check.py
+
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
 ## then 5 minutes of fenced writes by processes paused at random past their TTL, then 200 cuts per
 ## client swept across a request's wait for a pooled connection (the suite runs 40), then 10 minutes
-## of the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms).
+## of the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms);
+## last, the lease protocol's model at its deeper bounds (model/check.py --deep, docs/model.md).
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
 	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/test_request_bounds.py
 	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)
+	$(call debian,spin,the model's deeper check cannot run without it)
+	$(call debian,gcc,the model's deeper check cannot compile its verifier without it)
+	python3 model/check.py --deep --limit 1800
