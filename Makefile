@@ -48,7 +48,7 @@ lint: $(STAMP)
 	examples=$$(mktemp -d) && $(PYTHON) tests/doc_examples.py $$examples && \
 		$(VENV)/bin/mypy --strict $$examples; status=$$?; rm -rf $$examples; exit $$status
 	$(VENV)/bin/mypy --strict .ci/mongodb/initiate.py .ci/mongodb/check_in_container.py .ci/mongodb/certificates.py \
-		.ci/mkdocs_hooks.py
+		.ci/mkdocs_hooks.py model/check.py
 	MYPYPATH=.ci $(VENV)/bin/mypy --strict .ci/rehearse.py .ci/rehearsal
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(VENV)/bin/check-jsonschema --builtin-schema custom.github-workflows-require-timeout .github/workflows/*.yml
