@@ -87,7 +87,7 @@ bench: $(STAMP)
 
 ## The lease protocol's model (model/lease.pml) and a job's periods' (model/jobs.pml) checked by
 ## SPIN: every bounded configuration exhaustively (no counterexample allowed), then every control (a
-## mutation that must be refuted) and finding (a counterexample in the code's rules, still there).
+## mutation that must be refuted) and finding (a counterexample in the code's rules, still there; none now).
 ## States and times printed; docs/model.md. Installs Debian's spin and gcc (the verifiers' compiler)
 ## when missing; each compiled verifier is kept in model/build/ until its model changes.
 model:

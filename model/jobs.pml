@@ -15,13 +15,14 @@
  *
  * A period of a schedule (every e, offset o) is [start, start + e) with
  * start = now - ((now - o) mod e), on the server's clock: store/jobs.py's _period_start. The
- * record keeps tries (the starts of the last maxAttempts runs, maxAttempts of the request that
- * took the run) and lastSuccess (the latest start of a run that succeeded).
+ * record keeps tries (the latest starts by the server's clock, in its order, as many as the largest
+ * max_attempts allowed: NK here, store/jobs.py's MAX_ATTEMPTS_LIMIT) and lastSuccess (the latest
+ * start of a run that succeeded).
  */
 
 #define NP 3            /* replicas */
 #define NR 8            /* runs (starts that took the lease) a search can record */
-#define NK 3            /* tries kept: max_attempts at most */
+#define NK 3            /* tries kept: the largest max_attempts allowed (MAXA <= NK) */
 #define NONE (-1)
 
 c_decl {
@@ -53,6 +54,7 @@ c_decl {
 /* ---- the controls --------------------------------------------------------------------------- */
 #define MUT_SLOT_NUMBER 1       /* done and attempts by a bare slot number, floor((now - offset) / every) (before issue 36) */
 #define MUT_FINISH_UNOWNED 2    /* a finish records its run's success without checking the run still holds the live lease */
+#define MUT_TRIES_BY_REQUEST 3  /* tries in the requests' order, the last max_attempts of the caller's kept (issue 36's first rule) */
 #define MUTATED(m) (MUT == (m))
 
 /* ---- what one run explores (MODEL_* settings, read by init) ------------------------------- */
@@ -73,7 +75,7 @@ byte d_own;             /* owner: a run's number, 0: none */
 short d_exp;            /* expiresAt */
 byte j_run;             /* job.run: its run's number, 0: null */
 short j_succ = NONE;    /* job.lastSuccess: a start, or NONE */
-short j_try[NK];        /* job.tries, oldest first */
+short j_try[NK];        /* job.tries, earliest first (the requests' order with MUT_TRIES_BY_REQUEST) */
 byte j_ntry;
 short j_dslot = NONE;   /* (MUT_SLOT_NUMBER) job.doneSlot */
 short j_slot = NONE;    /* (MUT_SLOT_NUMBER) job.slot */
@@ -126,15 +128,41 @@ inline start_job(p)
 		check_attempts(x_start, x_start + EVERY[p], MAXA[p]);
 		nrun++;
 		d_own = nrun; d_exp = srv + T; j_run = nrun; p_run[p] = nrun;
-		/* tries: the last max_attempts starts, this one's included */
 		if
-		:: j_ntry < NK -> j_try[j_ntry] = srv; j_ntry++
-		:: else -> j_try[0] = j_try[1]; j_try[1] = j_try[2]; j_try[2] = srv
+		:: MUTATED(MUT_TRIES_BY_REQUEST) ->
+			/* tries: the last max_attempts (the caller's) starts in the requests' order */
+			if
+			:: j_ntry < NK -> j_try[j_ntry] = srv; j_ntry++
+			:: else -> j_try[0] = j_try[1]; j_try[1] = j_try[2]; j_try[2] = srv
+			fi;
+			do
+			:: j_ntry > MAXA[p] -> j_try[0] = j_try[1]; j_try[1] = j_try[2]; j_try[2] = 0; j_ntry--
+			:: else -> break
+			od
+		:: else ->
+			/* tries: this start inserted after every earlier one ($filter < now, now, $filter >= now),
+			 * the earliest dropped past NK ($slice of the last NK) */
+			if
+			:: j_ntry < NK ->
+				k_ = j_ntry;
+				do
+				:: k_ > 0 && j_try[k_ - 1] >= srv -> j_try[k_] = j_try[k_ - 1]; k_--
+				:: else -> break
+				od;
+				j_try[k_] = srv; j_ntry++
+			:: else ->
+				/* full: the earliest of the NK + 1 goes (this one, if none is earlier) */
+				k_ = 0;
+				do
+				:: j_try[0] < srv && k_ + 1 < NK && j_try[k_ + 1] < srv -> j_try[k_] = j_try[k_ + 1]; k_++
+				:: else -> break
+				od;
+				if
+				:: j_try[0] < srv -> j_try[k_] = srv
+				:: else
+				fi
+			fi
 		fi;
-		do
-		:: j_ntry > MAXA[p] -> j_try[0] = j_try[1]; j_try[1] = j_try[2]; j_try[2] = 0; j_ntry--
-		:: else -> break
-		od;
 		j_slot = x_slot; j_att = x_att + 1;
 		printf("%d/%d p%d TAKES run %d of [%d,%d) (every %d offset %d), attempt %d\n", rt, srv, p, nrun, x_start, x_start + EVERY[p], EVERY[p], OFFSET[p], x_att + 1)
 	:: else ->

@@ -112,8 +112,9 @@ class JobRecord(NamedTuple):
     max_attempts: int | None = None
     """Runs allowed per period (a run that failed or was lost counts)."""
     tries: tuple[datetime, ...] = ()
-    """Server times at which the latest runs of a job with ``every`` started, oldest first (at most
-    ``max_attempts`` of them): the runs started in a period are those at or after its start."""
+    """Server times at which the latest runs of a job with ``every`` started, earliest first (at most
+    1000 of them, the largest ``max_attempts``): the runs started in a period are those at or after
+    its start."""
     last_success: datetime | None = None
     """Server time at which the latest run that succeeded started: the period it started in is
     done, and so is any earlier one (a server clock that stepped back finds them done)."""

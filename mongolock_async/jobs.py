@@ -46,7 +46,7 @@ from .errors import LockLostError
 from .hooks import notify
 from .lease import Lease
 from .lock import AsyncMongoLock
-from .store import JobSchedule, is_transient, of_kind, store_for
+from .store import MAX_ATTEMPTS_LIMIT, JobSchedule, is_transient, of_kind, store_for
 from .waiting import deadline_in
 
 __all__ = [
@@ -265,8 +265,8 @@ def _schedule(
             raise ValueError("max_attempts counts the runs in one period of every: give every too")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise TypeError(f"max_attempts must be an int, not {type(max_attempts).__name__}")
-        if not 1 <= max_attempts <= 1000:
-            raise ValueError(f"max_attempts must be 1 to 1000, got {max_attempts}")
+        if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
         attempts = max_attempts
     hold_s = None if hold_at_least is None else _validate.duration(hold_at_least, "hold_at_least")
     if hold_s is not None and every_s is not None and hold_s >= every_s:

@@ -384,6 +384,68 @@ async def test_a_schedule_change_does_not_give_a_failed_period_its_attempts_back
     assert state is not None and state.exhausted and state.attempts == 2 and not state.done
 
 
+async def test_two_versions_with_different_max_attempts_keep_each_others_word(lock_collection: Any) -> None:
+    # model/jobs.pml's finding-attempts-mixed: an hourly version with max_attempts 3 and a
+    # once-a-second one with 1. The record kept only the tries of the last caller's max_attempts,
+    # so the second's run left one try, and the hour, counting too few, got a 4th run.
+    calls: list[str] = []
+
+    async def fail(version: str) -> None:
+        calls.append(version)
+        raise RuntimeError("upstream down")
+
+    async def call(job: AsyncMongoJob, version: str) -> str:
+        try:
+            result = await job.run(fail, version)
+        except RuntimeError:
+            return "failed run"
+        return f"skipped {result.skipped}"
+
+    hourly = AsyncMongoJob(lock_collection, "sync", every=3600, offset=period_midway(3600.0), max_attempts=3)
+    every_second = AsyncMongoJob(lock_collection, "sync", every=1, max_attempts=1)
+    outcomes = [await call(hourly, "hourly")]
+    await asyncio.sleep(1.1)  # the second's period now starts after the hourly run: it has no try yet
+    outcomes.append(await call(every_second, "second"))
+    outcomes += [await call(hourly, "hourly") for _ in range(3)]
+    assert outcomes == ["failed run"] * 3 + ["skipped failed"] * 2, outcomes
+    assert calls == ["hourly", "second", "hourly"], "the hour's three attempts are used up"
+    state = await hourly.state()
+    assert state is not None and state.exhausted and state.attempts == 3
+
+
+async def test_a_server_clock_stepped_back_leaves_a_periods_attempts_counted(tmp_path: Path) -> None:
+    # model/jobs.pml's finding-attempts-step: a run fails at :30 of an hour; the clock steps back
+    # into the hour before and a run fails there; back in the hour at :40 a run fails, its 2nd of
+    # max_attempts 2. The record kept its tries in the requests' order and sliced off the :30 (the
+    # earliest request, not the earliest start), so a call at :45 ran the hour a 3rd time.
+    async with SteppedServerClock(tmp_path) as clock:
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(clock.uri)
+        try:
+            job = AsyncMongoJob(client[TEST_DATABASE]["jobs"], "hourly", every=3600, max_attempts=2)
+            calls = 0
+
+            async def fail() -> None:
+                nonlocal calls
+                calls += 1
+                raise RuntimeError("upstream down")
+
+            hour = timedelta(hours=1)
+            boundary = EPOCH + (datetime.now(UTC) - EPOCH) // hour * hour + 2 * hour
+            outcomes = []
+            for minutes in (30, -10, 40, 45):
+                await clock.set(boundary + timedelta(minutes=minutes))
+                try:
+                    result = await job.run(fail)
+                except RuntimeError:
+                    outcomes.append("failed run")
+                else:
+                    outcomes.append(f"skipped {result.skipped}")
+            assert outcomes == ["failed run", "failed run", "failed run", "skipped failed"], outcomes
+            assert calls == 3
+        finally:
+            await client.close()
+
+
 async def test_a_server_clock_stepped_back_across_a_boundary_runs_no_period_twice(tmp_path: Path) -> None:
     # A failover to a member whose clock is behind: the server's clock goes back across the hour
     # it has just entered. The hour it left is done (its run was before, and the next hour's run

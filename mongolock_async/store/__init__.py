@@ -16,7 +16,7 @@
 """
 
 from .expressions import MAX_TTL_MS, SERVER_NOW
-from .jobs import JobSchedule
+from .jobs import MAX_ATTEMPTS_LIMIT, JobSchedule
 from .kinds import Permits, PlaceRequest, Renewal, of_kind, queries_for
 from .lockstore import IDLE_CLEANUP_INDEX, LockStore, store_for
 from .reports import ForcedRelease
@@ -25,6 +25,7 @@ from .views import change_streams_refused, change_streams_unsupported
 
 __all__ = [
     "IDLE_CLEANUP_INDEX",
+    "MAX_ATTEMPTS_LIMIT",
     "MAX_TTL_MS",
     "NO_SERVER_WARNING_AFTER",
     "SERVER_NOW",

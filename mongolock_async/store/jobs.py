@@ -3,11 +3,11 @@ and the finish that records how it ended.
 
 A job's document is a lock's (owner, expiresAt, fence, ttlMs, holder, ...) with kind "job" and the
 job's record: job: {every, offset, minInterval, maxAttempts (the schedule as last asked for), tries
-(the start times of the latest runs, at most maxAttempts of them), lastSuccess (the start time of
-the latest run that succeeded), run: {o, period: {start, end}, attempt, startedAt, holder} (the run
-holding the lease, or null), last: (the latest run that ended, with endedAt, outcome, error: {type,
-message}), lastEndedAt, seen: {period, why} (the latest decision not to run), finished: [the last
-owner tokens that finished a run]}.
+(the start times of the latest runs in the server clock's order, at most MAX_ATTEMPTS_LIMIT of
+them), lastSuccess (the start time of the latest run that succeeded), run: {o, period: {start,
+end}, attempt, startedAt, holder} (the run holding the lease, or null), last: (the latest run that
+ended, with endedAt, outcome, error: {type, message}), lastEndedAt, seen: {period, why} (the latest
+decision not to run), finished: [the last owner tokens that finished a run]}.
 
 A period is a span of the server's clock, ``[start, start + every)`` with ``start = offset +
 floor((now - offset) / every) * every`` (milliseconds since the Unix epoch), known by its start and
@@ -60,6 +60,10 @@ _JOB_SANE: dict[str, Any] = {
 }
 """A job's document, or a lock's (a ``run_once`` of an earlier version kept its job in one)."""
 _FINISHED_REMEMBERED = 16
+MAX_ATTEMPTS_LIMIT = 1000
+"""The largest ``max_attempts`` a job may ask, and the starts kept in ``job.tries``: the latest by
+the server's clock, as many as that, so a period's attempts are counted exactly whatever ``max_attempts`` each
+version of an application asks (issue 36; model/jobs.pml's NK)."""
 _JOB_TEMPORARY = ["_v", "_now", "_sane", "_j", "_live", "_start", "_period", "_lost", "_attempts", "_done",
                   "_lastEnd", "_why", "_take", "_ours", "_own", "_record", "_until", "_keep"]  # fmt: skip
 
@@ -125,10 +129,13 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
     )
     attempt = {"$add": ["$_attempts", 1]}
     run = {"o": "$_v.me", "period": "$_period", "attempt": attempt, "startedAt": _NOW, "holder": "$_v.holder"}
-    # The latest starts (the oldest dropped past maxAttempts): enough to count a period's attempts.
-    tries = {
-        "$slice": [{"$concatArrays": [_array_or_empty("$_j.tries"), [_NOW]]}, {"$multiply": ["$_v.maxAttempts", -1]}]
-    }
+    # The starts in the server clock's order, this one inserted after every earlier one (a clock that
+    # stepped back puts it before later ones; $sortArray is MongoDB 5.2+), the earliest dropped past
+    # MAX_ATTEMPTS_LIMIT. Neither the requests' order nor the caller's own maxAttempts decides what
+    # is kept: a period's attempts are counted exactly for any max_attempts the API allows.
+    earlier = {"$filter": {"input": _array_or_empty("$_j.tries"), "cond": {"$lt": ["$$this", _NOW]}}}
+    later = {"$filter": {"input": _array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", _NOW]}}}
+    tries = {"$slice": [{"$concatArrays": [earlier, [_NOW], later]}, -MAX_ATTEMPTS_LIMIT]}
     record = {
         "$mergeObjects": [
             "$_j",
