@@ -453,8 +453,10 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
     # acquire timeout) but never all at once, keeps its place in the queue. The lease they wait
     # behind expires (its holder died; or it was handed to the place unseen): one of them must
     # look again then, although each would sleep out a TTL of its own. Seen in the two-worker
-    # uvicorn sale under load: a lock refused for minutes after its lease expired.
-    name, dead_ttl, line_length, patience = f"line-{kind}-{spacing}", 0.6, 2.5, 0.5
+    # uvicorn sale under load: a lock refused for minutes after its lease expired. The line goes on
+    # 3.4 s past the expiry (it was 1.9 s: in a full run at load 4, waiters 0.05 s apart, each on a
+    # server slower than its 0.5 s patience, let that pass once with nobody taking the lock).
+    name, dead_ttl, line_length, patience = f"line-{kind}-{spacing}", 0.6, 4.0, 0.5
     async with other_process(driver, mongodb_uri, lock_collection.name) as (remote, _):
         dead = handle(remote, "rwlock" if kind == "rwlock-reader" else kind, name, dead_ttl)
         started = time.monotonic()  # before the lease's request: it expires dead_ttl after that, at the earliest
