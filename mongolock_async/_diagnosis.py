@@ -72,7 +72,7 @@ def cause_of(*errors: BaseException) -> str:
 
 def redacted_cause(error: BaseException) -> str:
     """What may be said of ``error`` to someone who is not the operator (a dashboard's viewers):
-    its kind and the general reason, as :func:`cause_of` words it, without the detail it quotes;
+    its kind and the general reason, as ``cause_of`` words it, without the detail it quotes;
     never a host name, an address, the topology or the server's own message (those belong in the
     operator's log)."""
     kind = type(error).__name__

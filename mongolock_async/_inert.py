@@ -54,7 +54,7 @@ def json_text(payload: Any, *, indent: int | None = None) -> str:
 
 def shell_word(text: str) -> str:
     """``text`` as one word of a POSIX shell command line that is also safe to show: single-quoted
-    by :func:`shlex.quote` when it is printable; else in bash's (and zsh's) ``$'...'`` quoting,
+    by ``shlex.quote`` when it is printable; else in bash's (and zsh's) ``$'...'`` quoting,
     each byte of a character that is not printable written as ``\\xHH`` (UTF-8), so that nothing
     unprintable reaches the terminal and the shell still passes the exact text."""
     if text.isprintable():

@@ -209,7 +209,7 @@ class JsonArray:
 
 
 class StreamedTable:
-    """The table of :func:`print_table`, for a listing of any size: one that fits a chunk is
+    """The table of ``print_table``, for a listing of any size: one that fits a chunk is
     printed as before (rich on a terminal); a longer one as plain rows a chunk at a time, its
     columns as wide as the first chunk needs (a longer cell later pushes its row along)."""
 

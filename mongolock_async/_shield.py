@@ -8,7 +8,7 @@ dropping a request) as well as anyio cancel scopes; anyio's own shielding does n
 
 The request itself is bounded by a timer that cancels its task: the driver then closes the
 connection (PyMongo closes a connection on any exception during an operation,
-pymongo/asynchronous/pool.py) and the caller gets :class:`RequestTimeout`, which, like any error in
+pymongo/asynchronous/pool.py) and the caller gets ``RequestTimeout``, which, like any error in
 transit, means the request may or may not have been applied. A timer costs a fraction of the
 driver's own client-side operation timeout (``pymongo.timeout``: context variables and per-command
 bookkeeping, about 40 us of CPU per request here), and leaves the driver's server selection timeout
@@ -71,7 +71,7 @@ async def run_shielded(
     then the cancellation is raised. With ``driver_deadline``, the request also runs under the
     driver's own deadline (``pymongo.timeout``), ``DRIVER_DEADLINE_AFTER_CUT`` after its bound.
 
-    Raises :class:`RequestTimeout` past the bound, and whatever the request raised (with
+    Raises ``RequestTimeout`` past the bound, and whatever the request raised (with
     ``driver_deadline``, that can be the driver's own timeout error, once its cut was lost).
     """
     loop = asyncio.get_running_loop()

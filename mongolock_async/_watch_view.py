@@ -1,4 +1,4 @@
-"""How ``mongolock watch`` shows a :class:`~mongolock_async.live.LockWatch`: a live screen with
+"""How ``mongolock watch`` shows a [`LockWatch`][mongolock_async.live.LockWatch]: a live screen with
 ``rich`` on a terminal, else one line (or one JSON object) per event.
 
 Names, labels and hosts are other people's text: on the screen they are plain ``rich`` text, never

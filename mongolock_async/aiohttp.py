@@ -32,6 +32,8 @@ from .errors import LockLostError, LockTimeoutError, ServerUnreachableError
 from .lock import AsyncMongoLock
 from .manager import LockManager
 
+__all__ = ["Handler", "hold_lock", "HTTPLocked", "limit_concurrency", "LOCK", "ManagerOf", "NameOf"]
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NameOf = str | Callable[[web.Request], str]
 ManagerOf = LockManager | Callable[[web.Request], LockManager]

@@ -1,7 +1,7 @@
 """A dashboard page of a lock collection, live: who holds what and for how long, who waits, the last
 events, and a timeline of the last minutes per lock. One HTML page with its script and style inline
 (nothing from the internet, no build step), fed by server-sent events from one
-:class:`~mongolock_async.live.LockWatch` shared by every open page.
+[`LockWatch`][mongolock_async.live.LockWatch] shared by every open page.
 
 ```python
 from fastapi import FastAPI
@@ -13,7 +13,8 @@ app.mount("/locks", Dashboard(collection))  # the page at /locks/
 
 [`Dashboard`][mongolock_async.dashboard.Dashboard] is a plain ASGI application: FastAPI and
 Starlette mount it, uvicorn serves it (``mongolock dashboard`` does, with the ``dashboard``
-extra), and :meth:`Dashboard.aiohttp_app` gives an aiohttp sub-application of it. It needs no
+extra), and [`Dashboard.aiohttp_app`][mongolock_async.dashboard.Dashboard.aiohttp_app] gives an aiohttp
+sub-application of it. It needs no
 web framework itself.
 
 It is read-only unless built with ``allow_release=True``: then each held lock has a button that
@@ -424,7 +425,7 @@ class _Feed:
 
 class Dashboard:
     """The dashboard of ``collection`` (the locks whose name starts with ``prefix``), as an ASGI
-    application; :meth:`aiohttp_app` gives an aiohttp one.
+    application; ``aiohttp_app`` gives an aiohttp one.
 
     :param allow_release: show a button that breaks a lease (default False: read-only). Releases
         need a token from the page, the page's own origin, and the lock's name typed again; each is
@@ -443,7 +444,7 @@ class Dashboard:
         loaded before a restart, or from another worker, are refused).
 
     Every argument is checked here, before any I/O. The view starts with the first page that
-    opens, and stops ten seconds after the last one closed; :meth:`aclose` stops it at once.
+    opens, and stops ten seconds after the last one closed; ``aclose`` stops it at once.
     """
 
     def __init__(

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
+__all__ = [
+    "LockAlreadyHeldError",
+    "LockDataError",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "ServerTooOldError",
+    "ServerUnreachableError",
+    "TransactionsUnsupportedError",
+]
+
 
 class LockError(Exception):
     """Base class of every error this library raises on purpose."""

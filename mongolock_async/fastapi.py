@@ -33,6 +33,8 @@ from .lock import AsyncMongoLock
 from .manager import LockManager
 from .semaphore import AsyncMongoSemaphore
 
+__all__ = ["hold_lock", "limit_concurrency", "ManagerOf", "NameOf"]
+
 NameOf = str | Callable[[Request], str]
 ManagerOf = LockManager | Callable[[Request], LockManager]
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+__all__ = ["LockHooks"]
+
 if TYPE_CHECKING:
     from .documents import Period
 

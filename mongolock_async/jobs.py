@@ -76,7 +76,7 @@ _LOSS_RECORD_TIME = 2.0
 
 
 class JobRunInfo(NamedTuple):
-    """The run of a job that the calling code is part of (see :func:`current_run`)."""
+    """The run of a job that the calling code is part of (see [`current_run`][mongolock_async.jobs.current_run])."""
 
     name: str
     period: Period | None

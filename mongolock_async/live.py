@@ -17,7 +17,8 @@ for the server's clock and one read of the documents. Each event carries the doc
 (``fullDocument: "updateLookup"``), so nothing is read per change, and nothing is polled. Where the
 deployment has no change streams (a standalone server) or the user may not open one (no
 ``changeStream`` action), it reads the documents every ``poll_interval`` seconds instead and says so
-(:attr:`ViewUpdate.note`). It never writes: MongoDB's built-in ``read`` role is enough.
+([`ViewUpdate.note`][mongolock_async.live.ViewUpdate.note]). It never writes: MongoDB's built-in ``read`` role is
+enough.
 
 **How events are told.** Each write's document is compared with the one before it, on the
 fields the library writes: a new owner token (or permit) is an acquisition; one that left in a
@@ -31,11 +32,14 @@ server after it (a ``getMore`` that returned, a read), so that a renewal it coul
 taken for an expiry. Events of writes that follow each other within one change's lookup are told
 from the latest document, so several steps between two events can show as one.
 
-**When MongoDB cannot be reached.** The view says so (:attr:`ViewUpdate.disconnected_since`: the
+**When MongoDB cannot be reached.** The view says so
+([`ViewUpdate.disconnected_since`][mongolock_async.live.ViewUpdate.disconnected_since]: the
 server time of its last word from MongoDB) and keeps the last state it knew, stale, without
 judging any lease expired meanwhile; when the stream reopens it reads everything and reports what
-changed. :attr:`ViewUpdate.note` gives the cause in words that name no host, address or topology
-(fit for a dashboard's viewers); :attr:`LockWatch.last_error` is the driver's error itself, for the
+changed. [`ViewUpdate.note`][mongolock_async.live.ViewUpdate.note] gives the cause in words that name no host,
+address or topology
+(fit for a dashboard's viewers); [`LockWatch.last_error`][mongolock_async.live.LockWatch.last_error] is the driver's
+error itself, for the
 operator's log.
 """
 
@@ -152,7 +156,7 @@ class ViewUpdate:
 
 class LockWatch:
     """A live view of ``collection`` (the documents whose name starts with ``prefix``): enter it,
-    then iterate over its :class:`ViewUpdate`\\ s. The first update is the state as the view
+    then iterate over its [`ViewUpdate`][mongolock_async.live.ViewUpdate]s. The first update is the state as the view
     opened; each next one comes when a write or an expiry changed something. It stops when the
     ``async with`` block ends. One consumer per ``LockWatch``.
 
@@ -202,7 +206,7 @@ class LockWatch:
         self._failed_read = False
         self._heard_at: datetime | None = None
         self.disconnected_since: datetime | None = None
-        """See :attr:`ViewUpdate.disconnected_since`."""
+        """See [`ViewUpdate.disconnected_since`][mongolock_async.live.ViewUpdate.disconnected_since]."""
         self.last_error: BaseException | None = None
         """The driver's error of the last failed read or stream, whole (it may name hosts and the
         topology: for the operator's log, not for viewers); None once the view is current again."""
@@ -554,7 +558,7 @@ class LockWatch:
 def derive_events(old: LockState | None, new: LockState | None, at: datetime) -> list[LockEvent]:
     """What happened to the leases of one name between two states of its document (None: no
     document), as of ``at`` on the server's clock. Expiry is not among them: nothing is written
-    when a lease runs out (see :class:`LockWatch`)."""
+    when a lease runs out (see [`LockWatch`][mongolock_async.live.LockWatch])."""
     state = new if new is not None else old
     if state is None:
         return []

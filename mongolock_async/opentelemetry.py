@@ -38,6 +38,8 @@ from ._version import __version__
 from .documents import Period
 from .hooks import LockHooks
 
+__all__ = ["OpenTelemetryHooks"]
+
 _NAME = "mongolock.name"
 _OUTCOME = "mongolock.outcome"
 _TOKEN = "mongolock.fencing_token"

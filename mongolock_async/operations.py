@@ -12,7 +12,7 @@ for lock in await list_locks(collection, held=True):
 Every function checks its arguments before any I/O (``TypeError``/``ValueError`` naming the
 argument) and reads with read concern ``majority``, judging leases on the server's clock. Reading
 needs MongoDB's ``find`` action on the collection (the built-in ``read`` role has it);
-:func:`force_release` also needs ``update``.
+[`force_release`][mongolock_async.operations.force_release] also needs ``update``.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class Waiter:
     """When the place stops counting unless refreshed (its process died or gave up)."""
 
     def describe(self) -> str:
-        """Who it is in a few words, as :meth:`Holder.describe`."""
+        """Who it is in a few words, as [`Holder.describe`][mongolock_async.operations.Holder.describe]."""
         where = f"{self.host or '?'} pid {'?' if self.pid is None else self.pid}"
         return f"{self.label} ({where})" if self.label else where
 
@@ -181,8 +181,9 @@ def status_of(report: LockReport) -> str:
 
 
 def lock_info(report: LockReport) -> LockInfo:
-    """A report (``LockStore.report``, :func:`report_at`) as a :class:`LockInfo`; a job whose
-    record cannot be judged is ``unreadable`` (see :func:`judged_report`)."""
+    """A report (``LockStore.report``, [`report_at`][mongolock_async.operations.report_at]) as a
+    [`LockInfo`][mongolock_async.operations.LockInfo]; a job whose
+    record cannot be judged is ``unreadable`` (see [`judged_report`][mongolock_async.operations.judged_report])."""
     job, report = _judged(report)
     state = report.state
     if state is None:
@@ -280,7 +281,8 @@ async def iterate_locks(
     after: str | None = None,
     limit: int | None = None,
 ) -> AsyncGenerator[LockInfo, None]:
-    """The locks :func:`list_locks` lists, by name, read from the server a batch at a time: a
+    """The locks [`list_locks`][mongolock_async.operations.list_locks] lists, by name, read from the server a batch
+    at a time: a
     listing of 100,000 locks never holds them all. ``after`` starts after that name (the last one
     of a page), ``limit`` stops after that many (counted after ``held``). Arguments are checked
     before any I/O."""
@@ -317,7 +319,8 @@ async def force_release(
     collection: AsyncCollectionLike, name: str, *, holder: str | None = None, by: str | None = None
 ) -> ForcedRelease | None:
     """Break the one lease of ``name`` that ``holder`` names (``mongolock release --force``), and
-    only that one: ``holder`` is its owner token (:attr:`Holder.owner`, the ``owner`` that
+    only that one: ``holder`` is its owner token ([`Holder.owner`][mongolock_async.operations.Holder.owner], the
+    ``owner`` that
     ``mongolock inspect`` shows), or the start of it that no other live holder's token shares.
     Return what was broken, or None if that lease ended between the read that selected it and
     the write (released, expired, or broken already): then nothing is broken, whoever holds

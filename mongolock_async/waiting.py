@@ -492,7 +492,7 @@ def spawn(coroutine: Coroutine[Any, Any, Any], *, shielded_for: float | None = N
     logged (nobody awaits it): a release that could not be sent leaves a lease to expire.
 
     With ``shielded_for``, nothing but that many seconds' passing cancels it (see
-    :func:`~mongolock_async._shield.start_shielded`): a program that ends meanwhile waits for it."""
+    ``start_shielded``): a program that ends meanwhile waits for it."""
     if shielded_for is not None:
         task = start_shielded(coroutine, bound=shielded_for)
     else:

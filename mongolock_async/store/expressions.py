@@ -155,7 +155,7 @@ def _tokens(places: Any) -> dict[str, Any]:
 
 
 def _new_place(token: str, ttl: str, holder: str, follower: tuple[str, str] | None = None) -> dict[str, Any]:
-    """A place written now, from field paths of the request's values (see :func:`_values`)."""
+    """A place written now, from field paths of the request's values (see ``_values``)."""
     written: dict[str, Any] = {"t": token, "ttlMs": ttl, "holder": holder, "at": _NOW, "exp": _server_plus(_NOW, ttl)}
     if follower is not None:
         written["n"], written["nttl"] = follower

@@ -93,7 +93,7 @@ class LockStore:
         on_cancelled: Callable[[T], Awaitable[None]] | None = None,
     ) -> T:
         """Run one of this store's requests to completion within ``bound`` seconds, whatever happens
-        to the caller (see :func:`~mongolock_async._shield.run_shielded`); past the bound it raises
+        to the caller (see ``run_shielded``); past the bound it raises
         ``RequestTimeout`` (or, while no server is known, ``ServerSelectionTimeoutError``). An
         answer sets ``answered_at``. Without ``bound``, ``request`` is awaited as it is."""
         if bound is None:
@@ -499,7 +499,7 @@ class LockStore:
         limit: int | None = None,
         now: datetime | None = None,
     ) -> AsyncGenerator[LockReport, None]:
-        """Lock documents as :meth:`report` reports them, in name order, read a batch at a time
+        """Lock documents as ``report`` reports them, in name order, read a batch at a time
         (see ``reports.iterate``): for listings of any size. Unbounded: the caller stops reading.
         Judged at ``now`` on the server's clock if given (a view that has just read it), else at
         the server's clock read first."""
@@ -559,7 +559,7 @@ class LockStore:
 
     async def repair(self, name: str) -> reports.ForcedRelease | None:
         """Reset the lock fields of ``name``'s document if they are corrupt when the write lands
-        (as :meth:`force_release` without ``holder`` does), never breaking a live lease of a sane
+        (as ``force_release`` without ``holder`` does), never breaking a live lease of a sane
         one: a document repaired by someone else meanwhile, and leased again, is left alone.
         What was reset (the corrupt fields, read leniently), or None."""
         current = await self._collection.find_one({"_id": name}, {"kind": 1})

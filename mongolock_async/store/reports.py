@@ -79,7 +79,7 @@ async def report(reads: Any, names: Iterable[str] | None, prefix: str | None) ->
 
 
 ITERATE_BATCH = 1000
-"""Documents per batch of :func:`iterate`: a listing holds this many at a time."""
+"""Documents per batch of ``iterate``: a listing holds this many at a time."""
 
 
 async def iterate(
@@ -89,7 +89,7 @@ async def iterate(
     after: str | None,
     limit: int | None,
 ) -> AsyncGenerator[LockReport, None]:
-    """Lock documents as :func:`report` reports them, in ``_id`` order, one batch at a time (a
+    """Lock documents as ``report`` reports them, in ``_id`` order, one batch at a time (a
     listing of 100,000 locks holds one batch, not all of them): those whose name starts with
     ``prefix``, after the name ``after`` (exclusive), at most ``limit``. Each is judged against one
     reading of the server's clock, taken first (as one aggregate's ``$$NOW`` is the same for all
@@ -113,7 +113,7 @@ async def iterate(
 
 
 def report_at(document: Mapping[str, Any] | LockState, server_time: datetime) -> LockReport:
-    """A lock document (or its parsed state) as :func:`report` would report it at
+    """A lock document (or its parsed state) as ``report`` would report it at
     ``server_time`` (a time on the server's clock). A corrupt document is reported with its error."""
     if isinstance(document, LockState):
         state = document

@@ -63,7 +63,7 @@ async def send(
     on_cancelled: Callable[[T], Awaitable[None]] | None = None,
 ) -> T:
     """Run ``request`` (a request of ``client``) to completion within ``bound`` seconds, whatever
-    happens to the caller (see :func:`~mongolock_async._shield.run_shielded`); past the bound it
+    happens to the caller (see ``run_shielded``); past the bound it
     raises ``RequestTimeout``, or a ``ServerSelectionTimeoutError`` while no server is known."""
     warning = None
     known = _writable_server_known(client)
