@@ -40,10 +40,11 @@ test: $(STAMP)
 	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
 	$(PYTHON) -m pytest -n 4
 
-## ruff and mypy --strict (the package and its examples, a user-style file, every example in the docs),
+## ruff, the layers' import contracts (pyproject.toml), and mypy --strict (the package and its examples, a user-style file, every example in the docs),
 ## and the real-MongoDB workflow and its compose files checked against their schemas.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy --strict mongolock_async tests/typing
 	examples=$$(mktemp -d) && $(PYTHON) tests/doc_examples.py $$examples && \
 		$(VENV)/bin/mypy --strict $$examples; status=$$?; rm -rf $$examples; exit $$status

@@ -16,7 +16,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import mongolock_async
-from mongolock_async._process import die_with_parent
+from mongolock_async._util.process import die_with_parent
 from mongolock_async.testing import EmbeddedMongo
 
 

@@ -50,7 +50,7 @@ from hot_lock_worker import Requests
 from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoLock
-from mongolock_async._process import die_with_parent
+from mongolock_async._util.process import die_with_parent
 from mongolock_async.testing.clients import close_client, make_client
 
 WORKER = Path(__file__).resolve().with_name("hot_lock_worker.py")

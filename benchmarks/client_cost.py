@@ -162,7 +162,7 @@ async def layers(
 ) -> None:
     """Part 2, continued: client CPU per cycle adding one layer of the library at a time, interleaved."""
     try:
-        from mongolock_async._shield import run_shielded
+        from mongolock_async._util.shield import run_shielded
         from mongolock_async.store import store_for
     except ImportError:
         print("  (layers: this version of the library has no run_shielded or store_for)")

@@ -39,7 +39,8 @@ from _common import environment, mongodb  # benchmarks/ is the script's director
 from pymongo import monitoring
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import AsyncMongoLock, keeper
+from mongolock_async import AsyncMongoLock
+from mongolock_async._runtime import keeper
 from mongolock_async.store import LockStore, Renewal
 from mongolock_async.testing.clients import close_client, make_client
 

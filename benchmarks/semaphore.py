@@ -49,7 +49,7 @@ from hot_lock_worker import Requests
 from pymongo import ReturnDocument
 
 from mongolock_async import AsyncMongoSemaphore
-from mongolock_async._process import die_with_parent
+from mongolock_async._util.process import die_with_parent
 from mongolock_async.store import LockStore, Permits, PlaceRequest
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import close_client, make_client

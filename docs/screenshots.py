@@ -113,7 +113,7 @@ async def pictures(uri: str, seconds: float) -> None:
     from playwright.async_api import async_playwright
     from rich.console import Console
 
-    from mongolock_async._watch_view import EVENTS_SHOWN, screen
+    from mongolock_async._cli.watch_view import EVENTS_SHOWN, screen
     from mongolock_async.dashboard import Dashboard
 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)

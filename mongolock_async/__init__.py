@@ -5,11 +5,15 @@
 ...     await run_report(fencing_token=lock.fencing_token)
 """
 
-from ._collection import AsyncCollectionLike
-from ._options import OnLost
+from ._core.election import AsyncMongoElection
+from ._core.jobs import AsyncMongoJob, JobResult, JobState
+from ._core.lock import AsyncMongoLock, OnLost
+from ._core.manager import LockManager
+from ._core.rwlock import AsyncMongoRWLock, RWLockHandle
+from ._core.semaphore import AsyncMongoSemaphore
+from ._util.collection_types import AsyncCollectionLike
 from ._version import __version__
-from .documents import Leadership
-from .election import AsyncMongoElection
+from .admin.indexes import ensure_idle_cleanup_index
 from .errors import (
     LockAlreadyHeldError,
     LockDataError,
@@ -22,12 +26,7 @@ from .errors import (
     TransactionsUnsupportedError,
 )
 from .hooks import LockHooks
-from .indexes import ensure_idle_cleanup_index
-from .jobs import AsyncMongoJob, JobResult, JobState
-from .lock import AsyncMongoLock
-from .manager import LockManager
-from .rwlock import AsyncMongoRWLock, RWLockHandle
-from .semaphore import AsyncMongoSemaphore
+from .store.documents import Leadership
 
 __all__ = [
     "AsyncCollectionLike",

@@ -1,5 +1,5 @@
 """``python -m mongolock_async``: the same as the ``mongolock`` command."""
 
-from .cli import main
+from ._cli.main import main
 
 main()

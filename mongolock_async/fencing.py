@@ -27,8 +27,8 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
+from ._core.lock import AsyncMongoLock
 from .errors import LockNotOwnedError
-from .lock import AsyncMongoLock
 
 __all__ = ["FencedWriteResult", "fenced_insert_one", "fenced_replace_one", "fenced_update_one"]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["LockHooks"]
 
 if TYPE_CHECKING:
-    from .documents import Period
+    from .store.documents import Period
 
 logger = logging.getLogger("mongolock_async")
 

@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
-from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, _check_run, cli
-from mongolock_async._check import (
+from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore
+from mongolock_async._cli import main as cli
+from mongolock_async._cli.check import run as _check_run
+from mongolock_async._cli.check.run import Scratch, options_from, run_checks
+from mongolock_async._cli.check.verdicts import (
     FAIL,
     PASS,
     SKIP,
@@ -33,7 +36,6 @@ from mongolock_async._check import (
     judge_privileges,
     judge_version,
 )
-from mongolock_async._check_run import Scratch, options_from, run_checks
 from mongolock_async.privileges import lock_privileges, operator_privileges
 from mongolock_async.store.probe import DeploymentProbe
 from mongolock_async.testing import EmbeddedMongo
@@ -498,7 +500,7 @@ def rs_status(*members: tuple[str, str, float, float], majority: int) -> dict[st
 
 
 def test_members_and_lag_are_judged_from_rs_status() -> None:
-    from mongolock_async._check_deployment import judge_members
+    from mongolock_async._cli.check.deployment import judge_members
 
     healthy = rs_status(("a:1", "PRIMARY", 1, 0), ("b:1", "SECONDARY", 1, 0.5), ("c:1", "SECONDARY", 1, 1), majority=2)
     members, lag = judge_members(healthy, None, ttl=30)
@@ -530,7 +532,7 @@ def test_members_and_lag_are_judged_from_rs_status() -> None:
 def test_failover_arbiters_journaling_and_the_oplog_window() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from mongolock_async._check_deployment import judge_arbiters, judge_failover, judge_journaling, judge_oplog
+    from mongolock_async._cli.check.deployment import judge_arbiters, judge_failover, judge_journaling, judge_oplog
     from mongolock_async.store.replication import OplogSpan
 
     defaults = {"settings": {"electionTimeoutMillis": 10_000, "heartbeatIntervalMillis": 2_000}}
@@ -555,7 +557,7 @@ def test_failover_arbiters_journaling_and_the_oplog_window() -> None:
 def test_releases_past_their_end_of_life_are_named() -> None:
     from datetime import date
 
-    from mongolock_async._check_deployment import judge_support
+    from mongolock_async._cli.check.deployment import judge_support
 
     today = date(2026, 12, 4)
     verdicts = {

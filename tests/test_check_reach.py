@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mongolock_async._check import FAIL, PASS, WARN, ClockReading, judge_clocks
+from mongolock_async._cli.check.verdicts import FAIL, PASS, WARN, ClockReading, judge_clocks
 from tests.conftest import child_environment
 from tests.standins import Forwarder, Identity, StandIn
 

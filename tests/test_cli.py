@@ -20,8 +20,8 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 from mongolock_async import AsyncMongoElection, AsyncMongoLock, AsyncMongoRWLock, AsyncMongoSemaphore, __version__
-from mongolock_async._commandline import redact_uri
-from mongolock_async.demo import DROP_SETTLE, drop_for_good
+from mongolock_async._cli.commandline import redact_uri
+from mongolock_async._cli.demo.run import DROP_SETTLE, drop_for_good
 from mongolock_async.testing import EmbeddedMongo
 from tests.conftest import child_environment, uri_with_options, uri_without_credentials
 from tests.test_force_release import two_permits_of_one_process
@@ -215,7 +215,7 @@ def test_a_password_in_the_uri_never_shows() -> None:
             # This demo's workers only: another test run's demo on the machine proves nothing of this one,
             # which may still be importing (a Ctrl-C then is a KeyboardInterrupt, exit -2).
             seen_processes += sum(
-                line.split(None, 1)[0] == str(demo.pid) and "mongolock_async.demo_worker" in line
+                line.split(None, 1)[0] == str(demo.pid) and "mongolock_async._cli.demo.worker" in line
                 for line in listing.splitlines()
             )
             time.sleep(0.05)
@@ -672,7 +672,7 @@ def run_on_a_terminal(arguments: list[str], *, columns: int, without_rich: bool 
     """The lines ``mongolock`` prints on a pseudo-terminal ``columns`` wide (colours removed);
     ``without_rich`` runs it as if rich were not installed."""
     prelude = "import sys; sys.modules['rich'] = None; " if without_rich else ""  # `import rich` fails
-    code = prelude + "from mongolock_async.cli import main; main()"
+    code = prelude + "from mongolock_async._cli.main import main; main()"
     controller, terminal = os.openpty()
     try:
         subprocess.run(

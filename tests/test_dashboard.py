@@ -563,7 +563,7 @@ SAMPLES = [
 async def test_the_page_shows_escapes_bidi_overrides_and_html_as_the_command_does(
     browser: Browser, mongodb_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
 ) -> None:
-    from mongolock_async._inert import printable
+    from mongolock_async._util.inert import printable
 
     dialogs: list[str] = []
     name, label = SAMPLES[0], "<b>worker</b>\u202e\x1b[5m"

@@ -29,10 +29,10 @@ from mongolock_async import (
     AsyncMongoRWLock,
     AsyncMongoSemaphore,
     ServerUnreachableError,
-    cli,
     ensure_idle_cleanup_index,
 )
-from mongolock_async._diagnosis import cause_of
+from mongolock_async._cli import main as cli
+from mongolock_async._util.diagnosis import cause_of
 from mongolock_async.fencing import fenced_update_one
 from mongolock_async.privileges import lock_privileges, operator_privileges
 from mongolock_async.store import LockStore

@@ -32,9 +32,9 @@ from mongolock_async import (
     ServerTooOldError,
     ensure_idle_cleanup_index,
 )
-from mongolock_async import lock as lock_module
-from mongolock_async.documents import LockState
+from mongolock_async._core import lock as lock_module
 from mongolock_async.store import LockStore, Permits, oldest_wire_version, sending, store_for
+from mongolock_async.store.documents import LockState
 from mongolock_async.store.mutex import LOCK_RELEASES_REMEMBERED
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client

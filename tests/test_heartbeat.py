@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from mongolock_async import AsyncMongoLock, LockLostError
-from mongolock_async import keeper as keeper_module
-from mongolock_async.keeper import RENEWAL_CHUNK, keeper_for_running_loop
+from mongolock_async._runtime import keeper as keeper_module
+from mongolock_async._runtime.keeper import RENEWAL_CHUNK, keeper_for_running_loop
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter, FaultServer, set_fail_point

@@ -14,9 +14,9 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore
-from mongolock_async.documents import LockState
 from mongolock_async.live import LockEvent, LockWatch, ViewUpdate, derive_events
 from mongolock_async.operations import force_release
+from mongolock_async.store.documents import LockState
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.conftest import CommandCounter

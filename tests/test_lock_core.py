@@ -12,12 +12,7 @@ import pytest
 from bson.codec_options import CodecOptions
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async import (
-    AsyncMongoLock,
-    LockAlreadyHeldError,
-    LockNotOwnedError,
-    LockTimeoutError,
-)
+from mongolock_async import AsyncMongoLock, LockAlreadyHeldError, LockNotOwnedError, LockTimeoutError
 from mongolock_async.store import LockStore
 from tests.conftest import CommandCounter
 

@@ -19,7 +19,7 @@ import pytest
 
 from mongolock_async.store import expressions, jobs, mutex
 from mongolock_async.store.jobs import JobSchedule
-from mongolock_async.store.kinds import PlaceRequest
+from mongolock_async.store.requests import PlaceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / "mongolock_async" / "store"
@@ -145,8 +145,8 @@ def store_fields() -> dict[str, set[str]]:
         "acquire": acquire,
         "release": release,
         "withdraw": withdraw,
-        "renew": _pipeline_fields(mutex._renewal(1000, "stamp")),
-        "refresh_place": _pipeline_fields(expressions._refresh_place("a", 1000)),
+        "renew": _pipeline_fields(mutex.renewal_pipeline(1000, "stamp")),
+        "refresh_place": _pipeline_fields(expressions.refresh_place("a", 1000)),
         "force_release": force,
         "start_job": start,
         "finish_job": finish,

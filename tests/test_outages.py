@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from pymongo.errors import ServerSelectionTimeoutError
 
-from mongolock_async import AsyncMongoLock, LockTimeoutError, ServerUnreachableError, waiting
+from mongolock_async import AsyncMongoLock, LockTimeoutError, ServerUnreachableError
+from mongolock_async._runtime import waiting
 from mongolock_async.store import sending
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client

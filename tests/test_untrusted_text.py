@@ -21,7 +21,7 @@ import httpx
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoJob, AsyncMongoLock
-from mongolock_async._inert import json_text, printable, shell_word
+from mongolock_async._util.inert import json_text, printable, shell_word
 from mongolock_async.dashboard import Dashboard
 from mongolock_async.live import LockWatch
 from mongolock_async.operations import inspect_lock, list_locks

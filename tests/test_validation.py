@@ -19,14 +19,14 @@ from mongolock_async import (
     AsyncMongoRWLock,
     AsyncMongoSemaphore,
     LockManager,
-    _validate,
     ensure_idle_cleanup_index,
 )
-from mongolock_async._validate import MAX_LABEL_BYTES
-from mongolock_async.documents import MAX_PERMITS
+from mongolock_async._core.rwlock import RWLockHandle
+from mongolock_async._util import validation as _validate
+from mongolock_async._util.validation import MAX_LABEL_BYTES
 from mongolock_async.jobs import AsyncMongoJob
-from mongolock_async.rwlock import RWLockHandle
 from mongolock_async.store import LockStore, Permits, Renewal
+from mongolock_async.store.documents import MAX_PERMITS
 from tests.conftest import CommandCounter, child_environment
 from tests.conftest import one_driver as mongolock_driver  # noqa: F401 - these tests run once
 

@@ -29,12 +29,12 @@ from pymongo import MongoClient, common
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, LockTimeoutError
-from mongolock_async import watcher as watcher_module
-from mongolock_async.queues import PlaceState, Turn, existing_queue
+from mongolock_async._runtime import watcher as watcher_module
+from mongolock_async._runtime.queues import PlaceState, Turn, existing_queue
+from mongolock_async._runtime.waiting import LOCAL_STREAK
 from mongolock_async.store import LockStore, expressions, mutex
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from mongolock_async.waiting import LOCAL_STREAK
 from tests.conftest import CommandCounter, FaultServer, child_environment, set_fail_point
 from tests.giving_up_worker import handle
 

@@ -24,7 +24,7 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
 from mongolock_async import AsyncMongoLock
-from mongolock_async._watch_view import event_line, printable
+from mongolock_async._cli.watch_view import event_line, printable
 from mongolock_async.live import LockEvent
 from mongolock_async.operations import Holder
 from mongolock_async.testing.clients import TEST_DATABASE
@@ -200,7 +200,7 @@ async def test_narrow_screens_shorten_the_holder_never_a_token(pymongo_collectio
 
     from rich.console import Console
 
-    from mongolock_async._watch_view import screen
+    from mongolock_async._cli.watch_view import screen
     from mongolock_async.live import LockWatch
 
     held = [

@@ -17,9 +17,10 @@
 
 from .expressions import MAX_TTL_MS, SERVER_NOW
 from .jobs import MAX_ATTEMPTS_LIMIT, JobSchedule
-from .kinds import Permits, PlaceRequest, Renewal, of_kind, queries_for
+from .kinds import of_kind, queries_for
 from .lockstore import IDLE_CLEANUP_INDEX, LockStore, store_for
 from .reports import ForcedRelease
+from .requests import Permits, PlaceRequest, Renewal
 from .sending import NO_SERVER_WARNING_AFTER, is_transient, oldest_wire_version
 from .views import change_streams_refused, change_streams_unsupported
 

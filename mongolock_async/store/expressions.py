@@ -25,16 +25,16 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ..documents import EXPIRY_HORIZON, MAX_FENCE
+from .documents import EXPIRY_HORIZON, MAX_FENCE
 
 SERVER_NOW: dict[str, Any] = {"$toDate": {"$toLong": "$$NOW"}}
 
 # The longest lease a handle may ask for. A stored expiry further ahead than this (plus a day for
 # clock differences) was not written by this library, and a lease that never expires is refused.
 MAX_TTL_MS = 366 * 86_400_000  # _validate.MAX_TTL
-_EXPIRY_HORIZON_MS = int(EXPIRY_HORIZON.total_seconds() * 1000)
-_NOW = "$_now"  # in pipelines, after the first stage has computed it once
-_TEMPORARY = [
+EXPIRY_HORIZON_MS = int(EXPIRY_HORIZON.total_seconds() * 1000)
+NOW = "$_now"  # in pipelines, after the first stage has computed it once
+TEMPORARY = [
     "_v", "_now", "_sane", "_q", "_live", "_mine", "_ahead", "_claim", "_take", "_own", "_c", "_h", "_handed",
     "_remote", "_hs", "_nf", "_rest", "_room", "_held", "_gone", "_hand", "_r",
 ]  # fmt: skip
@@ -44,22 +44,22 @@ _TEMPORARY = [
 # -- expressions ----------------------------------------------------------------------------------
 
 
-def _array_or_empty(field: str) -> dict[str, Any]:
+def array_or_empty(field: str) -> dict[str, Any]:
     """The array at ``field``, or an empty one where the document has none (or something else)."""
     return {"$cond": [{"$isArray": field}, field, {"$literal": []}]}
 
 
-def _type_in(expression: str, *types: str) -> dict[str, Any]:
+def type_in(expression: str, *types: str) -> dict[str, Any]:
     return {"$in": [{"$type": expression}, list(types)]}
 
 
-def _server_plus(start: Any, ttl_ms: Any) -> dict[str, Any]:
+def server_plus(start: Any, ttl_ms: Any) -> dict[str, Any]:
     # $add of a date and milliseconds, not $dateAdd: that one is missing from the Stable API (V1)
     # of MongoDB 5.0.0 to 5.0.x before SERVER-60899, so a strict-API client there would be refused.
     return {"$add": [start, ttl_ms]}
 
 
-def _not_before(moment: Any, now: Any) -> dict[str, Any]:
+def not_before(moment: Any, now: Any) -> dict[str, Any]:
     """``now``, or ``moment`` (a place's ``at``) if that is a later date.
 
     A write's ``$$NOW`` is fixed when the server parses the command, also through the retries of
@@ -73,44 +73,44 @@ def _not_before(moment: Any, now: Any) -> dict[str, Any]:
 
 
 # A live lease, judged without the pipelines' temporary fields (in reads and single-stage updates).
-_LEASE_LIVE: dict[str, Any] = {
+LEASE_LIVE: dict[str, Any] = {
     "$and": [
         {"$eq": [{"$type": "$owner"}, "string"]},
         {"$eq": [{"$type": "$expiresAt"}, "date"]},
         {"$gt": ["$expiresAt", SERVER_NOW]},
     ]
 }
-_FENCE_OK: dict[str, Any] = {
+FENCE_OK: dict[str, Any] = {
     "$or": [
-        _type_in("$fence", "missing", "null"),
-        {"$and": [_type_in("$fence", "int", "long"), {"$gte": ["$fence", 0]}, {"$lt": ["$fence", MAX_FENCE]}]},
+        type_in("$fence", "missing", "null"),
+        {"$and": [type_in("$fence", "int", "long"), {"$gte": ["$fence", 0]}, {"$lt": ["$fence", MAX_FENCE]}]},
     ]
 }
 # The fields a decision depends on have the types this library writes. Expressions on a corrupt
 # document would otherwise fail on the server, or worse, succeed with a wrong answer (a date of
 # year 9999 would be a lease that never expires).
-_LEASE_FIELDS_SANE: dict[str, Any] = {
+LEASE_FIELDS_SANE: dict[str, Any] = {
     "$and": [
-        _type_in("$owner", "missing", "null", "string"),
+        type_in("$owner", "missing", "null", "string"),
         {
             "$or": [
-                {"$and": [_type_in("$expiresAt", "missing", "null"), {"$ne": [{"$type": "$owner"}, "string"]}]},
+                {"$and": [type_in("$expiresAt", "missing", "null"), {"$ne": [{"$type": "$owner"}, "string"]}]},
                 {
                     "$and": [
                         {"$eq": [{"$type": "$expiresAt"}, "date"]},
-                        {"$lte": ["$expiresAt", _server_plus(SERVER_NOW, _EXPIRY_HORIZON_MS)]},
+                        {"$lte": ["$expiresAt", server_plus(SERVER_NOW, EXPIRY_HORIZON_MS)]},
                     ]
                 },
             ]
         },
-        _FENCE_OK,
-        _type_in("$queue", "missing", "null", "array"),
+        FENCE_OK,
+        type_in("$queue", "missing", "null", "array"),
     ]
 }
-_NEXT_FENCE: dict[str, Any] = {
+NEXT_FENCE: dict[str, Any] = {
     "$max": [
         {"$add": [{"$toLong": {"$ifNull": ["$fence", 0]}}, 1]},
-        {"$multiply": [{"$toLong": _NOW}, 1000]},
+        {"$multiply": [{"$toLong": NOW}, 1000]},
     ]
 }
 # The next fence, only on a sane document: $toLong of a fence edited into NaN, a string, an object or
@@ -118,10 +118,10 @@ _NEXT_FENCE: dict[str, Any] = {
 # src/mongo/db/pipeline/expression.cpp raises ConversionFailure "... with no onError value"), where
 # the caller should get LockDataError for an unchanged document. $cond evaluates only the branch it
 # takes (ExpressionCond::evaluate, same file).
-_NEXT_FENCE_IF_SANE: dict[str, Any] = {"$cond": ["$_sane", _NEXT_FENCE, None]}
+NEXT_FENCE_IF_SANE: dict[str, Any] = {"$cond": ["$_sane", NEXT_FENCE, None]}
 
 
-def _live_places(excluding: str | None = None) -> dict[str, Any]:
+def unexpired_places(excluding: str | None = None) -> dict[str, Any]:
     """The queue's well-formed, unexpired places, oldest first (optionally without the one whose
     token is at the field path ``excluding``)."""
     conditions: list[Any] = [
@@ -130,7 +130,7 @@ def _live_places(excluding: str | None = None) -> dict[str, Any]:
         {"$in": [{"$type": "$$this.ttlMs"}, ["int", "long"]]},
         {"$gte": ["$$this.ttlMs", 1]},
         {"$lte": ["$$this.ttlMs", MAX_TTL_MS]},
-        {"$gt": ["$$this.exp", _NOW]},
+        {"$gt": ["$$this.exp", NOW]},
         # A place's weight (a semaphore's or a read-write lock's) is 1 unless it says otherwise.
         # ("null" too: the embedded test server types a missing field of $$this as null.)
         {"$in": [{"$type": "$$this.w"}, ["missing", "null", "int", "long"]]},
@@ -139,42 +139,42 @@ def _live_places(excluding: str | None = None) -> dict[str, Any]:
         conditions.append({"$ne": ["$$this.t", excluding]})
     return {
         "$filter": {
-            "input": _array_or_empty("$queue"),
+            "input": array_or_empty("$queue"),
             "cond": {"$and": conditions},
         }
     }
 
 
-def _without(places: Any, token: str) -> dict[str, Any]:
+def places_without(places: Any, token: str) -> dict[str, Any]:
     """``places`` without the one holding ``token`` (a field path, such as ``$_v.me``)."""
     return {"$filter": {"input": places, "cond": {"$ne": ["$$this.t", token]}}}
 
 
-def _tokens(places: Any) -> dict[str, Any]:
+def tokens_of(places: Any) -> dict[str, Any]:
     return {"$map": {"input": places, "in": "$$this.t"}}
 
 
-def _new_place(token: str, ttl: str, holder: str, follower: tuple[str, str] | None = None) -> dict[str, Any]:
-    """A place written now, from field paths of the request's values (see ``_values``)."""
-    written: dict[str, Any] = {"t": token, "ttlMs": ttl, "holder": holder, "at": _NOW, "exp": _server_plus(_NOW, ttl)}
+def new_place(token: str, ttl: str, holder: str, follower: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A place written now, from field paths of the request's values (see ``request_values``)."""
+    written: dict[str, Any] = {"t": token, "ttlMs": ttl, "holder": holder, "at": NOW, "exp": server_plus(NOW, ttl)}
     if follower is not None:
         written["n"], written["nttl"] = follower
     return written
 
 
-def _with_place(places: Any, token: Any, place: dict[str, Any]) -> dict[str, Any]:
+def with_place(places: Any, token: Any, place: dict[str, Any]) -> dict[str, Any]:
     """``places`` with ``place`` (the place of ``token``) rewritten where ``token`` stands (its
     length is the new one's, its ``at`` not moved back), or queued last."""
     return {
         "$cond": [
-            {"$in": [token, _tokens(places)]},
+            {"$in": [token, tokens_of(places)]},
             {
                 "$map": {
                     "input": places,
                     "in": {
                         "$cond": [
                             {"$eq": ["$$this.t", token]},
-                            {"$mergeObjects": [place, {"at": _not_before("$$this.at", _NOW)}]},
+                            {"$mergeObjects": [place, {"at": not_before("$$this.at", NOW)}]},
                             "$$this",
                         ]
                     },
@@ -191,7 +191,7 @@ def _with_place(places: Any, token: Any, place: dict[str, Any]) -> dict[str, Any
 _WITHDRAWALS_REMEMBERED = 64
 
 
-def _done_with(token: Any, released: Any) -> dict[str, Any]:
+def done_with(token: Any, released: Any) -> dict[str, Any]:
     """Whether ``token`` is done with: its place was withdrawn (its owner gave up waiting), or it
     held a lease (a permit) that it released (``released``: the tokens a document remembers
     releasing). Its process never sends it again then: it moved on to new tokens.
@@ -206,20 +206,20 @@ def _done_with(token: Any, released: Any) -> dict[str, Any]:
     last 64 withdrawals; a lock's releases while the lease they ended would have lasted, at most
     16, and its latest; a semaphore's last 64): a request that lands later than that is applied
     as an attempt again, and what it leaves lasts its TTL, as any outcome lost in transit."""
-    return {"$or": [{"$in": [token, _array_or_empty("$withdrawn")]}, {"$in": [token, released]}]}
+    return {"$or": [{"$in": [token, array_or_empty("$withdrawn")]}, {"$in": [token, released]}]}
 
 
-def _remember_withdrawals() -> dict[str, Any]:
+def remember_withdrawals() -> dict[str, Any]:
     """``withdrawn`` with the tokens of a ``leaving`` request added (the last few kept)."""
-    earlier = _array_or_empty("$withdrawn")
+    earlier = array_or_empty("$withdrawn")
     return {"$slice": [{"$concatArrays": [earlier, "$_v.leaving"]}, -_WITHDRAWALS_REMEMBERED]}
 
 
-def _first_or_null(array: Any) -> dict[str, Any]:
+def first_or_null(array: Any) -> dict[str, Any]:
     return {"$ifNull": [{"$first": [array]}, None]}
 
 
-def _values(**values: Any) -> dict[str, Any]:
+def request_values(**values: Any) -> dict[str, Any]:
     """The first stage of a pipeline: the request's own values, in the temporary field ``_v``.
 
     Every later stage refers to them as ``$_v.<name>``, so the stages are constants built once per
@@ -230,15 +230,15 @@ def _values(**values: Any) -> dict[str, Any]:
     return {"$set": {"_v": {"$literal": values}}}
 
 
-def _stamp() -> str:
+def new_stamp() -> str:
     return secrets.token_hex(8)
 
 
-def _if(condition: Any, then: Any, otherwise: Any) -> dict[str, Any]:
+def cond(condition: Any, then: Any, otherwise: Any) -> dict[str, Any]:
     return {"$cond": [condition, then, otherwise]}
 
 
-def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
+def refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
     return [
         {
             "$set": {
@@ -252,8 +252,8 @@ def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
                                     "$mergeObjects": [
                                         "$$this",
                                         {
-                                            "exp": _server_plus(SERVER_NOW, ttl_ms),
-                                            "at": _not_before("$$this.at", SERVER_NOW),
+                                            "exp": server_plus(SERVER_NOW, ttl_ms),
+                                            "at": not_before("$$this.at", SERVER_NOW),
                                         },
                                     ]
                                 },
@@ -267,9 +267,9 @@ def _refresh_place(token: str, ttl_ms: int) -> list[dict[str, Any]]:
     ]
 
 
-def _mapping_or_empty(value: object) -> Mapping[str, Any]:
+def mapping_or_empty(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _int_or_none(value: object) -> int | None:
+def int_or_none(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

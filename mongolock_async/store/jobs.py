@@ -22,9 +22,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..documents import JOB_KIND
 from . import expressions
-from .expressions import _LEASE_FIELDS_SANE, _NEXT_FENCE, _NOW, _array_or_empty, _if, _server_plus, _type_in, _values
+from .documents import JOB_KIND
+from .expressions import (
+    LEASE_FIELDS_SANE,
+    NEXT_FENCE,
+    NOW,
+    array_or_empty,
+    cond,
+    request_values,
+    server_plus,
+    type_in,
+)
 
 
 class JobSchedule(NamedTuple):
@@ -43,19 +52,19 @@ class JobSchedule(NamedTuple):
 _JOB_KIND_IS: dict[str, Any] = {"$eq": ["$kind", JOB_KIND]}
 _ALL_TRIES_DATES: dict[str, Any] = {
     "$allElementsTrue": [
-        {"$map": {"input": _array_or_empty("$job.tries"), "in": {"$eq": [{"$type": "$$this"}, "date"]}}}
+        {"$map": {"input": array_or_empty("$job.tries"), "in": {"$eq": [{"$type": "$$this"}, "date"]}}}
     ]
 }
 _JOB_SANE: dict[str, Any] = {
     "$and": [
-        _LEASE_FIELDS_SANE,
-        {"$or": [_type_in("$kind", "missing", "null"), _JOB_KIND_IS]},
-        _type_in("$job", "missing", "null", "object"),
-        _type_in("$job.tries", "missing", "null", "array"),
+        LEASE_FIELDS_SANE,
+        {"$or": [type_in("$kind", "missing", "null"), _JOB_KIND_IS]},
+        type_in("$job", "missing", "null", "object"),
+        type_in("$job.tries", "missing", "null", "array"),
         _ALL_TRIES_DATES,
-        _type_in("$job.lastSuccess", "missing", "null", "date"),
-        _type_in("$job.run", "missing", "null", "object"),
-        _type_in("$job.lastEndedAt", "missing", "null", "date"),
+        type_in("$job.lastSuccess", "missing", "null", "date"),
+        type_in("$job.run", "missing", "null", "object"),
+        type_in("$job.lastEndedAt", "missing", "null", "date"),
     ]
 }
 """A job's document, or a lock's (a ``run_once`` of an earlier version kept its job in one)."""
@@ -88,7 +97,7 @@ def start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule:
         "minInterval": schedule.min_interval_ms,
         "maxAttempts": schedule.max_attempts,
     }
-    return [_values(**values), *_JOB_START_STAGES]
+    return [request_values(**values), *_JOB_START_STAGES]
 
 
 def _period_start() -> dict[str, Any]:
@@ -96,7 +105,7 @@ def _period_start() -> dict[str, Any]:
     arithmetic on milliseconds ($mod of longs is exact and, with a non-negative dividend, not
     negative: ExpressionMod in src/mongo/db/pipeline/expression.cpp, as C++'s %), so every request
     with the same schedule finds the same boundaries."""
-    now_ms = {"$toLong": _NOW}
+    now_ms = {"$toLong": NOW}
     return {"$toDate": {"$subtract": [now_ms, {"$mod": [{"$subtract": [now_ms, "$_v.offset"]}, "$_v.every"]}]}}
 
 
@@ -107,35 +116,35 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
         "$and": [
             {"$ne": ["$_v.minInterval", None]},
             {"$eq": [{"$type": "$_lastEnd"}, "date"]},
-            {"$lt": [_NOW, {"$add": ["$_lastEnd", "$_v.minInterval"]}]},
+            {"$lt": [NOW, {"$add": ["$_lastEnd", "$_v.minInterval"]}]},
         ]
     }
-    why = _if(
+    why = cond(
         {"$not": ["$_sane"]},
         "corrupt",
-        _if(
+        cond(
             "$_live",
-            _if(has_run, "running", "held"),
-            _if(
+            cond(has_run, "running", "held"),
+            cond(
                 "$_done",
                 "done",
-                _if(
+                cond(
                     {"$and": [periodic, {"$gte": ["$_attempts", "$_v.maxAttempts"]}]},
                     "failed",
-                    _if(too_soon, "too_soon", None),
+                    cond(too_soon, "too_soon", None),
                 ),
             ),
         ),
     )
     attempt = {"$add": ["$_attempts", 1]}
-    run = {"o": "$_v.me", "period": "$_period", "attempt": attempt, "startedAt": _NOW, "holder": "$_v.holder"}
+    run = {"o": "$_v.me", "period": "$_period", "attempt": attempt, "startedAt": NOW, "holder": "$_v.holder"}
     # The starts in the server clock's order, this one inserted after every earlier one (a clock that
     # stepped back puts it before later ones; $sortArray is MongoDB 5.2+), the earliest dropped past
     # MAX_ATTEMPTS_LIMIT. Neither the requests' order nor the caller's own maxAttempts decides what
     # is kept: a period's attempts are counted exactly for any max_attempts the API allows.
-    earlier = {"$filter": {"input": _array_or_empty("$_j.tries"), "cond": {"$lt": ["$$this", _NOW]}}}
-    later = {"$filter": {"input": _array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", _NOW]}}}
-    tries = {"$slice": [{"$concatArrays": [earlier, [_NOW], later]}, -MAX_ATTEMPTS_LIMIT]}
+    earlier = {"$filter": {"input": array_or_empty("$_j.tries"), "cond": {"$lt": ["$$this", NOW]}}}
+    later = {"$filter": {"input": array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", NOW]}}}
+    tries = {"$slice": [{"$concatArrays": [earlier, [NOW], later]}, -MAX_ATTEMPTS_LIMIT]}
     record = {
         "$mergeObjects": [
             "$_j",
@@ -144,13 +153,13 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
                 "offset": "$_v.offset",
                 "minInterval": "$_v.minInterval",
                 "maxAttempts": "$_v.maxAttempts",
-                "tries": _if({"$and": ["$_take", periodic]}, tries, "$_j.tries"),
-                "run": _if("$_take", run, _if("$_lost", None, "$_j.run")),
-                "last": _if(
+                "tries": cond({"$and": ["$_take", periodic]}, tries, "$_j.tries"),
+                "run": cond("$_take", run, cond("$_lost", None, "$_j.run")),
+                "last": cond(
                     "$_lost", {"$mergeObjects": ["$_j.run", {"endedAt": "$expiresAt", "outcome": "lost"}]}, "$_j.last"
                 ),
                 "lastEndedAt": "$_lastEnd",
-                "seen": _if("$_take", "$_j.seen", {"period": "$_period", "why": "$_why"}),
+                "seen": cond("$_take", "$_j.seen", {"period": "$_period", "why": "$_why"}),
             },
         ]
     }
@@ -160,20 +169,20 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
         {"$set": {"_sane": _JOB_SANE, "_j": {"$cond": [{"$eq": [{"$type": "$job"}, "object"]}, "$job", {}]}}},
         {
             "$set": {
-                "_live": {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]},
-                "_start": _if({"$eq": ["$_v.every", None]}, None, _period_start()),
+                "_live": {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", NOW]}]},
+                "_start": cond({"$eq": ["$_v.every", None]}, None, _period_start()),
             }
         },
         {
             "$set": {
-                "_period": _if(periodic, {"start": "$_start", "end": {"$add": ["$_start", "$_v.every"]}}, None),
+                "_period": cond(periodic, {"start": "$_start", "end": {"$add": ["$_start", "$_v.every"]}}, None),
                 "_lost": {"$and": ["$_sane", {"$not": ["$_live"]}, has_run]},
                 # Runs started in this period, or later (on a server clock that stepped back).
-                "_attempts": _if(
+                "_attempts": cond(
                     periodic,
                     {
                         "$size": {
-                            "$filter": {"input": _array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", "$_start"]}}
+                            "$filter": {"input": array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", "$_start"]}}
                         }
                     },
                     0,
@@ -185,21 +194,21 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
             }
         },
         # A run lost with its lease ended when the lease expired: that counts for min_interval.
-        {"$set": {"_lastEnd": _if("$_lost", {"$max": ["$_j.lastEndedAt", "$expiresAt"]}, "$_j.lastEndedAt")}},
+        {"$set": {"_lastEnd": cond("$_lost", {"$max": ["$_j.lastEndedAt", "$expiresAt"]}, "$_j.lastEndedAt")}},
         {"$set": {"_why": why}},
         {"$set": {"_take": {"$and": ["$_sane", {"$eq": ["$_why", None]}]}}},
         {
             "$set": {
-                "kind": _if("$_take", JOB_KIND, "$kind"),
-                "owner": _if("$_take", "$_v.me", "$owner"),
-                "expiresAt": _if("$_take", _server_plus(_NOW, "$_v.ttl"), "$expiresAt"),
-                "fence": _if("$_take", _NEXT_FENCE, "$fence"),
-                "ttlMs": _if("$_take", "$_v.ttl", "$ttlMs"),
-                "holder": _if("$_take", "$_v.holder", "$holder"),
-                "acquiredAt": _if("$_take", _NOW, "$acquiredAt"),
-                "renewedAt": _if("$_take", _NOW, "$renewedAt"),
+                "kind": cond("$_take", JOB_KIND, "$kind"),
+                "owner": cond("$_take", "$_v.me", "$owner"),
+                "expiresAt": cond("$_take", server_plus(NOW, "$_v.ttl"), "$expiresAt"),
+                "fence": cond("$_take", NEXT_FENCE, "$fence"),
+                "ttlMs": cond("$_take", "$_v.ttl", "$ttlMs"),
+                "holder": cond("$_take", "$_v.holder", "$holder"),
+                "acquiredAt": cond("$_take", NOW, "$acquiredAt"),
+                "renewedAt": cond("$_take", NOW, "$renewedAt"),
                 # A lock's document (a run_once of an earlier version) gets a record only when taken.
-                "job": _if({"$and": ["$_sane", {"$or": ["$_take", _JOB_KIND_IS]}]}, record, "$job"),
+                "job": cond({"$and": ["$_sane", {"$or": ["$_take", _JOB_KIND_IS]}]}, record, "$job"),
             }
         },
         {"$unset": _JOB_TEMPORARY},
@@ -223,7 +232,7 @@ def finish_pipeline(
     """
     error_record = None if error is None else dict(error)
     values = {"me": owner, "outcome": outcome, "error": error_record, "hold": hold_at_least_ms}
-    return [_values(**values), *_JOB_FINISH_STAGES]
+    return [request_values(**values), *_JOB_FINISH_STAGES]
 
 
 def _job_finish_stages() -> tuple[dict[str, Any], ...]:
@@ -235,13 +244,13 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
             {
                 "run": None,
                 "last": {
-                    "$mergeObjects": ["$_j.run", {"endedAt": _NOW, "outcome": "$_v.outcome", "error": "$_v.error"}]
+                    "$mergeObjects": ["$_j.run", {"endedAt": NOW, "outcome": "$_v.outcome", "error": "$_v.error"}]
                 },
-                "lastEndedAt": _NOW,
-                "lastSuccess": _if(succeeded, {"$max": ["$_j.lastSuccess", "$_j.run.startedAt"]}, "$_j.lastSuccess"),
+                "lastEndedAt": NOW,
+                "lastSuccess": cond(succeeded, {"$max": ["$_j.lastSuccess", "$_j.run.startedAt"]}, "$_j.lastSuccess"),
                 "finished": {
                     "$slice": [
-                        {"$concatArrays": [_array_or_empty("$_j.finished"), ["$_v.me"]]},
+                        {"$concatArrays": [array_or_empty("$_j.finished"), ["$_v.me"]]},
                         -_FINISHED_REMEMBERED,
                     ]
                 },
@@ -252,21 +261,21 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": {"$and": [_JOB_SANE, _JOB_KIND_IS]}, "_j": "$job"}},
         {"$set": {"_ours": {"$and": ["$_sane", {"$eq": ["$_j.run.o", "$_v.me"]}]}}},
-        {"$set": {"_own": {"$and": ["$_ours", {"$eq": ["$owner", "$_v.me"]}, {"$gt": ["$expiresAt", _NOW]}]}}},
+        {"$set": {"_own": {"$and": ["$_ours", {"$eq": ["$owner", "$_v.me"]}, {"$gt": ["$expiresAt", NOW]}]}}},
         {
             "$set": {
                 "_record": {"$or": ["$_own", {"$and": ["$_ours", {"$eq": ["$_v.outcome", "lost"]}]}]},
-                "_until": _if({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]}),
+                "_until": cond({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]}),
             }
         },
-        {"$set": {"_keep": {"$and": ["$_own", {"$eq": [{"$type": "$_until"}, "date"]}, {"$gt": ["$_until", _NOW]}]}}},
+        {"$set": {"_keep": {"$and": ["$_own", {"$eq": [{"$type": "$_until"}, "date"]}, {"$gt": ["$_until", NOW]}]}}},
         {
             "$set": {
-                "owner": _if(released, None, "$owner"),
-                "expiresAt": _if("$_own", _if("$_keep", "$_until", _NOW), "$expiresAt"),
-                "releasedAt": _if(released, _NOW, "$releasedAt"),
-                "releasedOwner": _if(released, "$_v.me", "$releasedOwner"),
-                "job": _if("$_record", record, "$job"),
+                "owner": cond(released, None, "$owner"),
+                "expiresAt": cond("$_own", cond("$_keep", "$_until", NOW), "$expiresAt"),
+                "releasedAt": cond(released, NOW, "$releasedAt"),
+                "releasedOwner": cond(released, "$_v.me", "$releasedOwner"),
+                "job": cond("$_record", record, "$job"),
             }
         },
         {"$unset": _JOB_TEMPORARY},

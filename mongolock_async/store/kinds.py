@@ -1,154 +1,149 @@
-"""The kinds of lock document and what a request asks of them: a place in a queue, a permit, a
-renewal; which queries serve a kind (``queries_for``: a lock's, or a document of permits', with the
-same methods), and the check that a document is of the kind asked for (``of_kind``)."""
+"""Which queries serve each kind of lock document: ``KindQueries``, the protocol both kinds'
+queries implement (a lock's, ``MutexQueries``; a document of permits', ``PermitQueries``: a
+semaphore's, a read-write lock's or an election's), ``queries_for`` that picks them, and the
+check that a document is of the kind asked for (``of_kind``)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Protocol
 
-from ..documents import JOB_KIND, LockState
 from ..errors import LockDataError
 from . import expressions, mutex, permit_release, permits
-from .expressions import _LEASE_LIVE
+from .documents import JOB_KIND, LockState
+from .expressions import LEASE_LIVE
+from .requests import Expression, Filter, Permits, Pipeline, PlaceRequest
 
 
-class PlaceRequest(NamedTuple):
-    """What a waiting process asks to be handed: its token, the lease length and who it is.
+class KindQueries(Protocol):
+    """The queries ``LockStore`` sends for one kind of document: each returns what to send (a
+    pipeline, or a filter and a pipeline or an expression), never sends it."""
 
-    ``follower`` is the place for the process's next waiting task: whichever write gives this
-    place the lease queues the follower last in the same write, so the process stays in line
-    without another request.
-    """
+    @property
+    def kind(self) -> str:
+        """The ``kind`` stored in the document (``lock`` for a lock's)."""
+        ...
 
-    token: str
-    ttl_ms: int
-    holder: Mapping[str, Any]
-    follower: PlaceRequest | None = None
-    weight: int = 1
-    """What the place asks for of a semaphore's or read-write lock's limit (see ``Permits``)."""
-    keep_expiry: bool = False
-    """Claim a lease (a permit) handed to the place, or taken for it, without moving its expiry:
-    the place's last request went unanswered, and took or claimed it perhaps. A claim that
-    restarted the expiry, cut off in turn, would keep a lease nobody hears of alive; one after
-    another (each next waiter's, each cut off by its patience), for as long as they came. The
-    claimer counts the lease from the unanswered request's send time instead (its expiry is
-    later than that plus the TTL)."""
+    def acquire(self, place: PlaceRequest, *, enqueue: bool, fair: bool) -> Pipeline:
+        """The pipeline that gives ``place`` the lease (or a permit) if it is free and its turn,
+        else queues it (with ``enqueue``); used with an ``_id`` filter and ``upsert``."""
+        ...
 
+    def release(
+        self, name: str, owner: str, successor: PlaceRequest | None, *, fair: bool, successor_first: bool
+    ) -> tuple[Filter, Pipeline]:
+        """The filter and pipeline of ``owner``'s release (see ``LockStore.release``)."""
+        ...
 
-class Permits(NamedTuple):
-    """What a request for a permit is for: a semaphore's (``kind`` "semaphore", one permit of
-    ``limit``), a read-write lock's (``kind`` "rwlock": a reader weighs 1, a writer the whole
-    ``limit``) or an election's leadership (``kind`` "election", the one permit of a limit of 1).
-    Holders' weights add up to at most ``limit``."""
+    def leave(self, tokens: Sequence[str], *, fair: bool) -> Pipeline:
+        """The pipeline that takes the places of ``tokens`` out of the line (waiters that gave up)."""
+        ...
 
-    kind: str
-    limit: int
-    weight: int = 1
+    def renewal(self, name: str, owner: str, ttl_ms: int, stamp: str) -> tuple[Filter, Pipeline]:
+        """The filter and update that renew ``owner``'s live lease on ``name``."""
+        ...
 
+    def guard(self, name: str, owner: str, fence: int) -> tuple[Filter, Expression]:
+        """The filter of ``owner``'s lease with its fencing token, and whether it is live."""
+        ...
 
-class Renewal(NamedTuple):
-    """A lease (or a permit, with ``permits``) for ``LockStore.renew`` to renew for ``ttl_ms``."""
-
-    name: str
-    owner: str
-    ttl_ms: int
-    permits: Permits | None = None
+    def held(self, name: str, owner: str | None) -> tuple[Filter, Expression]:
+        """The match of ``name``'s document held (by ``owner``), and whether its lease is live."""
+        ...
 
 
 class MutexQueries:
-    """The queries of a lock's document, as ``kinds.queries_for`` hands them out (the permits' have
-    the same methods)."""
+    """The queries of a lock's document (see ``KindQueries``)."""
 
     kind = "lock"
 
-    def acquire(self, place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
+    def acquire(self, place: PlaceRequest, *, enqueue: bool, fair: bool) -> Pipeline:
         return mutex.acquire_pipeline(place, enqueue=enqueue, fair=fair)
 
     def release(
         self, name: str, owner: str, successor: PlaceRequest | None, *, fair: bool, successor_first: bool
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    ) -> tuple[Filter, Pipeline]:
         """The filter and pipeline of ``owner``'s release (see ``LockStore.release``)."""
         query = {"_id": name, "$or": [{"owner": owner}, {"releasedOwner": owner}, {"recentReleases.o": owner}]}
         return query, mutex.release_pipeline(owner, successor, fair=fair, successor_first=successor_first)
 
-    def leave(self, tokens: Sequence[str], *, fair: bool) -> list[dict[str, Any]]:
+    def leave(self, tokens: Sequence[str], *, fair: bool) -> Pipeline:
         return mutex.release_pipeline(None, None, fair=fair, successor_first=False, leaving=tokens)
 
-    def renewal(self, name: str, owner: str, ttl_ms: int, stamp: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def renewal(self, name: str, owner: str, ttl_ms: int, stamp: str) -> tuple[Filter, Pipeline]:
         """The filter and update that renew ``owner``'s live lease on ``name``."""
-        return {"_id": name, "owner": owner}, mutex._renewal(ttl_ms, stamp)
+        return {"_id": name, "owner": owner}, mutex.renewal_pipeline(ttl_ms, stamp)
 
-    def guard(self, name: str, owner: str, fence: int) -> tuple[dict[str, Any], Any]:
+    def guard(self, name: str, owner: str, fence: int) -> tuple[Filter, Expression]:
         """The filter of ``owner``'s lease with its fencing token, and whether it is live."""
-        return {"_id": name, "owner": owner, "fence": fence}, _LEASE_LIVE
+        return {"_id": name, "owner": owner, "fence": fence}, LEASE_LIVE
 
-    def held(self, name: str, owner: str | None) -> tuple[dict[str, Any], Any]:
+    def held(self, name: str, owner: str | None) -> tuple[Filter, Expression]:
         """The match of ``name``'s document held (by ``owner``), and whether its lease is live."""
-        return {"_id": name, "owner": {"$type": "string"} if owner is None else owner}, _LEASE_LIVE
+        return {"_id": name, "owner": {"$type": "string"} if owner is None else owner}, LEASE_LIVE
 
 
 class PermitQueries:
     """The queries of a document of permits, for what ``permits`` asks (one of its permits, or a
-    writer's whole limit): the same methods as ``mutex.MutexQueries``."""
+    writer's whole limit); see ``KindQueries``."""
 
     def __init__(self, permits: Permits) -> None:
         self.permits = permits
         self.kind = permits.kind
 
-    def acquire(self, place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
+    def acquire(self, place: PlaceRequest, *, enqueue: bool, fair: bool) -> Pipeline:
         return permits.acquire_pipeline(place, self.permits, enqueue=enqueue, fair=fair)
 
     def release(
         self, name: str, owner: str, successor: PlaceRequest | None, *, fair: bool, successor_first: bool
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    ) -> tuple[Filter, Pipeline]:
         query = {"_id": name, "$or": [{"holders.o": owner}, {"releasedOwners": owner}]}
         pipeline = permit_release.release_pipeline(
             owner, successor, self.permits, fair=fair, successor_first=successor_first
         )
         return query, pipeline
 
-    def leave(self, tokens: Sequence[str], *, fair: bool) -> list[dict[str, Any]]:
+    def leave(self, tokens: Sequence[str], *, fair: bool) -> Pipeline:
         return permit_release.release_pipeline(
             None, None, self.permits, fair=fair, successor_first=False, leaving=tokens
         )
 
-    def renewal(self, name: str, owner: str, ttl_ms: int, stamp: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        return {"_id": name, "kind": self.kind, "holders.o": owner}, permits._permit_renewal(owner, ttl_ms, stamp)
+    def renewal(self, name: str, owner: str, ttl_ms: int, stamp: str) -> tuple[Filter, Pipeline]:
+        return {"_id": name, "kind": self.kind, "holders.o": owner}, permits.renewal_pipeline(owner, ttl_ms, stamp)
 
-    def guard(self, name: str, owner: str, fence: int) -> tuple[dict[str, Any], Any]:
+    def guard(self, name: str, owner: str, fence: int) -> tuple[Filter, Expression]:
         mine = {"$and": [{"$eq": ["$$this.o", owner]}, {"$eq": ["$$this.fence", fence]}]}
-        holders = permits._live_holders(expressions.SERVER_NOW)
+        holders = permits.live_holders(expressions.SERVER_NOW)
         live = {"$gt": [{"$size": {"$filter": {"input": holders, "cond": mine}}}, 0]}
         return {"_id": name, "holders": {"$elemMatch": {"o": owner, "fence": fence}}}, live
 
-    def held(self, name: str, owner: str | None) -> tuple[dict[str, Any], Any]:
+    def held(self, name: str, owner: str | None) -> tuple[Filter, Expression]:
         """With ``owner``: whether it holds a live permit; without: whether the live holders leave
         no room for a permit of this weight (as ``asyncio.Semaphore.locked``)."""
-        match: dict[str, Any] = {"_id": name, "kind": self.kind}
-        holders = permits._live_holders(expressions.SERVER_NOW)
+        match: Filter = {"_id": name, "kind": self.kind}
+        holders = permits.live_holders(expressions.SERVER_NOW)
         if owner is None:
             limit = {"$ifNull": ["$limit", self.permits.limit]}
-            return match, {"$gt": [{"$add": [permits._weight_of(holders), self.permits.weight]}, limit]}
+            return match, {"$gt": [{"$add": [permits.weight_of(holders), self.permits.weight]}, limit]}
         match["holders.o"] = owner
-        return match, {"$in": [owner, permits._holder_tokens(holders)]}
+        return match, {"$in": [owner, permits.holder_tokens(holders)]}
 
-    def put_first(self, name: str, owner: str, label: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def put_first(self, name: str, owner: str, label: str) -> tuple[Filter, Pipeline]:
         return permits.put_first_pipeline(self.kind, name, owner, label)
 
 
-_MUTEX = MutexQueries()
+_MUTEX: KindQueries = MutexQueries()
 
 
-def queries_for(permits: Permits | None) -> MutexQueries | PermitQueries:
+def queries_for(permits: Permits | None) -> KindQueries:
     """The queries of the kind of document ``permits`` asks of: a lock's without, else a semaphore's,
-    a read-write lock's or an election's (the same methods)."""
+    a read-write lock's or an election's."""
     return _MUTEX if permits is None else _permit_queries(permits)
 
 
 @functools.cache
-def _permit_queries(permits: Permits) -> PermitQueries:
+def _permit_queries(permits: Permits) -> KindQueries:
     return PermitQueries(permits)
 
 

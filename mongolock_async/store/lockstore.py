@@ -19,11 +19,12 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from .._weak import WeakIdentityMap
-from ..documents import JOB_KIND, PERMIT_KINDS, Leadership, LockReport, LockState
+from .._util.weak import WeakIdentityMap
 from . import jobs, reports, sending, streams, views
-from .expressions import _refresh_place, _stamp
-from .kinds import PermitQueries, Permits, PlaceRequest, Renewal, of_kind, queries_for
+from .documents import JOB_KIND, PERMIT_KINDS, Leadership, LockReport, LockState
+from .expressions import new_stamp, refresh_place
+from .kinds import PermitQueries, of_kind, queries_for
+from .requests import Permits, PlaceRequest, Renewal
 
 T = TypeVar("T")
 
@@ -289,7 +290,7 @@ class LockStore:
         transaction that writes a document changed since its snapshot fails with WriteConflict
         (labelled TransientTransactionError), so a takeover before this write aborts the transaction.
         """
-        stamp = _stamp()
+        stamp = new_stamp()
         query, live = queries_for(permits).guard(name, owner, fence)
         doc = await self.send(
             _awaited(
@@ -310,7 +311,7 @@ class LockStore:
     ) -> bool:
         """Give ``owner``'s live lease (or semaphore permit) a new expiry ``ttl_ms`` from now; False
         if it is not live."""
-        update = queries_for(permits).renewal(name, owner, ttl_ms, _stamp())
+        update = queries_for(permits).renewal(name, owner, ttl_ms, new_stamp())
         result = await self.send(_awaited(self._collection.update_one(*update)), bound=bound)
         return bool(result.modified_count)
 
@@ -347,7 +348,7 @@ class LockStore:
         return await self.send(self._renew(leases), bound=bound)
 
     async def _renew(self, leases: Sequence[Renewal]) -> set[tuple[str, str]]:
-        tick = _stamp()
+        tick = new_stamp()
         requests = [
             UpdateOne(*queries_for(lease.permits).renewal(lease.name, lease.owner, lease.ttl_ms, tick))
             for lease in leases
@@ -385,7 +386,7 @@ class LockStore:
 
     async def _refresh_places(self, places: Sequence[tuple[str, str, int]]) -> set[str] | None:
         requests = [
-            UpdateOne({"_id": name, "queue.t": token}, _refresh_place(token, ttl_ms)) for name, token, ttl_ms in places
+            UpdateOne({"_id": name, "queue.t": token}, refresh_place(token, ttl_ms)) for name, token, ttl_ms in places
         ]
         result = await self._collection.bulk_write(requests, ordered=False)
         if result.matched_count == len(places):

@@ -21,38 +21,36 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import expressions
 from .expressions import (
-    _FENCE_OK,
-    _LEASE_FIELDS_SANE,
-    _LEASE_LIVE,
-    _NEXT_FENCE,
-    _NOW,
-    _TEMPORARY,
+    FENCE_OK,
+    LEASE_FIELDS_SANE,
+    LEASE_LIVE,
     MAX_TTL_MS,
-    _array_or_empty,
-    _done_with,
-    _first_or_null,
-    _live_places,
-    _new_place,
-    _not_before,
-    _remember_withdrawals,
-    _server_plus,
-    _tokens,
-    _type_in,
-    _values,
-    _with_place,
-    _without,
+    NEXT_FENCE,
+    NOW,
+    TEMPORARY,
+    array_or_empty,
+    done_with,
+    first_or_null,
+    new_place,
+    not_before,
+    places_without,
+    remember_withdrawals,
+    request_values,
+    server_plus,
+    tokens_of,
+    type_in,
+    unexpired_places,
+    with_place,
 )
+from .requests import PlaceRequest
 
-if TYPE_CHECKING:
-    from .kinds import PlaceRequest
-
-_SANE: dict[str, Any] = {"$and": [_LEASE_FIELDS_SANE, _type_in("$kind", "missing", "null")]}
+_SANE: dict[str, Any] = {"$and": [LEASE_FIELDS_SANE, type_in("$kind", "missing", "null")]}
 """A lock's document (a job's has the same lease fields: see ``_JOB_SANE``)."""
-_LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", _NOW]}]}
+_LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", NOW]}]}
 
 
 def _follow_up(handee: str) -> dict[str, Any]:
@@ -71,8 +69,8 @@ def _follow_up(handee: str) -> dict[str, Any]:
         "t": f"{handee}.n",
         "ttlMs": ttl,
         "holder": f"{handee}.holder",
-        "at": _not_before(f"{handee}.at", _NOW),
-        "exp": _server_plus(_NOW, ttl),
+        "at": not_before(f"{handee}.at", NOW),
+        "exp": server_plus(NOW, ttl),
     }
     return {"$cond": [well_formed, [place], {"$literal": []}]}
 
@@ -91,14 +89,14 @@ def _remember_release() -> dict[str, Any]:
     document had them), without the releases whose leases would have expired by now; unchanged
     unless the release ended our live lease (``$_own``)."""
     still_resendable = {
-        "$filter": {"input": _array_or_empty("$recentReleases"), "cond": {"$gt": ["$$this.until", _NOW]}}
+        "$filter": {"input": array_or_empty("$recentReleases"), "cond": {"$gt": ["$$this.until", NOW]}}
     }
     remembered = {"$concatArrays": [still_resendable, [{"o": "$owner", "until": "$expiresAt"}]]}
     return {"$cond": ["$_own", {"$slice": [remembered, -LOCK_RELEASES_REMEMBERED]}, "$recentReleases"]}
 
 
 _RELEASED_TOKENS: dict[str, Any] = {
-    "$concatArrays": [{"$map": {"input": _array_or_empty("$recentReleases"), "in": "$$this.o"}}, ["$releasedOwner"]]
+    "$concatArrays": [{"$map": {"input": array_or_empty("$recentReleases"), "in": "$$this.o"}}, ["$releasedOwner"]]
 }
 """The owner tokens whose release the document remembers (see ``_remember_release``)."""
 
@@ -108,26 +106,26 @@ def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[
     if place.follower is not None:
         follower = place.follower
         values.update(next=follower.token, nextTtl=follower.ttl_ms, nextHolder=dict(follower.holder))
-    return [_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair, follower=place.follower is not None)]
+    return [request_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair, follower=place.follower is not None)]
 
 
 @functools.cache
 def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[str, Any], ...]:
     me = "$_v.me"
-    my_place = _new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
-    my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
+    my_place = new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
+    my_tokens_index = {"$indexOfArray": [tokens_of("$_q"), me]}
     got_it = {"$or": ["$_claim", "$_take"]}
     # A claim that keeps the expiry (see PlaceRequest.keep_expiry) writes nothing of the lease.
     renewed = {"$or": ["$_take", {"$and": ["$_claim", {"$not": ["$_v.keep"]}]}]}
-    waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
-    taken_queue: Any = _without("$_q", me)
+    waiting_queue: Any = with_place("$_q", me, my_place) if enqueue else "$queue"
+    taken_queue: Any = places_without("$_q", me)
     if follower:
-        follower_place = _new_place("$_v.next", "$_v.nextTtl", "$_v.nextHolder")
-        taken_queue = {"$concatArrays": [_without(taken_queue, "$_v.next"), [follower_place]]}
+        follower_place = new_place("$_v.next", "$_v.nextTtl", "$_v.nextHolder")
+        taken_queue = {"$concatArrays": [places_without(taken_queue, "$_v.next"), [follower_place]]}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _SANE, "_q": _live_places()}},
-        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": _done_with(me, _RELEASED_TOKENS)}},
+        {"$set": {"_sane": _SANE, "_q": unexpired_places()}},
+        {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": done_with(me, _RELEASED_TOKENS)}},
         # Places ahead of ours: all live places if we have none yet.
         {
             "$set": {
@@ -143,12 +141,12 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
         {
             "$set": {
                 "owner": {"$cond": [got_it, me, "$owner"]},
-                "expiresAt": {"$cond": [renewed, _server_plus(_NOW, "$_v.ttl"), "$expiresAt"]},
-                "fence": {"$cond": ["$_take", _NEXT_FENCE, "$fence"]},
+                "expiresAt": {"$cond": [renewed, server_plus(NOW, "$_v.ttl"), "$expiresAt"]},
+                "fence": {"$cond": ["$_take", NEXT_FENCE, "$fence"]},
                 "ttlMs": {"$cond": [renewed, "$_v.ttl", "$ttlMs"]},
                 "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
-                "acquiredAt": {"$cond": ["$_take", _NOW, "$acquiredAt"]},
-                "renewedAt": {"$cond": [renewed, _NOW, "$renewedAt"]},
+                "acquiredAt": {"$cond": ["$_take", NOW, "$acquiredAt"]},
+                "renewedAt": {"$cond": [renewed, NOW, "$renewedAt"]},
                 "queue": {
                     "$cond": [
                         {"$not": ["$_sane"]},
@@ -158,7 +156,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
                 },
             }
         },
-        {"$unset": _TEMPORARY},
+        {"$unset": TEMPORARY},
     )
 
 
@@ -184,7 +182,7 @@ def release_pipeline(
         "successor_first": successor_first,
         "leaving": bool(leaving),
     }
-    return [_values(**values), *_release_stages(**shape)]
+    return [request_values(**values), *_release_stages(**shape)]
 
 
 @functools.cache
@@ -196,28 +194,28 @@ def _release_stages(
     candidates: Any = "$_q"
     handee: Any
     if not successor:
-        handee = _first_or_null("$_q")
+        handee = first_or_null("$_q")
     else:
         next_place = ("$_v.next", "$_v.nextTtl") if follower else None
-        successor_place = _new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
+        successor_place = new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
         # A successor that is done with (its waiters gave up and withdrew it while this release was
         # on its way) is neither handed the lease nor queued: queued, it would be a place nobody
         # waits behind, and the next release would hand the lock to it.
-        candidates = {"$cond": ["$_gone", "$_q", _with_place("$_q", "$_v.successor", successor_place)]}
-        others = _without("$_q", "$_v.successor")
+        candidates = {"$cond": ["$_gone", "$_q", with_place("$_q", "$_v.successor", successor_place)]}
+        others = places_without("$_q", "$_v.successor")
         if fair:
-            handee = _first_or_null(candidates)
+            handee = first_or_null(candidates)
         elif successor_first:
-            handee = {"$cond": ["$_gone", _first_or_null(others), successor_place]}
+            handee = {"$cond": ["$_gone", first_or_null(others), successor_place]}
         else:
             handee = {"$ifNull": [{"$first": [others]}, {"$cond": ["$_gone", None, successor_place]}]}
     # The handee leaves the queue; its follower (if any) joins it last.
-    remaining = {"$concatArrays": [_without(_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
-    live_places: Any = _live_places(excluding="$_v.me")
+    remaining = {"$concatArrays": [places_without(places_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
+    live_places: Any = unexpired_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
     successor_token = "$_v.successor" if successor else None
-    successor_gone = {"_gone": _done_with(successor_token, _RELEASED_TOKENS)} if successor else {}
+    successor_gone = {"_gone": done_with(successor_token, _RELEASED_TOKENS)} if successor else {}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_q": live_places, **successor_gone}},
@@ -235,42 +233,42 @@ def _release_stages(
                 "expiresAt": {
                     "$cond": [
                         "$_own",
-                        {"$cond": ["$_handed", _server_plus(_not_before("$_h.at", _NOW), "$_h.ttlMs"), _NOW]},
+                        {"$cond": ["$_handed", server_plus(not_before("$_h.at", NOW), "$_h.ttlMs"), NOW]},
                         "$expiresAt",
                     ]
                 },
-                "fence": {"$cond": ["$_handed", _NEXT_FENCE, "$fence"]},
+                "fence": {"$cond": ["$_handed", NEXT_FENCE, "$fence"]},
                 "ttlMs": {"$cond": ["$_handed", "$_h.ttlMs", "$ttlMs"]},
                 "holder": {"$cond": ["$_handed", "$_h.holder", "$holder"]},
-                "acquiredAt": {"$cond": ["$_handed", _NOW, "$acquiredAt"]},
-                "renewedAt": {"$cond": ["$_handed", _NOW, "$renewedAt"]},
-                "handedOffAt": {"$cond": ["$_remote", _NOW, "$handedOffAt"]},
+                "acquiredAt": {"$cond": ["$_handed", NOW, "$acquiredAt"]},
+                "renewedAt": {"$cond": ["$_handed", NOW, "$renewedAt"]},
+                "handedOffAt": {"$cond": ["$_remote", NOW, "$handedOffAt"]},
                 # The change stream looks for this field: a new owner token on every hand-off,
                 # where two in one millisecond write the same handedOffAt, which a change event
                 # then leaves out of updatedFields as unchanged.
                 "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
-                "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "releasedAt": {"$cond": ["$_own", NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
                 # A withdrawal passes on a lease handed to a place that gave up: no release of
                 # that token is ever sent again.
                 "recentReleases": "$recentReleases" if leaving else _remember_release(),
-                "withdrawn": {"$cond": ["$_sane", _remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
+                "withdrawn": {"$cond": ["$_sane", remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
                 "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
             }
         },
-        {"$unset": _TEMPORARY},
+        {"$unset": TEMPORARY},
     )
 
 
-def _renewal(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
+def renewal_pipeline(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
     """A new expiry ``ttl_ms`` from now, for a document already matched by name and owner, if its
     lease is still live; else no change at all (so the write does not count as modified)."""
     live = "$_live"
     return [
-        {"$set": {"_live": _LEASE_LIVE}},
+        {"$set": {"_live": LEASE_LIVE}},
         {
             "$set": {
-                "expiresAt": {"$cond": [live, _server_plus(expressions.SERVER_NOW, ttl_ms), "$expiresAt"]},
+                "expiresAt": {"$cond": [live, server_plus(expressions.SERVER_NOW, ttl_ms), "$expiresAt"]},
                 "ttlMs": {"$cond": [live, ttl_ms, "$ttlMs"]},
                 "renewedAt": {"$cond": [live, expressions.SERVER_NOW, "$renewedAt"]},
                 "renewal": {"$cond": [live, {"$literal": stamp}, "$renewal"]},
@@ -288,7 +286,7 @@ def force_release_pipeline(stamp: str, *, repair: bool, live: bool = True) -> li
     now = expressions.SERVER_NOW
     broken = "$_break"
     corrupt = {"$not": [FORCE_SANE]}
-    breaks: Any = ({"$or": [corrupt, _LEASE_LIVE]} if live else corrupt) if repair else _LEASE_LIVE
+    breaks: Any = ({"$or": [corrupt, LEASE_LIVE]} if live else corrupt) if repair else LEASE_LIVE
     record = {"by": stamp, "at": now, "owner": "$owner", "holder": "$holder", "fence": "$fence"}
     return [
         {"$set": {"_break": breaks}},
@@ -298,7 +296,7 @@ def force_release_pipeline(stamp: str, *, repair: bool, live: bool = True) -> li
                 "owner": {"$cond": [broken, None, "$owner"]},
                 "expiresAt": {"$cond": [broken, now, "$expiresAt"]},
                 "releasedAt": {"$cond": [broken, now, "$releasedAt"]},
-                "fence": {"$cond": [{"$or": [{"$not": [broken]}, _FENCE_OK]}, "$fence", {"$literal": 0}]},
+                "fence": {"$cond": [{"$or": [{"$not": [broken]}, FENCE_OK]}, "$fence", {"$literal": 0}]},
                 "queue": {"$cond": [{"$or": [{"$not": [broken]}, {"$isArray": "$queue"}]}, "$queue", []]},
             }
         },
@@ -309,5 +307,5 @@ def force_release_pipeline(stamp: str, *, repair: bool, live: bool = True) -> li
 # A lock's or a job's lease fields in the shapes written here: a job's lease is a lock's (its record
 # stays when its lease is broken: the run shows as lost).
 FORCE_SANE: dict[str, Any] = {
-    "$and": [_LEASE_FIELDS_SANE, {"$or": [_type_in("$kind", "missing", "null"), {"$eq": ["$kind", "job"]}]}]
+    "$and": [LEASE_FIELDS_SANE, {"$or": [type_in("$kind", "missing", "null"), {"$eq": ["$kind", "job"]}]}]
 }

@@ -11,38 +11,36 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..documents import MAX_PERMITS
 from . import expressions
+from .documents import MAX_PERMITS
 from .expressions import (
-    _NEXT_FENCE_IF_SANE,
-    _NOW,
-    _TEMPORARY,
-    _array_or_empty,
-    _live_places,
-    _new_place,
-    _not_before,
-    _remember_withdrawals,
-    _stamp,
-    _tokens,
-    _values,
-    _with_place,
-    _without,
+    NEXT_FENCE_IF_SANE,
+    NOW,
+    TEMPORARY,
+    array_or_empty,
+    new_place,
+    new_stamp,
+    not_before,
+    places_without,
+    remember_withdrawals,
+    request_values,
+    tokens_of,
+    unexpired_places,
+    with_place,
 )
 from .permits import (
-    _LIVE_HOLDERS,
-    _NEW_DOCUMENT,
-    _holder_tokens,
-    _latest_expiry,
-    _new_permit,
-    _permits_sane,
-    _weight,
-    _weight_of,
+    LIVE_HOLDERS,
+    NEW_DOCUMENT,
+    entry_weight,
+    holder_tokens,
+    latest_expiry,
+    permit_entry,
+    permits_sane,
+    weight_of,
 )
-
-if TYPE_CHECKING:
-    from .kinds import Permits, PlaceRequest
+from .requests import Permits, PlaceRequest
 
 
 def release_pipeline(
@@ -57,7 +55,7 @@ def release_pipeline(
     """Return ``owner``'s permit and hand the weight it frees on, as ``_release_pipeline`` does a
     lock's lease; with ``leaving``, withdraw those places, and hand on a permit handed to one of
     them meanwhile."""
-    values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": _stamp(), "kind": permits.kind}
+    values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": new_stamp(), "kind": permits.kind}
     if successor is not None:
         values.update(
             successor=successor.token,
@@ -66,7 +64,7 @@ def release_pipeline(
             successorWeight=successor.weight,
         )
     shape = {"successor": successor is not None, "fair": fair, "successor_first": successor_first}
-    return [_values(**values), *_release_stages(**shape, leaving=bool(leaving))]
+    return [request_values(**values), *_release_stages(**shape, leaving=bool(leaving))]
 
 
 # Released owner tokens a document remembers, so that a release sent again after a lost reply
@@ -108,7 +106,7 @@ def _joined(tokens: Any) -> dict[str, Any]:
 def _fitting_count(places: Any, room: Any) -> dict[str, Any]:
     """How many of ``places``, from the first, fit in ``room`` together (the longest such run).
     Only numbers are carried from one place to the next."""
-    fits = {"$and": ["$$value.open", {"$lte": [_weight("$$this"), "$$value.left"]}]}
+    fits = {"$and": ["$$value.open", {"$lte": [entry_weight("$$this"), "$$value.left"]}]}
     run = {
         "$reduce": {
             "input": places,
@@ -117,7 +115,7 @@ def _fitting_count(places: Any, room: Any) -> dict[str, Any]:
                 "$cond": [
                     fits,
                     {
-                        "left": {"$subtract": ["$$value.left", _weight("$$this")]},
+                        "left": {"$subtract": ["$$value.left", entry_weight("$$this")]},
                         "n": {"$add": ["$$value.n", 1]},
                         "open": True,
                     },
@@ -165,19 +163,19 @@ def _release_stages(
     candidates: Any = "$_q"
     if successor:
         successor_place = {
-            **_new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder"),
+            **new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder"),
             "w": "$_v.successorWeight",
         }
-        candidates = _with_place("$_q", "$_v.successor", successor_place)
+        candidates = with_place("$_q", "$_v.successor", successor_place)
     candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
     order: Any = "$_c"
     # Where the successor stands in _c (-1: nowhere, or not moved), for the remaining queue below.
     successor_at: Any = -1
     if successor and not fair:
         mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
-        others = _without("$_c", "$_v.successor")
+        others = places_without("$_c", "$_v.successor")
         order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
-        successor_at = {"$indexOfArray": [_tokens("$_c"), "$_v.successor"]}
+        successor_at = {"$indexOfArray": [tokens_of("$_c"), "$_v.successor"]}
     # The queue after the hand-off, in _c's order: the candidates whose place in the hand-off order
     # is past the ones handed (the first _r.k of that order). Where the handed ones are the first of
     # _c too (the successor not moved), a slice; else the rest picked by index.
@@ -205,7 +203,7 @@ def _release_stages(
             },
         }
     }
-    live_places: Any = _live_places(excluding="$_v.me")
+    live_places: Any = unexpired_places(excluding="$_v.me")
     if leaving:
         live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
     successor_token = "$_v.successor" if successor else None
@@ -216,20 +214,20 @@ def _release_stages(
             "in": {
                 "$let": {
                     "vars": {"h": {"$arrayElemAt": ["$_hand", "$$i"]}},
-                    "in": _new_permit(
+                    "in": permit_entry(
                         "$$h.t",
                         "$$h.ttlMs",
                         "$$h.holder",
                         {"$add": ["$_nf", "$$i"]},
-                        _weight("$$h"),
-                        start=_not_before("$$h.at", _NOW),
+                        entry_weight("$$h"),
+                        start=not_before("$$h.at", NOW),
                     ),
                 }
             },
         }
     }
-    remote = {"$filter": {"input": _tokens("$_r.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
-    room = {"$subtract": ["$limit", _weight_of("$_rest")]}
+    remote = {"$filter": {"input": tokens_of("$_r.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+    room = {"$subtract": ["$limit", weight_of("$_rest")]}
     fitting = {"$cond": ["$_own", _fitting_count("$$o", room), 0]}
     handed_off = {
         "$let": {
@@ -244,12 +242,12 @@ def _release_stages(
     nobody_blocks: Any = {"$eq": [{"$size": "$_c"}, 0]} if fair else True
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": {"$and": [_permits_sane("$_v.kind"), {"$eq": ["$kind", "$_v.kind"]}]}}},
+        {"$set": {"_sane": {"$and": [permits_sane("$_v.kind"), {"$eq": ["$kind", "$_v.kind"]}]}}},
         {
             "$set": {
                 "_q": live_places,
-                "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]},
-                "_nf": _NEXT_FENCE_IF_SANE,
+                "_hs": {"$cond": ["$_sane", LIVE_HOLDERS, []]},
+                "_nf": NEXT_FENCE_IF_SANE,
             }
         },
         {
@@ -262,9 +260,9 @@ def _release_stages(
             "$set": {
                 "_held": {
                     "$concatArrays": [
-                        _holder_tokens("$_rest"),
-                        _array_or_empty("$releasedOwners"),
-                        _array_or_empty("$withdrawn"),
+                        holder_tokens("$_rest"),
+                        array_or_empty("$releasedOwners"),
+                        array_or_empty("$withdrawn"),
                     ]
                 }
             }
@@ -282,7 +280,7 @@ def _release_stages(
                     "$cond": ["$_own", {"$concatArrays": ["$_rest", handed_permits]}, "$holders"],
                 },
                 "fence": {"$cond": ["$_handed", {"$add": ["$_nf", {"$size": "$_hand"}, -1]}, "$fence"]},
-                "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _NOW, "$handedOffAt"]},
+                "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, NOW, "$handedOffAt"]},
                 # The change stream looks for the tokens of the places handed to, in one string: a
                 # change event reports a changed array element by element ("handedOffTo.0"), which a
                 # filter on the field would miss; a string is reported whole. Written when another
@@ -290,15 +288,15 @@ def _release_stages(
                 # successor too): a process that finds its token alone there takes the document's
                 # fence as its permit's, which holds only when one permit was handed.
                 "handedOffTo": {
-                    "$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined(_tokens("$_hand")), "$handedOffTo"]
+                    "$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, _joined(tokens_of("$_hand")), "$handedOffTo"]
                 },
                 # What the change stream wakes other processes' waiters with: a value new on every
                 # release that frees a permit without handing it on, and that a waiter could take.
                 "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}, nobody_blocks]}, "$_v.stamp", "$freed"]},
-                "releasedAt": {"$cond": ["$_own", _NOW, "$releasedAt"]},
+                "releasedAt": {"$cond": ["$_own", NOW, "$releasedAt"]},
                 # Remembered on a document not written yet too (the withdrawal upserts it): the
                 # attempt it withdraws may create it later.
-                "withdrawn": {"$cond": [{"$or": ["$_sane", _NEW_DOCUMENT]}, _remember_withdrawals(), "$withdrawn"]}
+                "withdrawn": {"$cond": [{"$or": ["$_sane", NEW_DOCUMENT]}, remember_withdrawals(), "$withdrawn"]}
                 if leaving
                 else "$withdrawn",
                 "releasedOwners": {
@@ -322,6 +320,6 @@ def _release_stages(
                 },
             }
         },
-        {"$set": {"expiresAt": {"$cond": ["$_own", _latest_expiry(_NOW), "$expiresAt"]}}},
-        {"$unset": _TEMPORARY},
+        {"$set": {"expiresAt": {"$cond": ["$_own", latest_expiry(NOW), "$expiresAt"]}}},
+        {"$unset": TEMPORARY},
     )

@@ -17,45 +17,43 @@ turn.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..documents import MAX_FENCE, MAX_PERMITS
 from . import expressions
+from .documents import MAX_FENCE, MAX_PERMITS
 from .expressions import (
-    _EXPIRY_HORIZON_MS,
-    _FENCE_OK,
-    _NEXT_FENCE_IF_SANE,
-    _NOW,
-    _TEMPORARY,
-    _array_or_empty,
-    _done_with,
-    _live_places,
-    _new_place,
-    _server_plus,
-    _tokens,
-    _type_in,
-    _values,
-    _with_place,
-    _without,
+    EXPIRY_HORIZON_MS,
+    FENCE_OK,
+    NEXT_FENCE_IF_SANE,
+    NOW,
+    TEMPORARY,
+    array_or_empty,
+    done_with,
+    new_place,
+    places_without,
+    request_values,
+    server_plus,
+    tokens_of,
+    type_in,
+    unexpired_places,
+    with_place,
 )
-
-if TYPE_CHECKING:
-    from .kinds import Permits, PlaceRequest
+from .requests import Permits, PlaceRequest
 
 _HOLDER_WELL_FORMED: dict[str, Any] = {
     "$and": [
         {"$eq": [{"$type": "$$this.o"}, "string"]},
         {"$eq": [{"$type": "$$this.exp"}, "date"]},
-        {"$lte": ["$$this.exp", _server_plus(expressions.SERVER_NOW, _EXPIRY_HORIZON_MS)]},
-        _type_in("$$this.fence", "int", "long"),
+        {"$lte": ["$$this.exp", server_plus(expressions.SERVER_NOW, EXPIRY_HORIZON_MS)]},
+        type_in("$$this.fence", "int", "long"),
         {"$gte": ["$$this.fence", 0]},
         {"$lt": ["$$this.fence", MAX_FENCE]},
         {
             "$or": [
-                _type_in("$$this.w", "missing", "null"),
+                type_in("$$this.w", "missing", "null"),
                 {
                     "$and": [
-                        _type_in("$$this.w", "int", "long"),
+                        type_in("$$this.w", "int", "long"),
                         {"$gte": ["$$this.w", 1]},
                         {"$lte": ["$$this.w", MAX_PERMITS]},
                     ]
@@ -66,34 +64,34 @@ _HOLDER_WELL_FORMED: dict[str, Any] = {
 }
 
 
-_NEW_DOCUMENT: dict[str, Any] = {
+NEW_DOCUMENT: dict[str, Any] = {
     "$and": [
-        _type_in("$kind", "missing"),
-        _type_in("$owner", "missing"),
-        _type_in("$fence", "missing"),
-        _type_in("$holders", "missing"),
+        type_in("$kind", "missing"),
+        type_in("$owner", "missing"),
+        type_in("$fence", "missing"),
+        type_in("$holders", "missing"),
     ]
 }
 """A document no lock, semaphore or read-write lock wrote yet (the upsert's bare _id, or one that
 records only withdrawals)."""
 
 
-def _permits_sane(kind: Any) -> dict[str, Any]:
+def permits_sane(kind: Any) -> dict[str, Any]:
     """A document of ``kind`` with the fields its decisions read in the shapes written here, or a
     new document (the upsert's bare _id). A document of another kind, or one edited into another
     shape, is left as it is, and the caller raises LockDataError from LockState parsing."""
     return {
         "$or": [
-            _NEW_DOCUMENT,
+            NEW_DOCUMENT,
             {
                 "$and": [
                     {"$eq": ["$kind", kind]},
-                    _type_in("$limit", "int", "long"),
+                    type_in("$limit", "int", "long"),
                     {"$gte": ["$limit", 1]},
                     {"$lte": ["$limit", MAX_PERMITS]},
-                    _type_in("$owner", "missing", "null"),
-                    _FENCE_OK,
-                    _type_in("$queue", "missing", "null", "array"),
+                    type_in("$owner", "missing", "null"),
+                    FENCE_OK,
+                    type_in("$queue", "missing", "null", "array"),
                     {"$isArray": "$holders"},
                     {
                         "$eq": [
@@ -107,48 +105,48 @@ def _permits_sane(kind: Any) -> dict[str, Any]:
     }
 
 
-def _live_holders(now: Any) -> dict[str, Any]:
+def live_holders(now: Any) -> dict[str, Any]:
     """The holders whose permits have not expired at ``now``."""
     return {
         "$filter": {
-            "input": _array_or_empty("$holders"),
+            "input": array_or_empty("$holders"),
             "cond": {"$gt": ["$$this.exp", now]},
         }
     }
 
 
-_LIVE_HOLDERS = _live_holders(_NOW)
+LIVE_HOLDERS = live_holders(NOW)
 
 
-def _weight(entry: str) -> dict[str, Any]:
+def entry_weight(entry: str) -> dict[str, Any]:
     """The weight of a holder or place (``$$this``, say): 1 unless it says otherwise."""
     return {"$ifNull": [f"{entry}.w", 1]}
 
 
-def _weight_of(holders: Any) -> dict[str, Any]:
-    return {"$sum": {"$map": {"input": holders, "in": _weight("$$this")}}}
+def weight_of(holders: Any) -> dict[str, Any]:
+    return {"$sum": {"$map": {"input": holders, "in": entry_weight("$$this")}}}
 
 
-def _latest_expiry(now: Any) -> dict[str, Any]:
+def latest_expiry(now: Any) -> dict[str, Any]:
     """``expiresAt`` of the document: its latest permit's expiry, or ``now`` (what the idle cleanup
     index counts from)."""
     return {"$max": [now, {"$max": {"$map": {"input": "$holders", "in": "$$this.exp"}}}]}
 
 
-def _holder_tokens(holders: Any) -> dict[str, Any]:
+def holder_tokens(holders: Any) -> dict[str, Any]:
     return {"$map": {"input": holders, "in": "$$this.o"}}
 
 
-def _new_permit(token: Any, ttl: Any, holder: Any, fence: Any, weight: Any, start: Any = _NOW) -> dict[str, Any]:
+def permit_entry(token: Any, ttl: Any, holder: Any, fence: Any, weight: Any, start: Any = NOW) -> dict[str, Any]:
     return {
         "o": token,
         "w": weight,
-        "exp": _server_plus(start, ttl),
+        "exp": server_plus(start, ttl),
         "fence": fence,
         "ttlMs": ttl,
         "holder": holder,
-        "at": _NOW,
-        "renewedAt": _NOW,
+        "at": NOW,
+        "renewedAt": NOW,
     }
 
 
@@ -168,7 +166,7 @@ def acquire_pipeline(
 ) -> list[dict[str, Any]]:
     """The acquire of a permit (a semaphore's or a read-write lock's): see ``_acquire_stages``."""
     values = {**_permit_values(place, permits), "keep": place.keep_expiry}
-    return [_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair)]
+    return [request_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair)]
 
 
 @functools.cache
@@ -177,9 +175,9 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
     holders' weights leave room for ours under the request's ``limit`` (and, with ``fair``, no
     older place waits); else queue."""
     me = "$_v.me"
-    my_place = {**_new_place(me, "$_v.ttl", "$_v.holder"), "w": "$_v.weight"}
-    my_tokens_index = {"$indexOfArray": [_tokens("$_q"), me]}
-    waiting_queue: Any = _with_place("$_q", me, my_place) if enqueue else "$queue"
+    my_place = {**new_place(me, "$_v.ttl", "$_v.holder"), "w": "$_v.weight"}
+    my_tokens_index = {"$indexOfArray": [tokens_of("$_q"), me]}
+    waiting_queue: Any = with_place("$_q", me, my_place) if enqueue else "$queue"
     renewed_mine = {
         "$map": {
             "input": "$_hs",
@@ -189,7 +187,7 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
                     {
                         "$mergeObjects": [
                             "$$this",
-                            {"exp": _server_plus(_NOW, "$_v.ttl"), "ttlMs": "$_v.ttl", "renewedAt": _NOW},
+                            {"exp": server_plus(NOW, "$_v.ttl"), "ttlMs": "$_v.ttl", "renewedAt": NOW},
                         ]
                     },
                     "$$this",
@@ -197,19 +195,19 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
             },
         }
     }
-    new_permit = _new_permit(me, "$_v.ttl", "$_v.holder", "$_nf", "$_v.weight")
+    new_permit = permit_entry(me, "$_v.ttl", "$_v.holder", "$_nf", "$_v.weight")
     got_it = {"$or": ["$_claim", "$_take"]}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _permits_sane("$_v.kind")}},
-        {"$set": {"_q": _live_places(), "_hs": {"$cond": ["$_sane", _LIVE_HOLDERS, []]}}},
+        {"$set": {"_sane": permits_sane("$_v.kind")}},
+        {"$set": {"_q": unexpired_places(), "_hs": {"$cond": ["$_sane", LIVE_HOLDERS, []]}}},
         {
             "$set": {
-                "_mine": {"$in": [me, _holder_tokens("$_hs")]},
-                "_gone": _done_with(me, _array_or_empty("$releasedOwners")),
+                "_mine": {"$in": [me, holder_tokens("$_hs")]},
+                "_gone": done_with(me, array_or_empty("$releasedOwners")),
                 "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
-                "_nf": _NEXT_FENCE_IF_SANE,
-                "_room": {"$lte": [{"$add": [_weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
+                "_nf": NEXT_FENCE_IF_SANE,
+                "_room": {"$lte": [{"$add": [weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
             }
         },
         {
@@ -243,22 +241,22 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {"$cond": [got_it, _without("$_q", me), {"$cond": ["$_gone", "$_q", waiting_queue]}]},
+                        {"$cond": [got_it, places_without("$_q", me), {"$cond": ["$_gone", "$_q", waiting_queue]}]},
                     ]
                 },
             }
         },
-        {"$set": {"expiresAt": {"$cond": ["$_sane", _latest_expiry(_NOW), "$expiresAt"]}}},
-        {"$unset": _TEMPORARY},
+        {"$set": {"expiresAt": {"$cond": ["$_sane", latest_expiry(NOW), "$expiresAt"]}}},
+        {"$unset": TEMPORARY},
     )
 
 
-def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
+def renewal_pipeline(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
     """A new expiry for ``owner``'s permit if it is still live; else no change at all (so the write
     does not count as modified)."""
     now = expressions.SERVER_NOW
     live = {"$and": [{"$eq": ["$$this.o", {"$literal": owner}]}, {"$gt": ["$$this.exp", now]}]}
-    renewed = {"exp": _server_plus(now, ttl_ms), "ttlMs": ttl_ms, "renewedAt": now, "r": stamp}
+    renewed = {"exp": server_plus(now, ttl_ms), "ttlMs": ttl_ms, "renewedAt": now, "r": stamp}
     return [
         {
             "$set": {
@@ -286,7 +284,7 @@ def _permit_renewal(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]
                 }
             }
         },
-        {"$set": {"expiresAt": {"$cond": ["$_live", _latest_expiry(expressions.SERVER_NOW), "$expiresAt"]}}},
+        {"$set": {"expiresAt": {"$cond": ["$_live", latest_expiry(expressions.SERVER_NOW), "$expiresAt"]}}},
         {"$unset": "_live"},
     ]
 
@@ -297,14 +295,14 @@ def force_release_pipeline(stamp: str, owner: str | None, *, live: bool = True) 
     document's permits are all broken and its fields reset."""
     chosen: Any = live if owner is None else {"$eq": ["$$this.o", {"$literal": owner}]}
     return [
-        {"$set": {"_now": expressions.SERVER_NOW, "_sane": _permits_sane("$kind")}},
+        {"$set": {"_now": expressions.SERVER_NOW, "_sane": permits_sane("$kind")}},
         {
             "$set": {
                 "_broken": {
                     "$cond": [
                         "$_sane",
-                        {"$filter": {"input": _LIVE_HOLDERS, "cond": chosen}},
-                        _array_or_empty("$holders"),
+                        {"$filter": {"input": LIVE_HOLDERS, "cond": chosen}},
+                        array_or_empty("$holders"),
                     ]
                 }
             }
@@ -313,16 +311,16 @@ def force_release_pipeline(stamp: str, owner: str | None, *, live: bool = True) 
         {
             "$set": {
                 "forcedRelease": {
-                    "$cond": ["$_break", {"by": stamp, "at": _NOW, "permits": "$_broken"}, "$forcedRelease"]
+                    "$cond": ["$_break", {"by": stamp, "at": NOW, "permits": "$_broken"}, "$forcedRelease"]
                 },
                 "holders": {
-                    "$cond": ["$_sane", {"$filter": {"input": _LIVE_HOLDERS, "cond": {"$not": [chosen]}}}, []]
+                    "$cond": ["$_sane", {"$filter": {"input": LIVE_HOLDERS, "cond": {"$not": [chosen]}}}, []]
                 },
                 "limit": {"$cond": ["$_sane", "$limit", 1]},
-                "fence": {"$cond": [_FENCE_OK, "$fence", {"$literal": 0}]},
-                "queue": _array_or_empty("$queue"),
+                "fence": {"$cond": [FENCE_OK, "$fence", {"$literal": 0}]},
+                "queue": array_or_empty("$queue"),
                 "freed": {"$cond": ["$_break", stamp, "$freed"]},
-                "releasedAt": {"$cond": ["$_break", _NOW, "$releasedAt"]},
+                "releasedAt": {"$cond": ["$_break", NOW, "$releasedAt"]},
             }
         },
         {"$unset": ["_now", "_sane", "_broken", "_break"]},
@@ -341,7 +339,7 @@ def put_first_pipeline(kind: str, name: str, owner: str, label: str) -> tuple[di
         ]
     }
     rest = {"$filter": {"input": "$queue", "cond": {"$ne": ["$$this.t", "$_chosen.t"]}}}
-    chosen = {"$first": [{"$filter": {"input": _array_or_empty("$queue"), "cond": labelled}}]}
+    chosen = {"$first": [{"$filter": {"input": array_or_empty("$queue"), "cond": labelled}}]}
     moved = {"$concatArrays": [["$_chosen"], rest]}
     return query, [
         {"$set": {"_chosen": chosen}},

@@ -27,12 +27,11 @@ from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from .expressions import SERVER_NOW, _array_or_empty
-from .kinds import PlaceRequest
+from .expressions import SERVER_NOW, array_or_empty
 from .lockstore import LockStore
 from .mutex import acquire_pipeline, release_pipeline
-from .sending import _DECIDING_FIELDS
-from .sending import maybe_await as _maybe_await
+from .requests import PlaceRequest
+from .sending import DECIDING_FIELDS, maybe_await
 
 SCRATCH_PREFIX = "mongolock-check-"
 """How every scratch lock name of ``mongolock check`` starts (then a random part and ``:``)."""
@@ -150,7 +149,7 @@ class DeploymentProbe:
             {"$facet": {"n": [{"$count": "n"}]}},
             {"$project": {"_id": 0, "now": SERVER_NOW}},
         ]
-        cursor = await _maybe_await(collection.aggregate(pipeline))
+        cursor = await maybe_await(collection.aggregate(pipeline))
         documents = await cursor.to_list(None)
         now = documents[0]["now"] if documents else None
         if not isinstance(now, datetime):
@@ -192,13 +191,13 @@ class DeploymentProbe:
 
     async def read_in_transaction(self) -> None:
         """Read one document inside a transaction and commit it: whether transactions work here."""
-        session = await _maybe_await(self.client.start_session())
+        session = await maybe_await(self.client.start_session())
         try:
-            await _maybe_await(session.start_transaction())
+            await maybe_await(session.start_transaction())
             await self.collection.find_one({}, {"_id": 1}, session=session)
             await session.commit_transaction()
         finally:
-            await _maybe_await(session.end_session())
+            await maybe_await(session.end_session())
 
     # -- privileges, tried without leaving anything written -------------------------------------------
 
@@ -207,7 +206,7 @@ class DeploymentProbe:
 
     async def try_change_stream(self) -> None:
         pipeline = [{"$match": {"documentKey._id": "mongolock-check: nothing"}}]
-        stream = await _maybe_await(self.collection.watch(pipeline))
+        stream = await maybe_await(self.collection.watch(pipeline))
         await stream.close()
 
     async def try_list_collections(self) -> bool:
@@ -217,7 +216,7 @@ class DeploymentProbe:
 
     async def try_list_indexes(self) -> list[dict[str, Any]]:
         """The collection's indexes (``listIndexes``)."""
-        cursor = await _maybe_await(self.collection.list_indexes())
+        cursor = await maybe_await(self.collection.list_indexes())
         indexes: list[dict[str, Any]] = await cursor.to_list(None)
         return indexes
 
@@ -235,9 +234,9 @@ class DeploymentProbe:
         """Send one write of ``action`` ("insert", "update" or "remove") on the scratch lock ``name``
         in a transaction, then abort it: the server checks the action when the command arrives, and
         the abort discards whatever it wrote."""
-        session = await _maybe_await(self.client.start_session())
+        session = await maybe_await(self.client.start_session())
         try:
-            await _maybe_await(session.start_transaction())
+            await maybe_await(session.start_transaction())
             try:
                 if action == "insert":
                     await self.collection.insert_one({"_id": name}, session=session)
@@ -251,7 +250,7 @@ class DeploymentProbe:
                 with contextlib.suppress(OperationFailure):  # a refused write may have ended it already
                     await session.abort_transaction()
         finally:
-            await _maybe_await(session.end_session())
+            await maybe_await(session.end_session())
 
     async def try_update_nothing(self, name: str) -> None:
         """An update of the scratch lock ``name``, which does not exist: checked, matches nothing."""
@@ -297,13 +296,13 @@ class DeploymentProbe:
                                     0,
                                 ]
                             },
-                            {"$size": {"$filter": {"input": _array_or_empty("$holders"), "cond": holder_expired}}},
+                            {"$size": {"$filter": {"input": array_or_empty("$holders"), "cond": holder_expired}}},
                         ]
                     },
                 }
             },
         ]
-        cursor = await _maybe_await(collection.aggregate(pipeline))
+        cursor = await maybe_await(collection.aggregate(pipeline))
         documents: list[dict[str, Any]] = await cursor.to_list(None)
         own = await collection.count_documents({"_id": _prefix_range(own_prefix)})
         return ScannedDocuments(total - earlier_scratch, documents, earlier_scratch - own)
@@ -325,7 +324,7 @@ class DeploymentProbe:
         place if the lock were held, and a release), built by the store's own pipeline builders and
         sent straight through ``Database.command``: the library's cost without the library."""
         owner = secrets.token_hex(16)
-        common = {"fields": _DECIDING_FIELDS, "new": True, "writeConcern": _MAJORITY.document}
+        common = {"fields": DECIDING_FIELDS, "new": True, "writeConcern": _MAJORITY.document}
         await self.database.command(
             {
                 "findAndModify": self.collection.name,

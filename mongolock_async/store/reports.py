@@ -14,11 +14,12 @@ from typing import Any
 
 from pymongo import ReturnDocument
 
-from ..documents import PERMIT_KINDS, Leadership, LockReport, LockState
 from ..errors import LockDataError
 from . import expressions, mutex, permits
-from .expressions import _LEASE_LIVE, _int_or_none, _mapping_or_empty, _stamp
-from .kinds import Permits, of_kind, queries_for
+from .documents import PERMIT_KINDS, Leadership, LockReport, LockState
+from .expressions import LEASE_LIVE, int_or_none, mapping_or_empty, new_stamp
+from .kinds import of_kind, queries_for
+from .requests import Permits
 from .sending import maybe_await
 
 
@@ -49,7 +50,7 @@ async def read(reads: Any, name: str) -> LockState | None:
 
 def _report_pipeline(match: dict[str, Any]) -> list[dict[str, Any]]:
     now = expressions.SERVER_NOW
-    dated = {"$filter": {"input": permits._live_holders(now), "cond": {"$eq": [{"$type": "$$this.exp"}, "date"]}}}
+    dated = {"$filter": {"input": permits.live_holders(now), "cond": {"$eq": [{"$type": "$$this.exp"}, "date"]}}}
     live_permits_left = {"$map": {"input": dated, "in": ["$$this.o", {"$subtract": ["$$this.exp", now]}]}}
     return [
         {"$match": match},
@@ -57,7 +58,7 @@ def _report_pipeline(match: dict[str, Any]) -> list[dict[str, Any]]:
         {
             "$addFields": {
                 "_serverNow": now,
-                "_remainingMs": {"$cond": [_LEASE_LIVE, {"$subtract": ["$expiresAt", now]}, None]},
+                "_remainingMs": {"$cond": [LEASE_LIVE, {"$subtract": ["$expiresAt", now]}, None]},
                 # A semaphore's live permits: [owner token, milliseconds left] (left as they are on a
                 # corrupt document, whose parsing reports it).
                 "_permitsLeft": {"$cond": [{"$in": ["$kind", list(PERMIT_KINDS)]}, live_permits_left, []]},
@@ -151,7 +152,7 @@ def _parsed_report(doc: dict[str, Any]) -> LockReport:
         left = {token: int(ms) for token, ms in permits_left or ()}
         longest = max(left.values(), default=None)
         return LockReport(state.name, state, longest, permits_left_ms=left, server_time=server_time)
-    return LockReport(state.name, state, _int_or_none(remaining), server_time=server_time)
+    return LockReport(state.name, state, int_or_none(remaining), server_time=server_time)
 
 
 _LEADERSHIP = Permits("election", 1)
@@ -223,7 +224,7 @@ async def force_release_lease(
 ) -> ForcedRelease | None:
     """Break the live lease of the lock (or job) ``name``, or only ``owner``'s (then never a corrupt
     document's repair); without ``live``, only repair a corrupt document. What was broken, or None."""
-    stamp = _stamp()
+    stamp = new_stamp()
     # With an owner: only that owner's lease, and never a corrupt document's "repair".
     selected = {} if owner is None else {"owner": owner, "$expr": mutex.FORCE_SANE}
     doc = await collection.find_one_and_update(
@@ -248,9 +249,9 @@ async def force_release_permits(
 ) -> ForcedRelease | None:
     """Break every live permit of ``name``, or only the one of ``owner`` (a whole owner token);
     without ``live``, only repair a corrupt document."""
-    stamp = _stamp()
+    stamp = new_stamp()
     # Only a document that still lists that permit, and never a corrupt one's "repair".
-    selected = {} if owner is None else {"holders.o": owner, "$expr": permits._permits_sane("$kind")}
+    selected = {} if owner is None else {"holders.o": owner, "$expr": permits.permits_sane("$kind")}
     doc = await collection.find_one_and_update(
         {"_id": name, "kind": {"$in": list(PERMIT_KINDS)}, **selected},
         permits.force_release_pipeline(stamp, owner, live=live),
@@ -266,7 +267,7 @@ async def force_release_permits(
         holder={},
         fencing_token=None,
         permits=tuple(
-            (str(entry.get("o")), _mapping_or_empty(entry.get("holder")), _int_or_none(entry.get("fence")))
+            (str(entry.get("o")), mapping_or_empty(entry.get("holder")), int_or_none(entry.get("fence")))
             for entry in broken
         ),
     )

@@ -35,9 +35,9 @@ from pymongo.errors import (
 from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 
-from .._diagnosis import cause_of, retrying_cannot_fix
-from .._shield import DRIVER_DEADLINE_AFTER_CUT, RequestTimeout, run_shielded
-from .._weak import WeakIdentityMap
+from .._util.diagnosis import cause_of, retrying_cannot_fix
+from .._util.shield import DRIVER_DEADLINE_AFTER_CUT, RequestTimeout, run_shielded
+from .._util.weak import WeakIdentityMap
 from ..errors import ServerTooOldError
 
 logger = logging.getLogger("mongolock_async")
@@ -52,7 +52,7 @@ _checked_clients: WeakIdentityMap[Any, bool] = WeakIdentityMap()
 _UPSERT_RACE_RETRIES = 10
 # What acquires and releases read back: the fields their callers decide on (less to send back,
 # decode and check than the whole document).
-_DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 1, "limit": 1, "holders": 1, "job": 1}
+DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 1, "limit": 1, "holders": 1, "job": 1}
 
 
 async def send(
@@ -183,7 +183,7 @@ def find_and_modify_command(
         "findAndModify": collection_name,
         "query": query,
         "update": pipeline,
-        "fields": _DECIDING_FIELDS,
+        "fields": DECIDING_FIELDS,
         "new": True,
         "upsert": upsert,
         "writeConcern": write_concern,

@@ -35,7 +35,7 @@ from urllib.parse import quote_plus
 
 import anyio.to_thread
 
-from .._process import die_with_parent
+from .._util.process import die_with_parent
 
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
 _LAUNCH = "import sys; from secantus.cli import main; sys.argv[0] = 'secantusd-py'; sys.exit(main())"

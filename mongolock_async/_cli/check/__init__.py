@@ -1,0 +1,2 @@
+"""``mongolock check``: the verdicts, the run that gathers them, the deployment's topology and
+clocks, and the sustained-load probe."""
