@@ -79,6 +79,7 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/renewal.py
 	$(PYTHON) benchmarks/fencing.py
 	$(PYTHON) benchmarks/client_cost.py
+	$(PYTHON) benchmarks/import_cost.py
 	$(PYTHON) benchmarks/semaphore.py
 	$(PYTHON) benchmarks/election.py
 	$(PYTHON) benchmarks/dead_places.py

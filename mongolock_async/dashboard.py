@@ -12,10 +12,9 @@ app.mount("/locks", Dashboard(collection))  # the page at /locks/
 ```
 
 [`Dashboard`][mongolock_async.dashboard.Dashboard] is a plain ASGI application: FastAPI and
-Starlette mount it, uvicorn serves it (``mongolock dashboard`` does, with the ``dashboard``
-extra), and [`Dashboard.aiohttp_app`][mongolock_async.dashboard.Dashboard.aiohttp_app] gives an aiohttp
-sub-application of it. It needs no
-web framework itself.
+Starlette mount it, uvicorn serves it (``mongolock dashboard`` does, with the ``dashboard`` extra),
+and [`Dashboard.aiohttp_app`][mongolock_async.dashboard.Dashboard.aiohttp_app] gives an aiohttp
+sub-application of it. It needs no web framework itself.
 
 It is read-only unless built with ``allow_release=True``: then each held lock has a button that
 breaks its lease (what ``mongolock release --force`` does) after the page asks for the lock's name

@@ -33,14 +33,13 @@ taken for an expiry. Events of writes that follow each other within one change's
 from the latest document, so several steps between two events can show as one.
 
 **When MongoDB cannot be reached.** The view says so
-([`ViewUpdate.disconnected_since`][mongolock_async.live.ViewUpdate.disconnected_since]: the
-server time of its last word from MongoDB) and keeps the last state it knew, stale, without
-judging any lease expired meanwhile; when the stream reopens it reads everything and reports what
-changed. [`ViewUpdate.note`][mongolock_async.live.ViewUpdate.note] gives the cause in words that name no host,
-address or topology
-(fit for a dashboard's viewers); [`LockWatch.last_error`][mongolock_async.live.LockWatch.last_error] is the driver's
-error itself, for the
-operator's log.
+([`ViewUpdate.disconnected_since`][mongolock_async.live.ViewUpdate.disconnected_since]: the server
+time of its last word from MongoDB) and keeps the last state it knew, stale, without judging any
+lease expired meanwhile; when the stream reopens it reads everything and reports what changed.
+[`ViewUpdate.note`][mongolock_async.live.ViewUpdate.note] gives the cause in words that name no
+host, address or topology (fit for a dashboard's viewers);
+[`LockWatch.last_error`][mongolock_async.live.LockWatch.last_error] is the driver's error itself,
+for the operator's log.
 """
 
 from .admin.live import EventKind, LockEvent, LockWatch, ViewUpdate, derive_events

@@ -12,6 +12,7 @@ from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import ConfigurationError, ConnectionFailure, InvalidURI, OperationFailure, PyMongoError
 from pymongo.uri_parser import parse_userinfo, split_hosts, split_options
 
+from .._util.collection_types import AsyncClient
 from .._util.diagnosis import cause_of
 from .._util.shield import wait_for_event
 from .._util.weak import WeakIdentityMap
@@ -129,7 +130,7 @@ def connect(uri: str | None, **options: Any) -> AsyncMongoClient[dict[str, Any]]
     return client
 
 
-async def explain(error: PyMongoError, uri: str, client: Any) -> UserError:
+async def explain(error: PyMongoError, uri: str, client: AsyncClient) -> UserError:
     """The one line (and exit code) for a driver error a command ended with; never a credential.
 
     When the driver gave up on a server before its monitoring had a verdict (a slow TLS handshake

@@ -31,6 +31,7 @@ from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from .._util import validation
+from .._util.collection_types import AsyncCollection
 from .._util.inert import printable, shell_word
 from .._version import __version__
 from ..admin import operations
@@ -379,14 +380,14 @@ async def _lock_collection(client: AsyncMongoClient[dict[str, Any]], arguments: 
     return collection
 
 
-async def _info_of(collection: Any, name: str) -> LockInfo:
+async def _info_of(collection: AsyncCollection, name: str) -> LockInfo:
     info = await operations.inspect_lock(collection, name)
     if info is None:
         raise UserError(f"no lock named {name!r} in {collection.full_name}", EXIT_MISSING)
     return info
 
 
-async def _list(collection: Any, arguments: argparse.Namespace) -> int:
+async def _list(collection: AsyncCollection, arguments: argparse.Namespace) -> int:
     """The listing, read a batch at a time and printed as it comes (a table a chunk of rows at a
     time, or a JSON array an element at a time): its memory does not grow with the collection.
     With ``--limit``, one more lock is read to tell whether there is a next page."""
@@ -580,7 +581,7 @@ def _operator() -> str:
     return f"mongolock release --force ({user} on {socket.gethostname()})"
 
 
-async def _force_release(collection: Any, arguments: argparse.Namespace) -> int:
+async def _force_release(collection: AsyncCollection, arguments: argparse.Namespace) -> int:
     """Break the leases shown, after confirmation: each named by its owner token, broken only if it
     is still that lease when the write lands (a lease that ended or changed hands meanwhile is left
     alone, and said so). Without ``--holder``, every live holder shown; an unreadable document is

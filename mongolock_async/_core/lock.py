@@ -24,7 +24,7 @@ from .._runtime.lease import BodyGuard, Lease, call_on_lost, local_deadline, log
 from .._runtime.queues import Grant
 from .._runtime.waiting import GIVE_UP_SLACK, AcquireRequest, deadline_in, finish_soon, hand_over, spawn, wait_for_lease
 from .._util import validation
-from .._util.collection_types import AsyncCollectionLike
+from .._util.collection_types import AsyncClient, AsyncCollectionLike
 from .._util.diagnosis import cause_of
 from ..errors import (
     LockAlreadyHeldError,
@@ -643,7 +643,7 @@ def _hostname() -> str:
     return socket.gethostname().encode()[:_MAX_HOST_BYTES].decode(errors="ignore")
 
 
-def _standalone(client: Any) -> bool:
+def _standalone(client: AsyncClient) -> bool:
     """Whether the client is connected to a standalone server, as far as its monitoring knows (it has
     at least the server this handle acquired on)."""
     types = {server.server_type for server in client.topology_description.server_descriptions().values()}

@@ -27,6 +27,7 @@ from typing import Any
 from pymongo.errors import InvalidOperation, PyMongoError
 
 from .._util.backoff import Backoff
+from .._util.collection_types import AsyncClient
 from .._util.diagnosis import retrying_cannot_fix
 from .._util.weak import PerLoop, WeakIdentityMap
 from ..store import LockStore
@@ -213,7 +214,7 @@ def watcher_for(store: LockStore) -> ReleaseWatcher:
     return watcher
 
 
-def _max_await_ms(client: Any) -> int:
+def _max_await_ms(client: AsyncClient) -> int:
     """``maxAwaitTimeMS`` for the stream's getMores: short enough to end well within the client's
     own operation timeout (``timeoutMS``), which would otherwise cut every idle getMore off. A
     third of it: the other two thirds are the round trip's, on a loaded machine too."""

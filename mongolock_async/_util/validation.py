@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal, cast
 
 from pymongo.collection import Collection as SyncCollection
 from pymongo.write_concern import WriteConcern
+
+from .collection_types import AsyncCollection
 
 MAX_NAME_LENGTH = 1024
 MAX_LABEL_BYTES = 128
@@ -135,7 +137,7 @@ def write_concern(value: object) -> WriteConcern:
     return value
 
 
-def async_collection(collection: object) -> Any:
+def async_collection(collection: object) -> AsyncCollection:
     """Accept a PyMongo ``AsyncCollection`` or a Motor collection; refuse a blocking one."""
     if isinstance(collection, SyncCollection):
         raise TypeError(
@@ -147,4 +149,4 @@ def async_collection(collection: object) -> Any:
         raise TypeError(
             f"collection must be a PyMongo AsyncCollection or a Motor collection, not {type(collection).__name__}"
         )
-    return collection
+    return cast(AsyncCollection, collection)  # its methods were checked just above

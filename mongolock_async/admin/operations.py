@@ -167,8 +167,8 @@ def status_of(report: LockReport) -> str:
 
 def lock_info(report: LockReport) -> LockInfo:
     """A report (``LockStore.report``, [`report_at`][mongolock_async.operations.report_at]) as a
-    [`LockInfo`][mongolock_async.operations.LockInfo]; a job whose
-    record cannot be judged is ``unreadable`` (see [`judged_report`][mongolock_async.operations.judged_report])."""
+    [`LockInfo`][mongolock_async.operations.LockInfo]; a job whose record cannot be judged is
+    ``unreadable`` (see [`judged_report`][mongolock_async.operations.judged_report])."""
     job, report = _judged(report)
     state = report.state
     if state is None:
@@ -267,10 +267,9 @@ async def iterate_locks(
     limit: int | None = None,
 ) -> AsyncGenerator[LockInfo, None]:
     """The locks [`list_locks`][mongolock_async.operations.list_locks] lists, by name, read from the server a batch
-    at a time: a
-    listing of 100,000 locks never holds them all. ``after`` starts after that name (the last one
-    of a page), ``limit`` stops after that many (counted after ``held``). Arguments are checked
-    before any I/O."""
+    at a time: a listing of 100,000 locks never holds them all. ``after`` starts after that name
+    (the last one of a page), ``limit`` stops after that many (counted after ``held``). Arguments
+    are checked before any I/O."""
     store = _store(collection)
     for argument, value in (("prefix", prefix), ("after", after)):
         if value is not None and not isinstance(value, str):
@@ -304,12 +303,11 @@ async def force_release(
     collection: AsyncCollectionLike, name: str, *, holder: str | None = None, by: str | None = None
 ) -> ForcedRelease | None:
     """Break the one lease of ``name`` that ``holder`` names (``mongolock release --force``), and
-    only that one: ``holder`` is its owner token ([`Holder.owner`][mongolock_async.operations.Holder.owner], the
-    ``owner`` that
-    ``mongolock inspect`` shows), or the start of it that no other live holder's token shares.
-    Return what was broken, or None if that lease ended between the read that selected it and
-    the write (released, expired, or broken already): then nothing is broken, whoever holds
-    ``name`` now.
+    only that one: ``holder`` is its owner token
+    ([`Holder.owner`][mongolock_async.operations.Holder.owner], the ``owner`` that ``mongolock
+    inspect`` shows), or the start of it that no other live holder's token shares. Return what was
+    broken, or None if that lease ended between the read that selected it and the write (released,
+    expired, or broken already): then nothing is broken, whoever holds ``name`` now.
 
     The write itself matches the owner token, so a lease that changed hands after the caller
     looked is never the one broken. On a semaphore, read-write lock or election it is one

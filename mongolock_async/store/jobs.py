@@ -34,6 +34,7 @@ from .expressions import (
     server_plus,
     type_in,
 )
+from .requests import Pipeline, Stage
 
 
 class JobSchedule(NamedTuple):
@@ -73,20 +74,22 @@ MAX_ATTEMPTS_LIMIT = 1000
 """The largest ``max_attempts`` a job may ask, and the starts kept in ``job.tries``: the latest by
 the server's clock, as many as that, so a period's attempts are counted exactly whatever ``max_attempts`` each
 version of an application asks (issue 36; model/jobs.pml's NK)."""
-_JOB_TEMPORARY = ["_v", "_now", "_sane", "_j", "_live", "_start", "_period", "_lost", "_attempts", "_done",
+_JOB_TEMPORARY = ["_request", "_now", "_sane", "_job", "_live", "_start", "_period", "_lost", "_attempts", "_done",
                   "_lastEnd", "_why", "_take", "_ours", "_own", "_record", "_until", "_keep"]  # fmt: skip
 
 
-def start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule: JobSchedule) -> list[Any]:
+def start_pipeline(owner: str, ttl_ms: int, holder: Mapping[str, Any], schedule: JobSchedule) -> Pipeline:
     """Take the job's lease for ``owner`` if the job is due by ``schedule`` (see
     ``LockStore.start_job``).
 
-    Matches the job's name (upserting). Computes the current period on the server's clock, and takes
-    the lease (kind, owner, expiresAt, fence, ...) only when nobody holds it, no run that started in
-    this period or later succeeded, fewer than ``maxAttempts`` runs started in it, and the last run
-    ended ``minInterval`` ago or more; the run is recorded in ``job.run`` and its start in
+    Matches: the job's ``_id`` (an upserting ``findAndModify``).
+    Changes: computes the current period on the server's clock, and takes the lease (kind, owner,
+    expiresAt, fence, ...) only when nobody holds it, no run that started in this period or later
+    succeeded, fewer than ``maxAttempts`` runs started in it, and the last run ended
+    ``minInterval`` ago or more; the run is recorded in ``job.run`` and its start in
     ``job.tries``. Otherwise records why not in ``job.seen``. A run whose lease expired unfinished
-    becomes ``job.last``, as lost. Returns (with ``findAndModify``) the document after the write.
+    becomes ``job.last``, as lost.
+    Returns: the document after the write.
     """
     values = {
         "me": owner,
@@ -106,17 +109,18 @@ def _period_start() -> dict[str, Any]:
     negative: ExpressionMod in src/mongo/db/pipeline/expression.cpp, as C++'s %), so every request
     with the same schedule finds the same boundaries."""
     now_ms = {"$toLong": NOW}
-    return {"$toDate": {"$subtract": [now_ms, {"$mod": [{"$subtract": [now_ms, "$_v.offset"]}, "$_v.every"]}]}}
+    since_offset = {"$subtract": [now_ms, "$_request.offset"]}
+    return {"$toDate": {"$subtract": [now_ms, {"$mod": [since_offset, "$_request.every"]}]}}
 
 
-def _job_start_stages() -> tuple[dict[str, Any], ...]:
-    has_run = {"$eq": [{"$type": "$_j.run"}, "object"]}
+def _job_start_stages() -> tuple[Stage, ...]:
+    has_run = {"$eq": [{"$type": "$_job.run"}, "object"]}
     periodic = {"$ne": ["$_start", None]}
     too_soon = {
         "$and": [
-            {"$ne": ["$_v.minInterval", None]},
+            {"$ne": ["$_request.minInterval", None]},
             {"$eq": [{"$type": "$_lastEnd"}, "date"]},
-            {"$lt": [NOW, {"$add": ["$_lastEnd", "$_v.minInterval"]}]},
+            {"$lt": [NOW, {"$add": ["$_lastEnd", "$_request.minInterval"]}]},
         ]
     }
     why = cond(
@@ -129,7 +133,7 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
                 "$_done",
                 "done",
                 cond(
-                    {"$and": [periodic, {"$gte": ["$_attempts", "$_v.maxAttempts"]}]},
+                    {"$and": [periodic, {"$gte": ["$_attempts", "$_request.maxAttempts"]}]},
                     "failed",
                     cond(too_soon, "too_soon", None),
                 ),
@@ -137,52 +141,56 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
         ),
     )
     attempt = {"$add": ["$_attempts", 1]}
-    run = {"o": "$_v.me", "period": "$_period", "attempt": attempt, "startedAt": NOW, "holder": "$_v.holder"}
+    run = {
+        "o": "$_request.me", "period": "$_period", "attempt": attempt, "startedAt": NOW, "holder": "$_request.holder"
+    }
     # The starts in the server clock's order, this one inserted after every earlier one (a clock that
     # stepped back puts it before later ones; $sortArray is MongoDB 5.2+), the earliest dropped past
     # MAX_ATTEMPTS_LIMIT. Neither the requests' order nor the caller's own maxAttempts decides what
     # is kept: a period's attempts are counted exactly for any max_attempts the API allows.
-    earlier = {"$filter": {"input": array_or_empty("$_j.tries"), "cond": {"$lt": ["$$this", NOW]}}}
-    later = {"$filter": {"input": array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", NOW]}}}
+    earlier = {"$filter": {"input": array_or_empty("$_job.tries"), "cond": {"$lt": ["$$this", NOW]}}}
+    later = {"$filter": {"input": array_or_empty("$_job.tries"), "cond": {"$gte": ["$$this", NOW]}}}
     tries = {"$slice": [{"$concatArrays": [earlier, [NOW], later]}, -MAX_ATTEMPTS_LIMIT]}
     record = {
         "$mergeObjects": [
-            "$_j",
+            "$_job",
             {
-                "every": "$_v.every",
-                "offset": "$_v.offset",
-                "minInterval": "$_v.minInterval",
-                "maxAttempts": "$_v.maxAttempts",
-                "tries": cond({"$and": ["$_take", periodic]}, tries, "$_j.tries"),
-                "run": cond("$_take", run, cond("$_lost", None, "$_j.run")),
+                "every": "$_request.every",
+                "offset": "$_request.offset",
+                "minInterval": "$_request.minInterval",
+                "maxAttempts": "$_request.maxAttempts",
+                "tries": cond({"$and": ["$_take", periodic]}, tries, "$_job.tries"),
+                "run": cond("$_take", run, cond("$_lost", None, "$_job.run")),
                 "last": cond(
-                    "$_lost", {"$mergeObjects": ["$_j.run", {"endedAt": "$expiresAt", "outcome": "lost"}]}, "$_j.last"
+                    "$_lost",
+                    {"$mergeObjects": ["$_job.run", {"endedAt": "$expiresAt", "outcome": "lost"}]},
+                    "$_job.last",
                 ),
                 "lastEndedAt": "$_lastEnd",
-                "seen": cond("$_take", "$_j.seen", {"period": "$_period", "why": "$_why"}),
+                "seen": cond("$_take", "$_job.seen", {"period": "$_period", "why": "$_why"}),
             },
         ]
     }
-    last_success = "$_j.lastSuccess"
+    last_success = "$_job.lastSuccess"
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _JOB_SANE, "_j": {"$cond": [{"$eq": [{"$type": "$job"}, "object"]}, "$job", {}]}}},
+        {"$set": {"_sane": _JOB_SANE, "_job": {"$cond": [{"$eq": [{"$type": "$job"}, "object"]}, "$job", {}]}}},
         {
             "$set": {
                 "_live": {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "string"]}, {"$gt": ["$expiresAt", NOW]}]},
-                "_start": cond({"$eq": ["$_v.every", None]}, None, _period_start()),
+                "_start": cond({"$eq": ["$_request.every", None]}, None, _period_start()),
             }
         },
         {
             "$set": {
-                "_period": cond(periodic, {"start": "$_start", "end": {"$add": ["$_start", "$_v.every"]}}, None),
+                "_period": cond(periodic, {"start": "$_start", "end": {"$add": ["$_start", "$_request.every"]}}, None),
                 "_lost": {"$and": ["$_sane", {"$not": ["$_live"]}, has_run]},
                 # Runs started in this period, or later (on a server clock that stepped back).
                 "_attempts": cond(
                     periodic,
                     {
                         "$size": {
-                            "$filter": {"input": array_or_empty("$_j.tries"), "cond": {"$gte": ["$$this", "$_start"]}}
+                            "$filter": {"input": array_or_empty("$_job.tries"), "cond": {"$gte": ["$$this", "$_start"]}}
                         }
                     },
                     0,
@@ -194,17 +202,17 @@ def _job_start_stages() -> tuple[dict[str, Any], ...]:
             }
         },
         # A run lost with its lease ended when the lease expired: that counts for min_interval.
-        {"$set": {"_lastEnd": cond("$_lost", {"$max": ["$_j.lastEndedAt", "$expiresAt"]}, "$_j.lastEndedAt")}},
+        {"$set": {"_lastEnd": cond("$_lost", {"$max": ["$_job.lastEndedAt", "$expiresAt"]}, "$_job.lastEndedAt")}},
         {"$set": {"_why": why}},
         {"$set": {"_take": {"$and": ["$_sane", {"$eq": ["$_why", None]}]}}},
         {
             "$set": {
                 "kind": cond("$_take", JOB_KIND, "$kind"),
-                "owner": cond("$_take", "$_v.me", "$owner"),
-                "expiresAt": cond("$_take", server_plus(NOW, "$_v.ttl"), "$expiresAt"),
+                "owner": cond("$_take", "$_request.me", "$owner"),
+                "expiresAt": cond("$_take", server_plus(NOW, "$_request.ttl"), "$expiresAt"),
                 "fence": cond("$_take", NEXT_FENCE, "$fence"),
-                "ttlMs": cond("$_take", "$_v.ttl", "$ttlMs"),
-                "holder": cond("$_take", "$_v.holder", "$holder"),
+                "ttlMs": cond("$_take", "$_request.ttl", "$ttlMs"),
+                "holder": cond("$_take", "$_request.holder", "$holder"),
                 "acquiredAt": cond("$_take", NOW, "$acquiredAt"),
                 "renewedAt": cond("$_take", NOW, "$renewedAt"),
                 # A lock's document (a run_once of an earlier version) gets a record only when taken.
@@ -220,37 +228,44 @@ _JOB_START_STAGES = _job_start_stages()
 
 def finish_pipeline(
     owner: str, outcome: str, error: Mapping[str, str] | None, hold_at_least_ms: int | None
-) -> list[Any]:
+) -> Pipeline:
     """End ``owner``'s run and record how it ended (see ``LockStore.finish_job``).
 
-    For a document matched by name (and owner, or the run, or a finish already recorded). While
-    ``owner`` holds the live lease of the run in ``job.run``: records the run in ``job.last`` with
-    ``outcome`` (a success moves ``job.lastSuccess`` to the run's start) and ends the lease, or
-    keeps it until ``hold_at_least`` after the run's start. A run whose lease is gone is recorded
-    only as ``lost`` (its own account of the loss), and only while ``job.run`` is still that run;
-    the lease is left as it is. Adds ``owner`` to ``job.finished`` whenever it records.
+    Matches: the job's ``_id`` and ``owner`` (as the owner, the run's, or a finish already
+    recorded).
+    Changes: while ``owner`` holds the live lease of the run in ``job.run``, records the run in
+    ``job.last`` with ``outcome`` (a success moves ``job.lastSuccess`` to the run's start) and
+    ends the lease, or keeps it until ``hold_at_least`` after the run's start. A run whose lease
+    is gone is recorded only as ``lost`` (its own account of the loss), and only while
+    ``job.run`` is still that run; the lease is left as it is. Adds ``owner`` to ``job.finished``
+    whenever it records.
+    Returns: the document after the write.
     """
     error_record = None if error is None else dict(error)
     values = {"me": owner, "outcome": outcome, "error": error_record, "hold": hold_at_least_ms}
     return [request_values(**values), *_JOB_FINISH_STAGES]
 
 
-def _job_finish_stages() -> tuple[dict[str, Any], ...]:
+def _job_finish_stages() -> tuple[Stage, ...]:
     released = {"$and": ["$_own", {"$not": ["$_keep"]}]}
-    succeeded = {"$eq": ["$_v.outcome", "succeeded"]}
+    succeeded = {"$eq": ["$_request.outcome", "succeeded"]}
     record = {
         "$mergeObjects": [
-            "$_j",
+            "$_job",
             {
                 "run": None,
                 "last": {
-                    "$mergeObjects": ["$_j.run", {"endedAt": NOW, "outcome": "$_v.outcome", "error": "$_v.error"}]
+                    "$mergeObjects": [
+                        "$_job.run", {"endedAt": NOW, "outcome": "$_request.outcome", "error": "$_request.error"}
+                    ]
                 },
                 "lastEndedAt": NOW,
-                "lastSuccess": cond(succeeded, {"$max": ["$_j.lastSuccess", "$_j.run.startedAt"]}, "$_j.lastSuccess"),
+                "lastSuccess": cond(
+                    succeeded, {"$max": ["$_job.lastSuccess", "$_job.run.startedAt"]}, "$_job.lastSuccess"
+                ),
                 "finished": {
                     "$slice": [
-                        {"$concatArrays": [array_or_empty("$_j.finished"), ["$_v.me"]]},
+                        {"$concatArrays": [array_or_empty("$_job.finished"), ["$_request.me"]]},
                         -_FINISHED_REMEMBERED,
                     ]
                 },
@@ -259,13 +274,14 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
     }
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": {"$and": [_JOB_SANE, _JOB_KIND_IS]}, "_j": "$job"}},
-        {"$set": {"_ours": {"$and": ["$_sane", {"$eq": ["$_j.run.o", "$_v.me"]}]}}},
-        {"$set": {"_own": {"$and": ["$_ours", {"$eq": ["$owner", "$_v.me"]}, {"$gt": ["$expiresAt", NOW]}]}}},
+        {"$set": {"_sane": {"$and": [_JOB_SANE, _JOB_KIND_IS]}, "_job": "$job"}},
+        {"$set": {"_ours": {"$and": ["$_sane", {"$eq": ["$_job.run.o", "$_request.me"]}]}}},
+        {"$set": {"_own": {"$and": ["$_ours", {"$eq": ["$owner", "$_request.me"]}, {"$gt": ["$expiresAt", NOW]}]}}},
         {
             "$set": {
-                "_record": {"$or": ["$_own", {"$and": ["$_ours", {"$eq": ["$_v.outcome", "lost"]}]}]},
-                "_until": cond({"$eq": ["$_v.hold", None]}, None, {"$add": ["$_j.run.startedAt", "$_v.hold"]}),
+                "_record": {"$or": ["$_own", {"$and": ["$_ours", {"$eq": ["$_request.outcome", "lost"]}]}]},
+                "_until": cond({"$eq": ["$_request.hold", None]}, None, {"$add": ["$_job.run.startedAt",
+                    "$_request.hold"]}),
             }
         },
         {"$set": {"_keep": {"$and": ["$_own", {"$eq": [{"$type": "$_until"}, "date"]}, {"$gt": ["$_until", NOW]}]}}},
@@ -274,7 +290,7 @@ def _job_finish_stages() -> tuple[dict[str, Any], ...]:
                 "owner": cond(released, None, "$owner"),
                 "expiresAt": cond("$_own", cond("$_keep", "$_until", NOW), "$expiresAt"),
                 "releasedAt": cond(released, NOW, "$releasedAt"),
-                "releasedOwner": cond(released, "$_v.me", "$releasedOwner"),
+                "releasedOwner": cond(released, "$_request.me", "$releasedOwner"),
                 "job": cond("$_record", record, "$job"),
             }
         },

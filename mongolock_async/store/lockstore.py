@@ -19,12 +19,13 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
+from .._util.collection_types import AsyncClient, AsyncCollection
 from .._util.weak import WeakIdentityMap
 from . import jobs, reports, sending, streams, views
 from .documents import JOB_KIND, PERMIT_KINDS, Leadership, LockReport, LockState
 from .expressions import new_stamp, refresh_place
 from .kinds import PermitQueries, of_kind, queries_for
-from .requests import Permits, PlaceRequest, Renewal
+from .requests import Permits, Pipeline, PlaceRequest, Renewal
 
 T = TypeVar("T")
 
@@ -39,7 +40,7 @@ async def _awaited(request: Awaitable[T]) -> T:
     return await request
 
 
-def store_for(collection: Any, write_concern: WriteConcern) -> LockStore:
+def store_for(collection: AsyncCollection, write_concern: WriteConcern) -> LockStore:
     """The ``LockStore`` of ``collection`` with ``write_concern``, shared by every handle made from
     the same collection object: a store holds a copy of the collection with its own options, which
     costs some hundreds of bytes and microseconds per handle that services make per request."""
@@ -65,7 +66,7 @@ class LockStore:
     ``bound`` it is awaited as it is (the command line's reads, tests).
     """
 
-    def __init__(self, collection: Any, write_concern: WriteConcern) -> None:
+    def __init__(self, collection: AsyncCollection, write_concern: WriteConcern) -> None:
         codec_options = collection.codec_options.with_options(
             document_class=dict, tz_aware=True, tzinfo=UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO
         )
@@ -74,7 +75,7 @@ class LockStore:
         )
         self._codec_options = codec_options
         self._write_concern_document = write_concern.document
-        self.client: Any = collection.database.client
+        self.client: AsyncClient = collection.database.client
         self.full_name: str = collection.full_name
         self.write_concern = write_concern
         self.answered_at = 0.0
@@ -260,7 +261,7 @@ class LockStore:
         pipeline = queries_for(permits).leave(tokens, fair=fair)
         await self.send(self._upsert_once(name, pipeline), bound=bound)
 
-    async def _upsert_once(self, name: str, pipeline: list[dict[str, Any]]) -> None:
+    async def _upsert_once(self, name: str, pipeline: Pipeline) -> None:
         """``update_one`` of ``name``'s document with ``upsert``, sent again when it raced another
         request's upsert of the same new name (a duplicate key on ``_id``: the document is there now)."""
         try:

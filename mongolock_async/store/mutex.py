@@ -37,6 +37,8 @@ from .expressions import (
     first_or_null,
     new_place,
     not_before,
+    places_ahead,
+    places_staying,
     places_without,
     remember_withdrawals,
     request_values,
@@ -46,7 +48,7 @@ from .expressions import (
     unexpired_places,
     with_place,
 )
-from .requests import PlaceRequest
+from .requests import Pipeline, PlaceRequest, Stage
 
 _SANE: dict[str, Any] = {"$and": [LEASE_FIELDS_SANE, type_in("$kind", "missing", "null")]}
 """A lock's document (a job's has the same lease fields: see ``_JOB_SANE``)."""
@@ -101,7 +103,18 @@ _RELEASED_TOKENS: dict[str, Any] = {
 """The owner tokens whose release the document remembers (see ``_remember_release``)."""
 
 
-def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[dict[str, Any]]:
+def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> Pipeline:
+    """Take the lock for ``place``, or queue it (``LockStore.try_acquire``).
+
+    Matches: the lock's ``_id`` (an upserting ``findAndModify``: a new name creates its document).
+    Changes: takes a free lease (none live and, with ``fair``, no older place waiting), or claims
+    one handed to ``place`` by a release: ``owner``, ``expiresAt`` (``ttl`` on the server's clock,
+    kept with ``keep_expiry``), ``fence`` (next token), ``holder``, ``acquiredAt``; the place leaves
+    the queue and its follower joins it. Otherwise, with ``enqueue``, queues or refreshes the place.
+    Prunes expired places; a token already released or withdrawn takes nothing. Changes nothing on
+    a document that is not sane.
+    Returns: the document after the write (the caller holds the lock when ``owner`` is its token).
+    """
     values = {"me": place.token, "ttl": place.ttl_ms, "holder": dict(place.holder), "keep": place.keep_expiry}
     if place.follower is not None:
         follower = place.follower
@@ -110,26 +123,27 @@ def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> list[
 
 
 @functools.cache
-def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[str, Any], ...]:
-    me = "$_v.me"
-    my_place = new_place(me, "$_v.ttl", "$_v.holder", ("$_v.next", "$_v.nextTtl") if follower else None)
-    my_tokens_index = {"$indexOfArray": [tokens_of("$_q"), me]}
+def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[Stage, ...]:
+    me = "$_request.me"
+    my_follower = ("$_request.next", "$_request.nextTtl") if follower else None
+    my_place = new_place(me, "$_request.ttl", "$_request.holder", my_follower)
+    my_tokens_index = {"$indexOfArray": [tokens_of("$_queue"), me]}
     got_it = {"$or": ["$_claim", "$_take"]}
     # A claim that keeps the expiry (see PlaceRequest.keep_expiry) writes nothing of the lease.
-    renewed = {"$or": ["$_take", {"$and": ["$_claim", {"$not": ["$_v.keep"]}]}]}
-    waiting_queue: Any = with_place("$_q", me, my_place) if enqueue else "$queue"
-    taken_queue: Any = places_without("$_q", me)
+    renewed = {"$or": ["$_take", {"$and": ["$_claim", {"$not": ["$_request.keep"]}]}]}
+    waiting_queue: Any = with_place("$_queue", me, my_place) if enqueue else "$queue"
+    taken_queue: Any = places_without("$_queue", me)
     if follower:
-        follower_place = new_place("$_v.next", "$_v.nextTtl", "$_v.nextHolder")
-        taken_queue = {"$concatArrays": [places_without(taken_queue, "$_v.next"), [follower_place]]}
+        follower_place = new_place("$_request.next", "$_request.nextTtl", "$_request.nextHolder")
+        taken_queue = {"$concatArrays": [places_without(taken_queue, "$_request.next"), [follower_place]]}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _SANE, "_q": unexpired_places()}},
+        {"$set": {"_sane": _SANE, "_queue": unexpired_places()}},
         {"$set": {"_live": _LIVE, "_mine": {"$eq": ["$owner", me]}, "_gone": done_with(me, _RELEASED_TOKENS)}},
         # Places ahead of ours: all live places if we have none yet.
         {
             "$set": {
-                "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0
+                "_ahead": places_ahead(my_tokens_index) if fair else 0
             }
         },
         {
@@ -141,17 +155,17 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[dict[
         {
             "$set": {
                 "owner": {"$cond": [got_it, me, "$owner"]},
-                "expiresAt": {"$cond": [renewed, server_plus(NOW, "$_v.ttl"), "$expiresAt"]},
+                "expiresAt": {"$cond": [renewed, server_plus(NOW, "$_request.ttl"), "$expiresAt"]},
                 "fence": {"$cond": ["$_take", NEXT_FENCE, "$fence"]},
-                "ttlMs": {"$cond": [renewed, "$_v.ttl", "$ttlMs"]},
-                "holder": {"$cond": [got_it, "$_v.holder", "$holder"]},
+                "ttlMs": {"$cond": [renewed, "$_request.ttl", "$ttlMs"]},
+                "holder": {"$cond": [got_it, "$_request.holder", "$holder"]},
                 "acquiredAt": {"$cond": ["$_take", NOW, "$acquiredAt"]},
                 "renewedAt": {"$cond": [renewed, NOW, "$renewedAt"]},
                 "queue": {
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {"$cond": [got_it, taken_queue, {"$cond": ["$_gone", "$_q", waiting_queue]}]},
+                        {"$cond": [got_it, taken_queue, {"$cond": ["$_gone", "$_queue", waiting_queue]}]},
                     ]
                 },
             }
@@ -167,9 +181,20 @@ def release_pipeline(
     fair: bool,
     successor_first: bool,
     leaving: Sequence[str] = (),
-) -> list[dict[str, Any]]:
-    """Release ``owner``'s lease and hand it on. With ``leaving`` instead (a process withdrawing its
-    places), the places are removed, and the lease is handed on only if it was handed to one of them."""
+) -> Pipeline:
+    """Release ``owner``'s lease and hand it on (``LockStore.release``). With ``leaving`` instead (a
+    process withdrawing its places, ``LockStore.leave``), the places are removed, and the lease is
+    handed on only if it was handed to one of them.
+
+    Matches: the lock's ``_id`` with ``owner`` as its owner or a recently released owner
+    (``kinds.MutexQueries.release``); a withdrawal, the ``_id`` alone (upserting).
+    Changes: while ``owner`` holds the live lease, hands it to the first live place (``successor``,
+    a waiting task of the same process, first or last as asked), writing ``owner``, ``expiresAt``,
+    ``fence`` and ``handedOffTo`` (a place of another process), or clears ``owner`` and sets
+    ``releasedAt``; remembers ``owner`` in ``recentReleases`` so that a release sent again after a
+    lost reply is recognised. Changes nothing on a document that is not sane.
+    Returns: the document after the write (``owner`` still the caller's: its lease had expired).
+    """
     values: dict[str, Any] = {"me": owner, "leaving": list(leaving)}
     if successor is not None:
         values.update(successor=successor.token, successorTtl=successor.ttl_ms, successorHolder=dict(successor.holder))
@@ -188,21 +213,23 @@ def release_pipeline(
 @functools.cache
 def _release_stages(
     *, successor: bool, follower: bool, fair: bool, successor_first: bool, leaving: bool
-) -> tuple[dict[str, Any], ...]:
-    mine = {"$in": ["$owner", "$_v.leaving"]} if leaving else {"$eq": ["$owner", "$_v.me"]}
+) -> tuple[Stage, ...]:
+    mine = {"$in": ["$owner", "$_request.leaving"]} if leaving else {"$eq": ["$owner", "$_request.me"]}
     # Candidates for the lease: live places (ours removed), with the successor queued last.
-    candidates: Any = "$_q"
+    candidates: Any = "$_queue"
     handee: Any
     if not successor:
-        handee = first_or_null("$_q")
+        handee = first_or_null("$_queue")
     else:
-        next_place = ("$_v.next", "$_v.nextTtl") if follower else None
-        successor_place = new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder", next_place)
+        next_place = ("$_request.next", "$_request.nextTtl") if follower else None
+        successor_place = new_place(
+            "$_request.successor", "$_request.successorTtl", "$_request.successorHolder", next_place
+        )
         # A successor that is done with (its waiters gave up and withdrew it while this release was
         # on its way) is neither handed the lease nor queued: queued, it would be a place nobody
         # waits behind, and the next release would hand the lock to it.
-        candidates = {"$cond": ["$_gone", "$_q", with_place("$_q", "$_v.successor", successor_place)]}
-        others = places_without("$_q", "$_v.successor")
+        candidates = {"$cond": ["$_gone", "$_queue", with_place("$_queue", "$_request.successor", successor_place)]}
+        others = places_without("$_queue", "$_request.successor")
         if fair:
             handee = first_or_null(candidates)
         elif successor_first:
@@ -210,59 +237,66 @@ def _release_stages(
         else:
             handee = {"$ifNull": [{"$first": [others]}, {"$cond": ["$_gone", None, successor_place]}]}
     # The handee leaves the queue; its follower (if any) joins it last.
-    remaining = {"$concatArrays": [places_without(places_without("$_c", "$_h.t"), "$_h.n"), _follow_up("$_h")]}
-    live_places: Any = unexpired_places(excluding="$_v.me")
+    without_handee = places_without(places_without("$_candidates", "$_handee.t"), "$_handee.n")
+    remaining = {"$concatArrays": [without_handee, _follow_up("$_handee")]}
+    live_places: Any = unexpired_places(excluding="$_request.me")
     if leaving:
-        live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
-    successor_token = "$_v.successor" if successor else None
+        live_places = places_staying(live_places)
+    successor_token = "$_request.successor" if successor else None
     successor_gone = {"_gone": done_with(successor_token, _RELEASED_TOKENS)} if successor else {}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": _SANE, "_q": live_places, **successor_gone}},
-        {"$set": {"_own": {"$and": [_LIVE, mine]}, "_c": candidates}},
-        {"$set": {"_h": {"$cond": ["$_own", handee, None]}}},
+        {"$set": {"_sane": _SANE, "_queue": live_places, **successor_gone}},
+        {"$set": {"_own": {"$and": [_LIVE, mine]}, "_candidates": candidates}},
+        {"$set": {"_handee": {"$cond": ["$_own", handee, None]}}},
         {
             "$set": {
-                "_handed": {"$ne": ["$_h", None]},
-                "_remote": {"$and": [{"$ne": ["$_h", None]}, {"$ne": ["$_h.t", successor_token]}]},
+                "_handed": {"$ne": ["$_handee", None]},
+                "_remote": {"$and": [{"$ne": ["$_handee", None]}, {"$ne": ["$_handee.t", successor_token]}]},
             }
         },
         {
             "$set": {
-                "owner": {"$cond": ["$_own", {"$cond": ["$_handed", "$_h.t", None]}, "$owner"]},
+                "owner": {"$cond": ["$_own", {"$cond": ["$_handed", "$_handee.t", None]}, "$owner"]},
                 "expiresAt": {
                     "$cond": [
                         "$_own",
-                        {"$cond": ["$_handed", server_plus(not_before("$_h.at", NOW), "$_h.ttlMs"), NOW]},
+                        {"$cond": ["$_handed", server_plus(not_before("$_handee.at", NOW), "$_handee.ttlMs"), NOW]},
                         "$expiresAt",
                     ]
                 },
                 "fence": {"$cond": ["$_handed", NEXT_FENCE, "$fence"]},
-                "ttlMs": {"$cond": ["$_handed", "$_h.ttlMs", "$ttlMs"]},
-                "holder": {"$cond": ["$_handed", "$_h.holder", "$holder"]},
+                "ttlMs": {"$cond": ["$_handed", "$_handee.ttlMs", "$ttlMs"]},
+                "holder": {"$cond": ["$_handed", "$_handee.holder", "$holder"]},
                 "acquiredAt": {"$cond": ["$_handed", NOW, "$acquiredAt"]},
                 "renewedAt": {"$cond": ["$_handed", NOW, "$renewedAt"]},
                 "handedOffAt": {"$cond": ["$_remote", NOW, "$handedOffAt"]},
                 # The change stream looks for this field: a new owner token on every hand-off,
                 # where two in one millisecond write the same handedOffAt, which a change event
                 # then leaves out of updatedFields as unchanged.
-                "handedOffTo": {"$cond": ["$_remote", "$_h.t", "$handedOffTo"]},
+                "handedOffTo": {"$cond": ["$_remote", "$_handee.t", "$handedOffTo"]},
                 "releasedAt": {"$cond": ["$_own", NOW, "$releasedAt"]},
                 "releasedOwner": {"$cond": ["$_own", "$owner", "$releasedOwner"]},
                 # A withdrawal passes on a lease handed to a place that gave up: no release of
                 # that token is ever sent again.
                 "recentReleases": "$recentReleases" if leaving else _remember_release(),
                 "withdrawn": {"$cond": ["$_sane", remember_withdrawals(), "$withdrawn"]} if leaving else "$withdrawn",
-                "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_q"]}]},
+                "queue": {"$cond": [{"$not": ["$_sane"]}, "$queue", {"$cond": ["$_own", remaining, "$_queue"]}]},
             }
         },
         {"$unset": TEMPORARY},
     )
 
 
-def renewal_pipeline(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
-    """A new expiry ``ttl_ms`` from now, for a document already matched by name and owner, if its
-    lease is still live; else no change at all (so the write does not count as modified)."""
+def renewal_pipeline(ttl_ms: int, stamp: str) -> Pipeline:
+    """Renew a held lease (``LockStore.renew``, one ``update_one`` or a chunk of a ``bulk_write``).
+
+    Matches: the lock's ``_id`` and ``owner`` (``kinds.MutexQueries.renewal``).
+    Changes: if the lease is still live, ``expiresAt`` to ``ttl_ms`` from the server's now,
+    ``ttlMs``, ``renewedAt`` and ``renewal`` (``stamp``, by which a chunk's renewals are read back);
+    else nothing at all, so the write does not count as modified.
+    Returns: nothing (the caller reads ``modified_count``).
+    """
     live = "$_live"
     return [
         {"$set": {"_live": LEASE_LIVE}},
@@ -278,11 +312,16 @@ def renewal_pipeline(ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
     ]
 
 
-def force_release_pipeline(stamp: str, *, repair: bool, live: bool = True) -> list[dict[str, Any]]:
-    """Break the live lease of a lock's (or a job's) document (unless not ``live``: then only a
-    repair), recording it in ``forcedRelease`` with ``stamp``; with ``repair``, also reset a
-    document whose lease fields were corrupted (``fence`` is kept when it is a valid token, else
-    restarted from the server clock's floor)."""
+def force_release_pipeline(stamp: str, *, repair: bool, live: bool = True) -> Pipeline:
+    """Break a lock's (or a job's) lease: the operator's break-glass (``reports.force_release``).
+
+    Matches: the ``_id``, and the owner token the operator named (``reports``).
+    Changes: a live lease (unless not ``live``: then only a repair) is ended and recorded in
+    ``forcedRelease`` with ``stamp``; with ``repair``, a document whose lease fields were corrupted
+    is reset too (``fence`` is kept when it is a valid token, else restarted from the server
+    clock's floor).
+    Returns: the document after the write (``forcedRelease.by`` is ``stamp`` when this broke it).
+    """
     now = expressions.SERVER_NOW
     broken = "$_break"
     corrupt = {"$not": [FORCE_SANE]}

@@ -23,6 +23,7 @@ from .expressions import (
     new_place,
     new_stamp,
     not_before,
+    places_staying,
     places_without,
     remember_withdrawals,
     request_values,
@@ -40,7 +41,7 @@ from .permits import (
     permits_sane,
     weight_of,
 )
-from .requests import Permits, PlaceRequest
+from .requests import Expression, Permits, Pipeline, PlaceRequest, Stage
 
 
 def release_pipeline(
@@ -51,10 +52,21 @@ def release_pipeline(
     fair: bool,
     successor_first: bool,
     leaving: Sequence[str] = (),
-) -> list[dict[str, Any]]:
-    """Return ``owner``'s permit and hand the weight it frees on, as ``_release_pipeline`` does a
-    lock's lease; with ``leaving``, withdraw those places, and hand on a permit handed to one of
-    them meanwhile."""
+) -> Pipeline:
+    """Return ``owner``'s permit and hand the weight it frees on (``LockStore.release``); with
+    ``leaving``, withdraw those places, and hand on a permit handed to one of them meanwhile
+    (``LockStore.leave``).
+
+    Matches: the ``_id`` and a holder or released owner ``owner`` (``kinds.PermitQueries.release``);
+    a withdrawal, the ``_id`` alone (upserting).
+    Changes: drops the caller's permit (or the withdrawn places); hands the freed weight to the
+    oldest queued places that fit under the stored limit (``holders``, ``fence``, ``handedOffTo``)
+    or marks it ``freed`` for waiters of other processes; remembers the release
+    (``releasedOwners``) or the withdrawal (``withdrawn``); prunes the queue; moves ``expiresAt``
+    to the latest permit's. A document that is not sane is left unchanged.
+    Returns: the document after the write (``holders`` still has the caller's token: its permit
+    had expired).
+    """
     values: dict[str, Any] = {"me": owner, "leaving": list(leaving), "stamp": new_stamp(), "kind": permits.kind}
     if successor is not None:
         values.update(
@@ -128,8 +140,8 @@ def _fitting_count(places: Any, room: Any) -> dict[str, Any]:
 
 
 def _position_in_order(index: Any, successor_at: Any, size: Any, *, successor_first: bool) -> dict[str, Any]:
-    """Where the candidate at ``index`` of ``_c`` stands in the order of hand-offs, which moves the
-    successor (at ``successor_at`` in ``_c``, or -1) to the front or to the back."""
+    """Where the candidate at ``index`` of ``_candidates`` stands in the order of hand-offs, which moves the
+    successor (at ``successor_at`` in ``_candidates``, or -1) to the front or to the back."""
     moved: Any
     if successor_first:
         moved, before, after = 0, {"$add": [index, 1]}, index
@@ -150,110 +162,118 @@ def _position_in_order(index: Any, successor_at: Any, size: Any, *, successor_fi
     }
 
 
-@functools.cache
-def _release_stages(
-    *, successor: bool, fair: bool, successor_first: bool, leaving: bool
-) -> tuple[dict[str, Any], ...]:
-    gone: Any = {"$in": ["$$this.o", "$_v.leaving"]} if leaving else {"$eq": ["$$this.o", "$_v.me"]}
-    # Candidates for the freed weight: live places (ours removed), with the successor (a waiting
-    # task of this process) rewritten where it stands or queued last; never a token that holds a
-    # permit already (the successor's own attempt may have taken one), nor one that held a permit
-    # and returned it, or gave up waiting: a release that was delayed past those would hand a
-    # permit to nobody, which then stayed idle for its whole TTL.
-    candidates: Any = "$_q"
+def _candidates(*, successor: bool) -> Expression:
+    """Candidates for the freed weight: live places (ours removed), with the successor (a waiting
+    task of this process) rewritten where it stands or queued last; never a token that holds a
+    permit already (the successor's own attempt may have taken one), nor one that held a permit
+    and returned it, or gave up waiting (``$_held``): a release that was delayed past those would
+    hand a permit to nobody, which then stayed idle for its whole TTL."""
+    candidates: Any = "$_queue"
     if successor:
         successor_place = {
-            **new_place("$_v.successor", "$_v.successorTtl", "$_v.successorHolder"),
-            "w": "$_v.successorWeight",
+            **new_place("$_request.successor", "$_request.successorTtl", "$_request.successorHolder"),
+            "w": "$_request.successorWeight",
         }
-        candidates = with_place("$_q", "$_v.successor", successor_place)
-    candidates = {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
-    order: Any = "$_c"
-    # Where the successor stands in _c (-1: nowhere, or not moved), for the remaining queue below.
-    successor_at: Any = -1
-    if successor and not fair:
-        mine = {"$filter": {"input": "$_c", "cond": {"$eq": ["$$this.t", "$_v.successor"]}}}
-        others = places_without("$_c", "$_v.successor")
-        order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
-        successor_at = {"$indexOfArray": [tokens_of("$_c"), "$_v.successor"]}
-    # The queue after the hand-off, in _c's order: the candidates whose place in the hand-off order
-    # is past the ones handed (the first _r.k of that order). Where the handed ones are the first of
-    # _c too (the successor not moved), a slice; else the rest picked by index.
-    size_c = {"$size": "$_c"}
-    handed = "$_r.k"
-    position = _position_in_order("$$i", "$$m", size_c, successor_first=successor_first)
-    picked = {
-        "$map": {
-            "input": {"$filter": {"input": {"$range": [0, size_c]}, "as": "i", "cond": {"$gte": [position, handed]}}},
-            "as": "i",
-            "in": {"$arrayElemAt": ["$_c", "$$i"]},
-        }
-    }
-    natural = 0 if successor_first else {"$subtract": [size_c, 1]}
-    in_place = {"$or": [{"$lt": ["$$m", 0]}, {"$eq": ["$$m", natural]}]}
-    remaining_queue = {
-        "$let": {
-            "vars": {"m": successor_at},
-            "in": {
-                "$cond": [
-                    {"$eq": [handed, 0]},
-                    "$_c",
-                    {"$cond": [in_place, {"$slice": ["$_c", handed, {"$max": [size_c, 1]}]}, picked]},
-                ]
-            },
-        }
-    }
-    live_places: Any = unexpired_places(excluding="$_v.me")
-    if leaving:
-        live_places = {"$filter": {"input": live_places, "cond": {"$not": [{"$in": ["$$this.t", "$_v.leaving"]}]}}}
-    successor_token = "$_v.successor" if successor else None
-    handed_permits = {
-        "$map": {
-            "input": {"$range": [0, {"$size": "$_hand"}]},
-            "as": "i",
-            "in": {
-                "$let": {
-                    "vars": {"h": {"$arrayElemAt": ["$_hand", "$$i"]}},
-                    "in": permit_entry(
-                        "$$h.t",
-                        "$$h.ttlMs",
-                        "$$h.holder",
-                        {"$add": ["$_nf", "$$i"]},
-                        entry_weight("$$h"),
-                        start=not_before("$$h.at", NOW),
-                    ),
-                }
-            },
-        }
-    }
-    remote = {"$filter": {"input": tokens_of("$_r.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
+        candidates = with_place("$_queue", "$_request.successor", successor_place)
+    return {"$filter": {"input": candidates, "cond": {"$not": [{"$in": ["$$this.t", "$_held"]}]}}}
+
+
+def _hand_off_order(*, successor: bool, fair: bool, successor_first: bool) -> tuple[Expression, Expression]:
+    """The order in which ``$_candidates`` are handed the freed weight (served in turn: theirs; else
+    with the successor moved to the front or the back), and where the successor stands in
+    ``$_candidates`` (-1: nowhere, or not moved)."""
+    if not successor or fair:
+        return "$_candidates", -1
+    mine = {"$filter": {"input": "$_candidates", "cond": {"$eq": ["$$this.t", "$_request.successor"]}}}
+    others = places_without("$_candidates", "$_request.successor")
+    order = {"$concatArrays": [mine, others] if successor_first else [others, mine]}
+    return order, {"$indexOfArray": [tokens_of("$_candidates"), "$_request.successor"]}
+
+
+def _handoff(order: Expression) -> Expression:
+    """``{count, hand}``: how many of ``order``, from the first, fit together in the room the
+    remaining holders leave under the stored limit, and those places (none unless the release is
+    the caller's own)."""
     room = {"$subtract": ["$limit", weight_of("$_rest")]}
     fitting = {"$cond": ["$_own", _fitting_count("$$o", room), 0]}
-    handed_off = {
-        "$let": {
-            "vars": {"o": order},
-            "in": {"$let": {"vars": {"k": fitting}, "in": {"k": "$$k", "hand": {"$slice": ["$$o", "$$k"]}}}},
+    handed = {"count": "$$count", "hand": {"$slice": ["$$o", "$$count"]}}
+    return {"$let": {"vars": {"o": order}, "in": {"$let": {"vars": {"count": fitting}, "in": handed}}}}
+
+
+def _remaining_queue(successor_at: Expression, *, successor_first: bool) -> Expression:
+    """The queue after the hand-off, in ``$_candidates``' order: the candidates whose place in the
+    hand-off order is past the ones handed (the first ``$_handoff.count`` of that order). Where the
+    handed ones are the first of ``$_candidates`` too (the successor not moved), a slice; else the
+    rest picked by index."""
+    size = {"$size": "$_candidates"}
+    handed = "$_handoff.count"
+    position = _position_in_order("$$i", "$$m", size, successor_first=successor_first)
+    picked = {
+        "$map": {
+            "input": {"$filter": {"input": {"$range": [0, size]}, "as": "i", "cond": {"$gte": [position, handed]}}},
+            "as": "i",
+            "in": {"$arrayElemAt": ["$_candidates", "$$i"]},
         }
     }
+    natural = 0 if successor_first else {"$subtract": [size, 1]}
+    in_place = {"$or": [{"$lt": ["$$m", 0]}, {"$eq": ["$$m", natural]}]}
+    rest = {"$cond": [in_place, {"$slice": ["$_candidates", handed, {"$max": [size, 1]}]}, picked]}
+    return {"$let": {"vars": {"m": successor_at}, "in": {"$cond": [{"$eq": [handed, 0]}, "$_candidates", rest]}}}
+
+
+# The permits of the places handed to (``$_hand``), fenced one after another from the next fence,
+# each counted from its place's ``at`` at the earliest (see expressions.not_before).
+_HANDED_PERMITS = {
+    "$map": {
+        "input": {"$range": [0, {"$size": "$_hand"}]},
+        "as": "i",
+        "in": {
+            "$let": {
+                "vars": {"h": {"$arrayElemAt": ["$_hand", "$$i"]}},
+                "in": permit_entry(
+                    "$$h.t",
+                    "$$h.ttlMs",
+                    "$$h.holder",
+                    {"$add": ["$_next_fence", "$$i"]},
+                    entry_weight("$$h"),
+                    start=not_before("$$h.at", NOW),
+                ),
+            }
+        },
+    }
+}
+
+
+@functools.cache
+def _release_stages(*, successor: bool, fair: bool, successor_first: bool, leaving: bool) -> tuple[Stage, ...]:
+    """The stages after the request's values (see ``release_pipeline``)."""
+    gone: Any = {"$in": ["$$this.o", "$_request.leaving"]} if leaving else {"$eq": ["$$this.o", "$_request.me"]}
+    order, successor_at = _hand_off_order(successor=successor, fair=fair, successor_first=successor_first)
+    remaining_queue = _remaining_queue(successor_at, successor_first=successor_first)
+    live_places: Any = unexpired_places(excluding="$_request.me")
+    if leaving:
+        live_places = places_staying(live_places)
+    successor_token = "$_request.successor" if successor else None
+    remote = {"$filter": {"input": tokens_of("$_handoff.hand"), "as": "t", "cond": {"$ne": ["$$t", successor_token]}}}
     # Served in turn, waiters all queue behind the oldest place; when the weight freed does not fit
     # it (readers leaving before a waiting writer), nobody could come in, and waking every waiting
     # process would only send an attempt from each to the one document, delaying the release that
     # will hand the writer its turn.
-    nobody_blocks: Any = {"$eq": [{"$size": "$_c"}, 0]} if fair else True
+    nobody_blocks: Any = {"$eq": [{"$size": "$_candidates"}, 0]} if fair else True
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": {"$and": [permits_sane("$_v.kind"), {"$eq": ["$kind", "$_v.kind"]}]}}},
+        {"$set": {"_sane": {"$and": [permits_sane("$_request.kind"), {"$eq": ["$kind", "$_request.kind"]}]}}},
         {
             "$set": {
-                "_q": live_places,
-                "_hs": {"$cond": ["$_sane", LIVE_HOLDERS, []]},
-                "_nf": NEXT_FENCE_IF_SANE,
+                "_queue": live_places,
+                "_live_holders": {"$cond": ["$_sane", LIVE_HOLDERS, []]},
+                "_next_fence": NEXT_FENCE_IF_SANE,
             }
         },
         {
             "$set": {
-                "_own": {"$gt": [{"$size": {"$filter": {"input": "$_hs", "cond": gone}}}, 0]},
-                "_rest": {"$filter": {"input": "$_hs", "cond": {"$not": [gone]}}},
+                "_own": {"$gt": [{"$size": {"$filter": {"input": "$_live_holders", "cond": gone}}}, 0]},
+                "_rest": {"$filter": {"input": "$_live_holders", "cond": {"$not": [gone]}}},
             }
         },
         {
@@ -267,19 +287,19 @@ def _release_stages(
                 }
             }
         },
-        {"$set": {"_c": candidates}},
+        {"$set": {"_candidates": _candidates(successor=successor)}},
         # The freed weight goes to the oldest places that fit under the stored limit (a lowered
-        # limit revokes nobody; the weight above it is not handed on): _r.k of them, _r.hand.
+        # limit revokes nobody; the weight above it is not handed on).
         # (No more stages than needed: each one costs the embedded test server a copy of the
         # whole document, temporaries and all.)
-        {"$set": {"_r": handed_off}},
-        {"$set": {"_hand": "$_r.hand", "_handed": {"$gt": ["$_r.k", 0]}, "_remote": remote}},
+        {"$set": {"_handoff": _handoff(order)}},
+        {"$set": {"_hand": "$_handoff.hand", "_handed": {"$gt": ["$_handoff.count", 0]}, "_remote": remote}},
         {
             "$set": {
                 "holders": {
-                    "$cond": ["$_own", {"$concatArrays": ["$_rest", handed_permits]}, "$holders"],
+                    "$cond": ["$_own", {"$concatArrays": ["$_rest", _HANDED_PERMITS]}, "$holders"],
                 },
-                "fence": {"$cond": ["$_handed", {"$add": ["$_nf", {"$size": "$_hand"}, -1]}, "$fence"]},
+                "fence": {"$cond": ["$_handed", {"$add": ["$_next_fence", {"$size": "$_hand"}, -1]}, "$fence"]},
                 "handedOffAt": {"$cond": [{"$gt": [{"$size": "$_remote"}, 0]}, NOW, "$handedOffAt"]},
                 # The change stream looks for the tokens of the places handed to, in one string: a
                 # change event reports a changed array element by element ("handedOffTo.0"), which a
@@ -292,7 +312,9 @@ def _release_stages(
                 },
                 # What the change stream wakes other processes' waiters with: a value new on every
                 # release that frees a permit without handing it on, and that a waiter could take.
-                "freed": {"$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}, nobody_blocks]}, "$_v.stamp", "$freed"]},
+                "freed": {
+                    "$cond": [{"$and": ["$_own", {"$not": ["$_handed"]}, nobody_blocks]}, "$_request.stamp", "$freed"]
+                },
                 "releasedAt": {"$cond": ["$_own", NOW, "$releasedAt"]},
                 # Remembered on a document not written yet too (the withdrawal upserts it): the
                 # attempt it withdraws may create it later.
@@ -304,7 +326,7 @@ def _release_stages(
                         {"$and": ["$_own", not leaving]},
                         {
                             "$slice": [
-                                {"$concatArrays": [{"$ifNull": ["$releasedOwners", []]}, ["$_v.me"]]},
+                                {"$concatArrays": [{"$ifNull": ["$releasedOwners", []]}, ["$_request.me"]]},
                                 -_RELEASES_REMEMBERED,
                             ]
                         },
@@ -315,7 +337,7 @@ def _release_stages(
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {"$cond": ["$_own", remaining_queue, "$_q"]},
+                        {"$cond": ["$_own", remaining_queue, "$_queue"]},
                     ]
                 },
             }

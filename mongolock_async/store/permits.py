@@ -30,6 +30,7 @@ from .expressions import (
     array_or_empty,
     done_with,
     new_place,
+    places_ahead,
     places_without,
     request_values,
     server_plus,
@@ -38,7 +39,7 @@ from .expressions import (
     unexpired_places,
     with_place,
 )
-from .requests import Permits, PlaceRequest
+from .requests import Filter, Permits, Pipeline, PlaceRequest, Stage
 
 _HOLDER_WELL_FORMED: dict[str, Any] = {
     "$and": [
@@ -161,33 +162,37 @@ def _permit_values(place: PlaceRequest, permits: Permits) -> dict[str, Any]:
     }
 
 
-def acquire_pipeline(
-    place: PlaceRequest, permits: Permits, *, enqueue: bool, fair: bool
-) -> list[dict[str, Any]]:
-    """The acquire of a permit (a semaphore's or a read-write lock's): see ``_acquire_stages``."""
+def acquire_pipeline(place: PlaceRequest, permits: Permits, *, enqueue: bool, fair: bool) -> Pipeline:
+    """Take a permit for ``place`` (a semaphore's, a read-write lock's, an election's), or queue it.
+
+    Matches: the document's ``_id`` (an upserting ``findAndModify``).
+    Changes: drops expired holders; claims a permit already handed to ``place``, or takes one when
+    the live holders' weights leave room for its weight under the request's ``limit`` (and, with
+    ``fair``, no older place waits): a new entry in ``holders`` with the next ``fence``; else, with
+    ``enqueue``, queues or refreshes the place. A token already released or withdrawn takes
+    nothing; a document that is not sane, or of another kind, is left unchanged.
+    Returns: the document after the write (the caller holds a permit when ``holders`` has its token).
+    """
     values = {**_permit_values(place, permits), "keep": place.keep_expiry}
     return [request_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair)]
 
 
 @functools.cache
-def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
-    """Drop expired holders; claim a permit already handed to ``me``, or take one when the live
-    holders' weights leave room for ours under the request's ``limit`` (and, with ``fair``, no
-    older place waits); else queue."""
-    me = "$_v.me"
-    my_place = {**new_place(me, "$_v.ttl", "$_v.holder"), "w": "$_v.weight"}
-    my_tokens_index = {"$indexOfArray": [tokens_of("$_q"), me]}
-    waiting_queue: Any = with_place("$_q", me, my_place) if enqueue else "$queue"
+def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[Stage, ...]:
+    me = "$_request.me"
+    my_place = {**new_place(me, "$_request.ttl", "$_request.holder"), "w": "$_request.weight"}
+    my_tokens_index = {"$indexOfArray": [tokens_of("$_queue"), me]}
+    waiting_queue: Any = with_place("$_queue", me, my_place) if enqueue else "$queue"
     renewed_mine = {
         "$map": {
-            "input": "$_hs",
+            "input": "$_live_holders",
             "in": {
                 "$cond": [
                     {"$eq": ["$$this.o", me]},
                     {
                         "$mergeObjects": [
                             "$$this",
-                            {"exp": server_plus(NOW, "$_v.ttl"), "ttlMs": "$_v.ttl", "renewedAt": NOW},
+                            {"exp": server_plus(NOW, "$_request.ttl"), "ttlMs": "$_request.ttl", "renewedAt": NOW},
                         ]
                     },
                     "$$this",
@@ -195,19 +200,19 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
             },
         }
     }
-    new_permit = permit_entry(me, "$_v.ttl", "$_v.holder", "$_nf", "$_v.weight")
+    new_permit = permit_entry(me, "$_request.ttl", "$_request.holder", "$_next_fence", "$_request.weight")
     got_it = {"$or": ["$_claim", "$_take"]}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
-        {"$set": {"_sane": permits_sane("$_v.kind")}},
-        {"$set": {"_q": unexpired_places(), "_hs": {"$cond": ["$_sane", LIVE_HOLDERS, []]}}},
+        {"$set": {"_sane": permits_sane("$_request.kind")}},
+        {"$set": {"_queue": unexpired_places(), "_live_holders": {"$cond": ["$_sane", LIVE_HOLDERS, []]}}},
         {
             "$set": {
-                "_mine": {"$in": [me, holder_tokens("$_hs")]},
+                "_mine": {"$in": [me, holder_tokens("$_live_holders")]},
                 "_gone": done_with(me, array_or_empty("$releasedOwners")),
-                "_ahead": {"$cond": [{"$eq": [my_tokens_index, -1]}, {"$size": "$_q"}, my_tokens_index]} if fair else 0,
-                "_nf": NEXT_FENCE_IF_SANE,
-                "_room": {"$lte": [{"$add": [weight_of("$_hs"), "$_v.weight"]}, "$_v.limit"]},
+                "_ahead": places_ahead(my_tokens_index) if fair else 0,
+                "_next_fence": NEXT_FENCE_IF_SANE,
+                "_room": {"$lte": [{"$add": [weight_of("$_live_holders"), "$_request.weight"]}, "$_request.limit"]},
             }
         },
         {
@@ -220,19 +225,19 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
         },
         {
             "$set": {
-                "kind": {"$cond": ["$_sane", "$_v.kind", "$kind"]},
-                "limit": {"$cond": ["$_sane", "$_v.limit", "$limit"]},
-                "fence": {"$cond": ["$_take", "$_nf", "$fence"]},
+                "kind": {"$cond": ["$_sane", "$_request.kind", "$kind"]},
+                "limit": {"$cond": ["$_sane", "$_request.limit", "$limit"]},
+                "fence": {"$cond": ["$_take", "$_next_fence", "$fence"]},
                 "holders": {
                     "$cond": [
                         "$_claim",
                         # A claim that keeps the expiry (see PlaceRequest.keep_expiry) changes nothing.
-                        {"$cond": ["$_v.keep", "$_hs", renewed_mine]},
+                        {"$cond": ["$_request.keep", "$_live_holders", renewed_mine]},
                         {
                             "$cond": [
                                 "$_take",
-                                {"$concatArrays": ["$_hs", [new_permit]]},
-                                {"$cond": ["$_sane", "$_hs", "$holders"]},
+                                {"$concatArrays": ["$_live_holders", [new_permit]]},
+                                {"$cond": ["$_sane", "$_live_holders", "$holders"]},
                             ]
                         },
                     ]
@@ -241,7 +246,11 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
                     "$cond": [
                         {"$not": ["$_sane"]},
                         "$queue",
-                        {"$cond": [got_it, places_without("$_q", me), {"$cond": ["$_gone", "$_q", waiting_queue]}]},
+                        {
+                            "$cond": [
+                                got_it, places_without("$_queue", me), {"$cond": ["$_gone", "$_queue", waiting_queue]}
+                            ]
+                        },
                     ]
                 },
             }
@@ -251,9 +260,15 @@ def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[dict[str, Any], ...]:
     )
 
 
-def renewal_pipeline(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]]:
-    """A new expiry for ``owner``'s permit if it is still live; else no change at all (so the write
-    does not count as modified)."""
+def renewal_pipeline(owner: str, ttl_ms: int, stamp: str) -> Pipeline:
+    """Renew ``owner``'s permit (``LockStore.renew``).
+
+    Matches: the ``_id``, the kind and a holder ``owner`` (``kinds.PermitQueries.renewal``).
+    Changes: if ``owner``'s permit is still live, its ``exp``, ``ttlMs``, ``renewedAt`` and ``r``
+    (``stamp``) and the document's ``expiresAt``; else nothing at all (the write does not count
+    as modified).
+    Returns: nothing (the caller reads ``modified_count``).
+    """
     now = expressions.SERVER_NOW
     live = {"$and": [{"$eq": ["$$this.o", {"$literal": owner}]}, {"$gt": ["$$this.exp", now]}]}
     renewed = {"exp": server_plus(now, ttl_ms), "ttlMs": ttl_ms, "renewedAt": now, "r": stamp}
@@ -289,10 +304,15 @@ def renewal_pipeline(owner: str, ttl_ms: int, stamp: str) -> list[dict[str, Any]
     ]
 
 
-def force_release_pipeline(stamp: str, owner: str | None, *, live: bool = True) -> list[dict[str, Any]]:
-    """Break every live permit (or only ``owner``'s; none unless ``live``: then only a repair),
-    recording them in ``forcedRelease`` with ``stamp``, and wake the waiters (``freed``); a corrupt
-    document's permits are all broken and its fields reset."""
+def force_release_pipeline(stamp: str, owner: str | None, *, live: bool = True) -> Pipeline:
+    """Break permits: the operator's break-glass (``reports.force_release``).
+
+    Matches: the ``_id`` (and the owner token the operator named, ``reports``).
+    Changes: every live permit (or only ``owner``'s; none unless ``live``: then only a repair) is
+    removed from ``holders`` and recorded in ``forcedRelease`` with ``stamp``, and ``freed`` wakes
+    the waiters; a corrupt document's permits are all broken and its fields reset.
+    Returns: the document after the write.
+    """
     chosen: Any = live if owner is None else {"$eq": ["$$this.o", {"$literal": owner}]}
     return [
         {"$set": {"_now": expressions.SERVER_NOW, "_sane": permits_sane("$kind")}},
@@ -327,10 +347,14 @@ def force_release_pipeline(stamp: str, owner: str | None, *, live: bool = True) 
     ]
 
 
-def put_first_pipeline(kind: str, name: str, owner: str, label: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The filter and pipeline that move the oldest live place labelled ``label`` to the front of
-    the queue, so that the next hand-off goes to it; only while ``owner`` holds a permit there
-    (the queue is left as it is when no live place has that label)."""
+def put_first_pipeline(kind: str, name: str, owner: str, label: str) -> tuple[Filter, Pipeline]:
+    """Put a labelled place first in line (an election's leader handing over, ``LockStore.put_first``).
+
+    Matches: the ``_id``, the kind, a holder ``owner`` and a queued place labelled ``label``.
+    Changes: moves the oldest live place labelled ``label`` to the front of the queue, so that the
+    next hand-off goes to it (the queue is left as it is when no live place has that label).
+    Returns: the filter and the pipeline (the caller reads ``queue`` from the document after).
+    """
     query = {"_id": name, "kind": kind, "holders.o": owner, "queue.holder.label": label}
     labelled = {
         "$and": [

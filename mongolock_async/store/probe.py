@@ -27,10 +27,11 @@ from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
+from .._util.collection_types import AsyncClient
 from .expressions import SERVER_NOW, array_or_empty
 from .lockstore import LockStore
 from .mutex import acquire_pipeline, release_pipeline
-from .requests import PlaceRequest
+from .requests import Pipeline, PlaceRequest
 from .sending import DECIDING_FIELDS, maybe_await
 
 SCRATCH_PREFIX = "mongolock-check-"
@@ -69,7 +70,7 @@ class ScannedDocuments:
 
     total: int
     """Lock documents in the collection (scratch documents left out), counted on the server."""
-    documents: list[dict[str, Any]]
+    documents: Pipeline
     """Up to the scan's limit, each with ``_size`` (BSON bytes) and ``_expired`` (leases or permits
     past their expiry still stored as held) added by the server."""
     earlier_scratch: int
@@ -83,7 +84,7 @@ class DeploymentProbe:
     requests the check times or tries as the library sends them.
     """
 
-    def __init__(self, client: Any, database: str, collection: str) -> None:
+    def __init__(self, client: AsyncClient, database: str, collection: str) -> None:
         self.client = client
         self.database = client[database]
         raw = self.database[collection]
@@ -131,7 +132,7 @@ class DeploymentProbe:
         info: dict[str, Any] = reply.get("authInfo") or {}
         return info
 
-    async def server_now(self, client: Any = None) -> datetime:
+    async def server_now(self, client: AsyncClient | None = None) -> datetime:
         """The server's ``$$NOW`` as one read on the lock collection evaluates it (through
         ``client``, default this probe's).
 
@@ -169,7 +170,7 @@ class DeploymentProbe:
             raise
         return sorted(str(document["_id"]) for document in documents)
 
-    async def listed_as(self, client: Any) -> str | None:
+    async def listed_as(self, client: AsyncClient) -> str | None:
         """How the mongos that ``client`` reaches lists itself in ``config.mongos``, or None where
         this user may not run ``serverStatus`` (``clusterMonitor`` may).
 
@@ -214,10 +215,10 @@ class DeploymentProbe:
         names = await self.database.list_collection_names(filter={"name": self.collection.name})
         return self.collection.name in names
 
-    async def try_list_indexes(self) -> list[dict[str, Any]]:
+    async def try_list_indexes(self) -> Pipeline:
         """The collection's indexes (``listIndexes``)."""
         cursor = await maybe_await(self.collection.list_indexes())
-        indexes: list[dict[str, Any]] = await cursor.to_list(None)
+        indexes: Pipeline = await cursor.to_list(None)
         return indexes
 
     async def try_create_index(self) -> None:
@@ -303,7 +304,7 @@ class DeploymentProbe:
             },
         ]
         cursor = await maybe_await(collection.aggregate(pipeline))
-        documents: list[dict[str, Any]] = await cursor.to_list(None)
+        documents: Pipeline = await cursor.to_list(None)
         own = await collection.count_documents({"_id": _prefix_range(own_prefix)})
         return ScannedDocuments(total - earlier_scratch, documents, earlier_scratch - own)
 
@@ -359,7 +360,7 @@ class DeploymentProbe:
         return int(result.matched_count)
 
     @contextlib.asynccontextmanager
-    async def watching(self, name: str, client: Any, *, max_await_ms: int = 200) -> AsyncIterator[Any]:
+    async def watching(self, name: str, client: AsyncClient, *, max_await_ms: int = 200) -> AsyncIterator[Any]:
         """A change stream of every write to ``name`` through ``client`` (another client than this
         probe's: its own connections), closed on the way out."""
         store = LockStore(client[self.database.name][self.collection.name], _MAJORITY)

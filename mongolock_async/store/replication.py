@@ -15,6 +15,7 @@ from typing import Any
 from bson import Timestamp
 from pymongo.errors import PyMongoError
 
+from .._util.collection_types import AsyncClient
 from .sending import maybe_await
 
 
@@ -29,7 +30,7 @@ class OplogSpan:
     max_bytes: int | None = None
 
 
-async def replica_set_status(client: Any) -> dict[str, Any]:
+async def replica_set_status(client: AsyncClient) -> dict[str, Any]:
     """``replSetGetStatus``: ``members`` (``name``, ``health``, ``stateStr``, ``optimeDate``,
     ``self``), ``writeMajorityCount`` (4.4+), ``heartbeatIntervalMillis``, and on a primary that
     won an election ``electionCandidateMetrics`` (with ``electionTimeoutMillis``)."""
@@ -37,7 +38,7 @@ async def replica_set_status(client: Any) -> dict[str, Any]:
     return reply
 
 
-async def replica_set_config(client: Any) -> dict[str, Any]:
+async def replica_set_config(client: AsyncClient) -> dict[str, Any]:
     """``replSetGetConfig``'s ``config``: ``members`` (``arbiterOnly``, ``votes``, ``priority``),
     ``settings`` (``electionTimeoutMillis``, ``heartbeatIntervalMillis``, ``catchUpTimeoutMillis``)
     and ``writeConcernMajorityJournalDefault``."""
@@ -46,7 +47,7 @@ async def replica_set_config(client: Any) -> dict[str, Any]:
     return config
 
 
-async def oplog_span(client: Any) -> OplogSpan | None:
+async def oplog_span(client: AsyncClient) -> OplogSpan | None:
     """The oplog's first and last entries in natural (insertion) order, as
     ``db.getReplicationInfo()`` reads them (mongosh's ``getReplicationInfo``:
     ``find().sort({$natural: 1}).limit(1)`` and ``{$natural: -1}``, no index needed), and its size

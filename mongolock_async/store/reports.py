@@ -14,12 +14,13 @@ from typing import Any
 
 from pymongo import ReturnDocument
 
+from .._util.collection_types import AsyncCollection
 from ..errors import LockDataError
 from . import expressions, mutex, permits
 from .documents import PERMIT_KINDS, Leadership, LockReport, LockState
 from .expressions import LEASE_LIVE, int_or_none, mapping_or_empty, new_stamp
 from .kinds import of_kind, queries_for
-from .requests import Permits
+from .requests import Permits, Pipeline
 from .sending import maybe_await
 
 
@@ -48,7 +49,7 @@ async def read(reads: Any, name: str) -> LockState | None:
     return None if doc is None else LockState.from_document(doc)
 
 
-def _report_pipeline(match: dict[str, Any]) -> list[dict[str, Any]]:
+def _report_pipeline(match: dict[str, Any]) -> Pipeline:
     now = expressions.SERVER_NOW
     dated = {"$filter": {"input": permits.live_holders(now), "cond": {"$eq": [{"$type": "$$this.exp"}, "date"]}}}
     live_permits_left = {"$map": {"input": dated, "in": ["$$this.o", {"$subtract": ["$$this.exp", now]}]}}
@@ -220,7 +221,7 @@ def selected_holder(name: str, found: LockReport, holder: str) -> tuple[str, boo
 
 
 async def force_release_lease(
-    collection: Any, name: str, owner: str | None, *, live: bool = True
+    collection: AsyncCollection, name: str, owner: str | None, *, live: bool = True
 ) -> ForcedRelease | None:
     """Break the live lease of the lock (or job) ``name``, or only ``owner``'s (then never a corrupt
     document's repair); without ``live``, only repair a corrupt document. What was broken, or None."""
@@ -245,7 +246,7 @@ async def force_release_lease(
 
 
 async def force_release_permits(
-    collection: Any, name: str, owner: str | None, *, live: bool = True
+    collection: AsyncCollection, name: str, owner: str | None, *, live: bool = True
 ) -> ForcedRelease | None:
     """Break every live permit of ``name``, or only the one of ``owner`` (a whole owner token);
     without ``live``, only repair a corrupt document."""

@@ -35,10 +35,12 @@ from pymongo.errors import (
 from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 
+from .._util.collection_types import AsyncClient, AsyncCollection
 from .._util.diagnosis import cause_of, retrying_cannot_fix
 from .._util.shield import DRIVER_DEADLINE_AFTER_CUT, RequestTimeout, run_shielded
 from .._util.weak import WeakIdentityMap
 from ..errors import ServerTooOldError
+from .requests import Pipeline
 
 logger = logging.getLogger("mongolock_async")
 T = TypeVar("T")
@@ -56,7 +58,7 @@ DECIDING_FIELDS = {"owner": 1, "expiresAt": 1, "fence": 1, "queue": 1, "kind": 1
 
 
 async def send(
-    client: Any,
+    client: AsyncClient,
     request: Coroutine[Any, Any, T],
     *,
     bound: float,
@@ -122,7 +124,7 @@ def _driver_waits(options: Any) -> _DriverWaits:
     return _DriverWaits(selection, 0.0 if queue is None else min(queue, selection))
 
 
-async def check_server(client: Any, full_name: str) -> None:
+async def check_server(client: AsyncClient, full_name: str) -> None:
     """Refuse a server older than MongoDB 5.0, once per client, with a clear error.
 
     Judged by the wire version each server announced to the driver's monitoring, after a ``ping``
@@ -147,7 +149,7 @@ async def check_server(client: Any, full_name: str) -> None:
 
 
 async def find_and_modify(
-    collection: Any,
+    collection: AsyncCollection,
     command: dict[str, Any],
     codec_options: Any,
     *,
@@ -175,7 +177,7 @@ def find_and_modify_command(
     collection_name: str,
     write_concern: Mapping[str, Any],
     query: Mapping[str, Any],
-    pipeline: list[dict[str, Any]],
+    pipeline: Pipeline,
     *,
     upsert: bool = False,
 ) -> dict[str, Any]:
@@ -191,7 +193,7 @@ def find_and_modify_command(
 
 
 async def upsert(
-    collection: Any, command: dict[str, Any], codec_options: Any, *, session: Any = None
+    collection: AsyncCollection, command: dict[str, Any], codec_options: Any, *, session: Any = None
 ) -> Mapping[str, Any]:
     """``find_and_modify`` of an upserting ``command``, sent again when racing upserts of a new
     name collide (a duplicate key on ``_id``)."""
@@ -225,7 +227,7 @@ NO_SERVER_WARNING_AFTER = 2.0
 """Seconds a request may wait for a server before a warning says so (no silent waits)."""
 
 
-def _what_the_servers_ran_into(client: Any) -> str | None:
+def _what_the_servers_ran_into(client: AsyncClient) -> str | None:
     """The cause of the last error the driver's monitoring recorded for any server, if any."""
     errors = [server.error for server in client.topology_description.server_descriptions().values()]
     seen = [error for error in errors if error is not None]
@@ -236,7 +238,7 @@ _NO_SERVER_WARNING_INTERVAL = 10.0
 _warned_no_server: WeakIdentityMap[Any, list[float]] = WeakIdentityMap()
 
 
-def _warn_no_server(client: Any, bound: float) -> None:
+def _warn_no_server(client: AsyncClient, bound: float) -> None:
     # Once per client and outage (every request of an acquire that retries would say it again).
     warned = _warned_no_server.setdefault(client, lambda: [-_NO_SERVER_WARNING_INTERVAL])
     now = time.monotonic()
@@ -262,7 +264,7 @@ _WRITABLE_OR_BALANCED = (*_WRITABLE, SERVER_TYPE.LoadBalancer)
 _last_seen: WeakIdentityMap[Any, list[Any]] = WeakIdentityMap()
 
 
-def _writable_server_known(client: Any) -> bool:
+def _writable_server_known(client: AsyncClient) -> bool:
     """Whether the client's monitoring knows a server it can write to (cached per description: the
     driver replaces the immutable description object whenever something changes)."""
     description = client.topology_description

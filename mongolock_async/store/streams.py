@@ -8,11 +8,12 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .._util.collection_types import AsyncClient, AsyncCollection
 from .sending import maybe_await
 
 
 @contextlib.asynccontextmanager
-async def session(client: Any) -> AsyncIterator[Any]:
+async def session(client: AsyncClient) -> AsyncIterator[Any]:
     """A client session, to learn the ``operationTime`` of a request sent in it."""
     started = await maybe_await(client.start_session(causal_consistency=False))
     try:
@@ -21,7 +22,7 @@ async def session(client: Any) -> AsyncIterator[Any]:
         await maybe_await(started.end_session())
 
 
-async def watch(collection: Any, *, token_prefix: str, max_await_ms: int, start_at: Any = None) -> Any:
+async def watch(collection: AsyncCollection, *, token_prefix: str, max_await_ms: int, start_at: Any = None) -> Any:
     """Open a change stream of the writes that can end a wait: releases (of a lock, or of a
     semaphore's permit), deletions, and hand-offs to this process's places (whose owner tokens
     start with ``token_prefix``).
@@ -55,7 +56,7 @@ async def watch(collection: Any, *, token_prefix: str, max_await_ms: int, start_
     )
 
 
-async def watch_name(collection: Any, name: str, *, max_await_ms: int) -> Any:
+async def watch_name(collection: AsyncCollection, name: str, *, max_await_ms: int) -> Any:
     """Open a change stream of every write to ``name``'s document (its observers read the document
     again on each). Needs a replica set or a sharded cluster."""
     pipeline = [{"$match": {"documentKey._id": name}}]

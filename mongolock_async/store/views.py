@@ -15,6 +15,7 @@ from typing import Any
 
 from pymongo.errors import OperationFailure
 
+from .._util.collection_types import AsyncClient, AsyncCollection
 from .sending import maybe_await
 
 CHANGE_STREAMS_UNSUPPORTED = (40573, 20)
@@ -25,7 +26,7 @@ standalone mongod (mongodb/mongo's jstests assert it as ``notReplicaSetErrorCode
 UNAUTHORIZED = 13
 
 
-async def collection_exists(collection: Any) -> bool:
+async def collection_exists(collection: AsyncCollection) -> bool:
     """Whether ``collection`` exists (``listCollections`` on its database, by name)."""
     names = await collection.database.list_collection_names(filter={"name": collection.name})
     return collection.name in names
@@ -70,7 +71,7 @@ def change_streams_refused(error: BaseException) -> bool:
     return isinstance(error, OperationFailure) and error.code == UNAUTHORIZED
 
 
-async def server_time(client: Any) -> datetime:
+async def server_time(client: AsyncClient) -> datetime:
     """The server's clock now: ``hello``'s ``localTime`` (a read of nothing, allowed to every user;
     on a mongos, the mongos's clock, which is also the one its ``$$NOW`` reads)."""
     reply = await client.admin.command("hello")

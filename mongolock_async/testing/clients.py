@@ -6,6 +6,8 @@ from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
+from .._util.collection_types import AsyncClient, AsyncCollection
+
 DRIVERS = ("pymongo", "motor")
 TEST_DATABASE = "mongolock_tests"
 
@@ -22,14 +24,14 @@ def make_client(driver: str, uri: str, **options: Any) -> Any:
     raise ValueError(f"unknown driver {driver!r}; expected one of {DRIVERS}")
 
 
-async def close_client(client: Any) -> None:
+async def close_client(client: AsyncClient) -> None:
     """Close a client of either driver (PyMongo's close is a coroutine; Motor's is not)."""
     result = client.close()
     if result is not None:
         await result
 
 
-async def shard(collection: Any) -> None:
+async def shard(collection: AsyncCollection) -> None:
     """Shard ``collection`` on ``{_id: "hashed"}`` (through a mongos), as docs/deploying.md advises."""
     admin = collection.database.client.admin
     await admin.command("enableSharding", collection.database.name)

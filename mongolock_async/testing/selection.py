@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._util.collection_types import AsyncClient
 from .server import EmbeddedMongo
 
 DEFAULT_MONGODB_IMAGE = "mongo:8.0"
@@ -111,7 +112,7 @@ def mongodb_container(startup_timeout: float = 120.0) -> Iterator[str]:
         yield uri
 
 
-def _initiate(client: Any) -> None:
+def _initiate(client: AsyncClient) -> None:
     from pymongo.errors import OperationFailure
 
     members = [{"_id": 0, "host": f"localhost:{_MONGOD_PORT}"}]

@@ -75,21 +75,35 @@ def judge_members(status: Mapping[str, Any], config: Mapping[str, Any] | None, t
     }
     if len(healthy_data_voting) < needed:
         health = Check(
-            "replication", "members", FAIL,
-            f"{shown}: {len(healthy_data_voting)} healthy data-bearing voting members, a majority write needs "
-            f"{needed}",
-            "majority writes (every acquire, renewal and release) cannot commit: bring members back (rs.status())",
-            figures,
+            section="replication",
+            name="members",
+            verdict=FAIL,
+            measured=(
+                f"{shown}: {len(healthy_data_voting)} healthy data-bearing voting members, a majority write needs "
+                f"{needed}"
+            ),
+            fix="majority writes (every acquire, renewal and release) cannot commit: bring members back (rs.status())",
+            figures=figures,
         )  # fmt: skip
     elif unhealthy:
         names = ", ".join(str(m.get("name")) for m in unhealthy)
         health = Check(
-            "replication", "members", WARN, f"{shown}; not healthy: {names}",
-            f"one more failure and majority writes stop (they need {needed}): bring {names} back (rs.status())",
-            figures,
+            section="replication",
+            name="members",
+            verdict=WARN,
+            measured=f"{shown}; not healthy: {names}",
+            fix=f"one more failure and majority writes stop (they need {needed}): bring {names} back (rs.status())",
+            figures=figures,
         )  # fmt: skip
     else:
-        health = Check("replication", "members", PASS, f"{shown}; a majority write needs {needed}", None, figures)
+        health = Check(
+            section="replication",
+            name="members",
+            verdict=PASS,
+            measured=f"{shown}; a majority write needs {needed}",
+            fix=None,
+            figures=figures,
+        )
     return [health, _judge_lag(members, healthy_data_voting, needed, ttl)]
 
 
@@ -98,7 +112,12 @@ def _judge_lag(members: Sequence[Mapping[str, Any]], data_voting: Sequence[Mappi
     primary = next((m for m in members if m.get("stateStr") == "PRIMARY"), None)
     primary_at = primary.get("optimeDate") if primary is not None else None
     if not isinstance(primary_at, datetime):
-        return Check("replication", "lag", SKIP, "not run: no primary reported its optime")
+        return Check(
+            section="replication",
+            name="lag",
+            verdict=SKIP,
+            measured="not run: no primary reported its optime",
+        )
     lags = {
         str(m.get("name")): max(0.0, (primary_at - m["optimeDate"]).total_seconds())
         for m in members
@@ -110,7 +129,14 @@ def _judge_lag(members: Sequence[Mapping[str, Any]], data_voting: Sequence[Mappi
     figures = {"lag_s": lags, "majority_lag_s": majority_lag, "warn_above_s": LAG_WARN_SHARE * ttl,
                "fail_at_s": LAG_FAIL_SHARE * ttl}  # fmt: skip
     if worst is None:
-        return Check("replication", "lag", PASS, "no secondary to lag (one data-bearing member)", None, figures)
+        return Check(
+            section="replication",
+            name="lag",
+            verdict=PASS,
+            measured="no secondary to lag (one data-bearing member)",
+            fix=None,
+            figures=figures,
+        )
     shown = (
         f"the most behind, {worst[0]}, {ms(worst[1])} behind the primary; a majority commits "
         + (f"{ms(majority_lag)} behind" if majority_lag is not None else "with members missing")
@@ -118,25 +144,40 @@ def _judge_lag(members: Sequence[Mapping[str, Any]], data_voting: Sequence[Mappi
     )
     if majority_lag is not None and majority_lag >= LAG_FAIL_SHARE * ttl:
         return Check(
-            "replication", "lag", FAIL, shown,
-            "majority writes wait for lagging members longer than a renewal interval: find what slows "
-            "replication (rs.status(), the members' disks and network), or use a longer TTL",
-            figures,
+            section="replication",
+            name="lag",
+            verdict=FAIL,
+            measured=shown,
+            fix=(
+                "majority writes wait for lagging members longer than a renewal interval: find what slows "
+                "replication (rs.status(), the members' disks and network), or use a longer TTL"
+            ),
+            figures=figures,
         )  # fmt: skip
     if worst[1] > LAG_WARN_SHARE * ttl:
         return Check(
-            "replication", "lag", WARN, shown,
-            f"a member lags more than {percent(LAG_WARN_SHARE)} of the TTL: a majority that needs it commits that "
-            "late (a renewal eats into the safety margin); find what slows it",
-            figures,
+            section="replication",
+            name="lag",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                f"a member lags more than {percent(LAG_WARN_SHARE)} of the TTL: a majority that needs it commits that "
+                "late (a renewal eats into the safety margin); find what slows it"
+            ),
+            figures=figures,
         )  # fmt: skip
-    return Check("replication", "lag", PASS, shown, None, figures)
+    return Check(section="replication", name="lag", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def judge_oplog(span: OplogSpan | None) -> Check:
     """The oplog window: how long a member may be away and still catch up."""
     if span is None:
-        return Check("replication", "oplog window", SKIP, "not run: the oplog holds no entry")
+        return Check(
+            section="replication",
+            name="oplog window",
+            verdict=SKIP,
+            measured="not run: the oplog holds no entry",
+        )
     seconds = (span.last - span.first).total_seconds()
     hours = seconds / 3600
     full = span.used_bytes is not None and span.max_bytes and span.used_bytes >= OPLOG_FULL_SHARE * span.max_bytes
@@ -149,18 +190,48 @@ def judge_oplog(span: OplogSpan | None) -> Check:
     )
     shown = f"the oplog spans {_duration(seconds)} ({size})"
     if hours >= OPLOG_WARN_HOURS:
-        return Check("replication", "oplog window", PASS, shown, None, figures)
+        return Check(
+            section="replication",
+            name="oplog window",
+            verdict=PASS,
+            measured=shown,
+            fix=None,
+            figures=figures,
+        )
     if span.used_bytes is not None and span.max_bytes and not full:
-        return Check("replication", "oplog window", PASS, shown + ": not full yet, so the window is at least that "
-                     "and growing", None, figures)  # fmt: skip
+        return Check(
+            section="replication",
+            name="oplog window",
+            verdict=PASS,
+            measured=(
+                shown + ": not full yet, so the window is at least that "
+                "and growing"
+            ),
+            fix=None,
+            figures=figures,
+        )  # fmt: skip
     if not full:
-        return Check("replication", "oplog window", SKIP, f"not judged: {shown}, so whether it is full is not known "
-                     "(collStats on local.oplog.rs needs clusterMonitor)", None, figures)  # fmt: skip
+        return Check(
+            section="replication",
+            name="oplog window",
+            verdict=SKIP,
+            measured=(
+                f"not judged: {shown}, so whether it is full is not known "
+                "(collStats on local.oplog.rs needs clusterMonitor)"
+            ),
+            fix=None,
+            figures=figures,
+        )  # fmt: skip
     return Check(
-        "replication", "oplog window", WARN, shown + ", full",
-        f"a member away longer than that must be resynced (one copy fewer meanwhile): size the oplog for at least "
-        f"{OPLOG_WARN_HOURS:g} h (replSetResizeOplog, or storage.oplogMinRetentionHours)",
-        figures,
+        section="replication",
+        name="oplog window",
+        verdict=WARN,
+        measured=shown + ", full",
+        fix=(
+            f"a member away longer than that must be resynced (one copy fewer meanwhile): size the oplog for at least "
+            f"{OPLOG_WARN_HOURS:g} h (replSetResizeOplog, or storage.oplogMinRetentionHours)"
+        ),
+        figures=figures,
     )  # fmt: skip
 
 
@@ -178,8 +249,15 @@ def judge_failover(
     metrics = status.get("electionCandidateMetrics") or {}
     timeout = settings.get("electionTimeoutMillis", metrics.get("electionTimeoutMillis"))
     if not isinstance(timeout, int | float):
-        return Check("replication", "failover", SKIP, "not run: electionTimeoutMillis is not known: replSetGetConfig: "
-                     f"{why_no_config or 'no settings'}")  # fmt: skip
+        return Check(
+            section="replication",
+            name="failover",
+            verdict=SKIP,
+            measured=(
+                "not run: electionTimeoutMillis is not known: replSetGetConfig: "
+                f"{why_no_config or 'no settings'}"
+            ),
+        )  # fmt: skip
     heartbeat = settings.get("heartbeatIntervalMillis", status.get("heartbeatIntervalMillis", DEFAULT_HEARTBEAT_MS))
     heartbeat = heartbeat if isinstance(heartbeat, int | float) else DEFAULT_HEARTBEAT_MS
     gap = (timeout + heartbeat) / 1000
@@ -192,12 +270,18 @@ def judge_failover(
     )
     if gap > left:
         return Check(
-            "replication", "failover", WARN, shown,
-            f"holders lose their leases at a failover (signalled: LockLostError, never silent): use a TTL of at least "
-            f"{(gap + margin) / (1 - RENEWAL_SHARE):.3g} s, or a shorter electionTimeoutMillis",
-            figures,
+            section="replication",
+            name="failover",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                "holders lose their leases at a failover (signalled: LockLostError, never silent): use a TTL of "
+                "at least "
+                f"{(gap + margin) / (1 - RENEWAL_SHARE):.3g} s, or a shorter electionTimeoutMillis"
+            ),
+            figures=figures,
         )  # fmt: skip
-    return Check("replication", "failover", PASS, shown, None, figures)
+    return Check(section="replication", name="failover", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def judge_arbiters(hello: Mapping[str, Any]) -> Check:
@@ -207,34 +291,71 @@ def judge_arbiters(hello: Mapping[str, Any]) -> Check:
     figures = {"arbiters": arbiters}
     if arbiters:
         return Check(
-            "replication", "arbiters", WARN,
-            f"{len(arbiters)} arbiter{'s' if len(arbiters) > 1 else ''} ({', '.join(arbiters)}): with one data-bearing "
-            "member down, w: \"majority\" writes (every acquire, renewal and release) cannot commit",
-            "replace each arbiter with a data-bearing member (MongoDB advises against arbiters: PSA sets lose "
-            "majority writes with one member down)",
-            figures,
+            section="replication",
+            name="arbiters",
+            verdict=WARN,
+            measured=(
+                f"{len(arbiters)} arbiter{'s' if len(arbiters) > 1 else ''} ({', '.join(arbiters)}): with one "
+                "data-bearing "
+                "member down, w: \"majority\" writes (every acquire, renewal and release) cannot commit"
+            ),
+            fix=(
+                "replace each arbiter with a data-bearing member (MongoDB advises against arbiters: PSA sets lose "
+                "majority writes with one member down)"
+            ),
+            figures=figures,
         )  # fmt: skip
-    return Check("replication", "arbiters", PASS, "no arbiter: every voting member holds data", None, figures)
+    return Check(
+        section="replication",
+        name="arbiters",
+        verdict=PASS,
+        measured="no arbiter: every voting member holds data",
+        fix=None,
+        figures=figures,
+    )
 
 
 def judge_journaling(config: Mapping[str, Any] | None) -> Check:
     """``writeConcernMajorityJournalDefault``: whether a majority write is acknowledged only once
     journaled on a majority (true by default); false lets a crash of that majority lose it."""
     if config is None:
-        return Check("replication", "journaling", SKIP, "not run: replSetGetConfig is not readable here "
-                     "(it needs clusterMonitor)")  # fmt: skip
+        return Check(
+            section="replication",
+            name="journaling",
+            verdict=SKIP,
+            measured=(
+                "not run: replSetGetConfig is not readable here "
+                "(it needs clusterMonitor)"
+            ),
+        )  # fmt: skip
     journaled = config.get("writeConcernMajorityJournalDefault", True)
     figures = {"write_concern_majority_journal_default": journaled}
     if journaled is False:
         return Check(
-            "replication", "journaling", FAIL,
-            "writeConcernMajorityJournalDefault is false: majority writes are acknowledged before they are journaled",
-            "a crash of the majority can lose an acknowledged acquisition (two holders, a fencing token reused): "
-            "set it to true (rs.reconfig)",
-            figures,
+            section="replication",
+            name="journaling",
+            verdict=FAIL,
+            measured=(
+                "writeConcernMajorityJournalDefault is false: majority writes are acknowledged before they are "
+                "journaled"
+            ),
+            fix=(
+                "a crash of the majority can lose an acknowledged acquisition (two holders, a fencing token reused): "
+                "set it to true (rs.reconfig)"
+            ),
+            figures=figures,
         )  # fmt: skip
-    return Check("replication", "journaling", PASS, "majority writes are acknowledged once journaled on a "
-                 "majority (writeConcernMajorityJournalDefault true)", None, figures)  # fmt: skip
+    return Check(
+        section="replication",
+        name="journaling",
+        verdict=PASS,
+        measured=(
+            "majority writes are acknowledged once journaled on a "
+            "majority (writeConcernMajorityJournalDefault true)"
+        ),
+        fix=None,
+        figures=figures,
+    )  # fmt: skip
 
 
 # -- the collection and the server's release ------------------------------------------------------
@@ -244,8 +365,17 @@ def judge_collection_options(entry: Mapping[str, Any] | None) -> Check:
     """The lock collection's type and options: the library needs a plain collection that compares
     ``_id`` as binary strings, accepts its documents, and lets them grow."""
     if entry is None:
-        return Check("collection", "options", PASS, "no collection yet: the first lock creates it with the server's "
-                     "defaults", None, {"exists": False})  # fmt: skip
+        return Check(
+            section="collection",
+            name="options",
+            verdict=PASS,
+            measured=(
+                "no collection yet: the first lock creates it with the server's "
+                "defaults"
+            ),
+            fix=None,
+            figures={"exists": False},
+        )  # fmt: skip
     options = entry.get("options") or {}
     collation = options.get("collation") or {}
     figures = {"type": entry.get("type"), "collation": collation or None, "validator": bool(options.get("validator")),
@@ -263,14 +393,28 @@ def judge_collection_options(entry: Mapping[str, Any] | None) -> Check:
         action, level = options.get("validationAction", "error"), options.get("validationLevel", "strict")
         problems.append((WARN, f"a validator ({action} on {level} level) may refuse the library's writes"))
     if not problems:
-        return Check("collection", "options", PASS, "a plain collection: _id compared as binary strings, no "
-                     "validator, not capped", None, figures)  # fmt: skip
+        return Check(
+            section="collection",
+            name="options",
+            verdict=PASS,
+            measured=(
+                "a plain collection: _id compared as binary strings, no "
+                "validator, not capped"
+            ),
+            fix=None,
+            figures=figures,
+        )  # fmt: skip
     verdict = FAIL if any(level == FAIL for level, _ in problems) else WARN
     return Check(
-        "collection", "options", verdict, "; ".join(text for _, text in problems),
-        "keep the locks in a collection of their own, created with the server's defaults (no collation, "
-        "validator or cap): the library creates it on first use",
-        figures,
+        section="collection",
+        name="options",
+        verdict=verdict,
+        measured="; ".join(text for _, text in problems),
+        fix=(
+            "keep the locks in a collection of their own, created with the server's defaults (no collation, "
+            "validator or cap): the library creates it on first use"
+        ),
+        figures=figures,
     )  # fmt: skip
 
 
@@ -280,34 +424,69 @@ def judge_support(build_info: Mapping[str, Any], today: date) -> Check:
     series = version_tuple(version)
     figures: dict[str, Any] = {"version": version, "end_of_life": None}
     if series is None:
-        return Check("server", "support", SKIP, f"not run: version {version!r} is not MAJOR.MINOR...")
+        return Check(
+            section="server",
+            name="support",
+            verdict=SKIP,
+            measured=f"not run: version {version!r} is not MAJOR.MINOR...",
+        )
     major_end = END_OF_LIFE.get((series[0], 0))
     if series in RAPID_RELEASES:
         return Check(
-            "server", "support", WARN,
-            f"MongoDB {version} is a rapid release: supported on Atlas only, and only until the next release",
-            f"upgrade to a supported major release ({_SCHEDULES})",
-            figures,
+            section="server",
+            name="support",
+            verdict=WARN,
+            measured=f"MongoDB {version} is a rapid release: supported on Atlas only, and only until the next release",
+            fix=f"upgrade to a supported major release ({_SCHEDULES})",
+            figures=figures,
         )  # fmt: skip
     end = END_OF_LIFE.get(series) or (major_end if series[0] >= 8 else None)
     if end is None:
         latest = max(END_OF_LIFE)
         if series > latest:
-            return Check("server", "support", PASS, f"MongoDB {version} is newer than this check's lifecycle table "
-                         f"(up to {latest[0]}.{latest[1]})", None, figures)  # fmt: skip
-        return Check("server", "support", SKIP, f"not run: MongoDB {version} is not in the lifecycle table")
+            return Check(
+                section="server",
+                name="support",
+                verdict=PASS,
+                measured=(
+                    f"MongoDB {version} is newer than this check's lifecycle table "
+                    f"(up to {latest[0]}.{latest[1]})"
+                ),
+                fix=None,
+                figures=figures,
+            )  # fmt: skip
+        return Check(
+            section="server",
+            name="support",
+            verdict=SKIP,
+            measured=f"not run: MongoDB {version} is not in the lifecycle table",
+        )
     figures["end_of_life"] = end.isoformat()
     if today > end:
         return Check(
-            "server", "support", WARN,
-            f"MongoDB {series[0]}.{series[1]} reached its end of life on {end:%Y-%m-%d}: no more fixes, security ones "
-            "included",
-            f"upgrade to a supported release ({_SCHEDULES})",
-            figures,
+            section="server",
+            name="support",
+            verdict=WARN,
+            measured=(
+                f"MongoDB {series[0]}.{series[1]} reached its end of life on {end:%Y-%m-%d}: no more fixes, "
+                "security ones "
+                "included"
+            ),
+            fix=f"upgrade to a supported release ({_SCHEDULES})",
+            figures=figures,
         )  # fmt: skip
     left = (end - today) // timedelta(days=1)
-    return Check("server", "support", PASS, f"MongoDB {series[0]}.{series[1]} is supported until {end:%Y-%m-%d} "
-                 f"({left} days)", None, figures)  # fmt: skip
+    return Check(
+        section="server",
+        name="support",
+        verdict=PASS,
+        measured=(
+            f"MongoDB {series[0]}.{series[1]} is supported until {end:%Y-%m-%d} "
+            f"({left} days)"
+        ),
+        fix=None,
+        figures=figures,
+    )  # fmt: skip
 
 
 def _duration(seconds: float) -> str:

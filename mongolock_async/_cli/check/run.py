@@ -34,6 +34,7 @@ from pymongo.topology_description import TOPOLOGY_TYPE
 from pymongo.write_concern import WriteConcern
 
 from ..._runtime.lease import default_safety_margin
+from ..._util.collection_types import AsyncClient
 from ..._util.diagnosis import cause_of
 from ..._util.shield import RequestTimeout
 from ..._version import __version__
@@ -323,7 +324,7 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
     return CheckRun(checks, header)
 
 
-async def _depth(probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts) -> list[Check]:
+async def _depth(probe: DeploymentProbe, client: AsyncClient, options: CheckOptions, facts: _Facts) -> list[Check]:
     """The checks at the depth of ``rs.status()``: the release's support, the collection's options,
     and on a replica set its members, lag, oplog window, failover gap, arbiters and journaling.
     What this user may not read (they need ``clusterMonitor``) or this server does not support is
@@ -381,7 +382,13 @@ async def _guarded(checks: list[Check], section: str, name: str, work: Awaitable
     except (PyMongoError, RequestTimeout, TimeoutError, RuntimeError) as error:
         message = str((getattr(error, "details", None) or {}).get("errmsg") or error) or type(error).__name__
         checks.append(
-            Check(section, name, FAIL, f"could not be measured: {message}", "see the error; rerun with the fix")
+            Check(
+                section=section,
+                name=name,
+                verdict=FAIL,
+                measured=f"could not be measured: {message}",
+                fix="see the error; rerun with the fix",
+            )
         )
         return
     if isinstance(result, Check):
@@ -395,7 +402,7 @@ def _api(facts: _Facts) -> dict[str, Any]:
     return {"server_api": ServerApi("1")} if facts.api_required else {}
 
 
-async def _reachable(client: Any, uri: str, clients: list[Any]) -> tuple[Any, bool]:
+async def _reachable(client: AsyncClient, uri: str, clients: list[Any]) -> tuple[Any, bool]:
     """The client once a ``ping`` went through, and whether the server requires the Stable API
     (``requireApiVersion``: it refuses commands without ``apiVersion`` with code 498870,
     mongodb/mongo src/mongo/db/initialize_api_parameters.cpp); then a client that declares V1."""
@@ -415,7 +422,7 @@ async def _reachable(client: Any, uri: str, clients: list[Any]) -> tuple[Any, bo
 
 
 async def _server(
-    probe: DeploymentProbe, client: Any, facts: _Facts, checks: list[Check], progress: Progress
+    probe: DeploymentProbe, client: AsyncClient, facts: _Facts, checks: list[Check], progress: Progress
 ) -> None:
     progress.step("asking the server what it is")
     facts.hello = hello = await probe.hello()
@@ -426,25 +433,40 @@ async def _server(
     if facts.kind == "standalone":
         checks.append(
             Check(
-                "server",
-                "topology",
-                WARN,
-                shown,
-                "run a replica set (one member is enough): without one there are no change streams (waiters poll "
-                "with backoff) and no transactions (guard_transaction)",
-                {"kind": facts.kind},
+                section="server",
+                name="topology",
+                verdict=WARN,
+                measured=shown,
+                fix=(
+                    "run a replica set (one member is enough): without one there are no change streams (waiters poll "
+                    "with backoff) and no transactions (guard_transaction)"
+                ),
+                figures={"kind": facts.kind},
             )
         )
     else:
-        checks.append(Check("server", "topology", PASS, shown, None, {"kind": facts.kind}))
+        checks.append(Check(
+            section="server",
+            name="topology",
+            verdict=PASS,
+            measured=shown,
+            fix=None,
+            figures={"kind": facts.kind},
+        ))
     facts.auth = await probe.authentication()
 
     try:
         await probe.try_change_stream()
         facts.change_streams = True
         facts.attempts["changeStream"] = (ACCEPTED, "")
-        checks.append(Check("server", "change streams", PASS, "a change stream on the lock collection opens",
-                            None, {"works": True}))  # fmt: skip
+        checks.append(Check(
+            section="server",
+            name="change streams",
+            verdict=PASS,
+            measured="a change stream on the lock collection opens",
+            fix=None,
+            figures={"works": True},
+        ))  # fmt: skip
     except OperationFailure as error:
         reason = _reason(error)
         if is_refusal(error):
@@ -453,28 +475,43 @@ async def _server(
         else:
             facts.attempts["changeStream"] = (NOT_TRIED, f"change streams do not work here: {reason}")
             fix = "change streams need a replica set or a sharded cluster: waiters poll with backoff meanwhile"
-        checks.append(Check("server", "change streams", WARN, f"not available: {reason}", fix, {"works": False}))
+        checks.append(Check(
+            section="server",
+            name="change streams",
+            verdict=WARN,
+            measured=f"not available: {reason}",
+            fix=fix,
+            figures={"works": False},
+        ))
 
     try:
         await probe.read_in_transaction()
         facts.transactions = True
-        checks.append(Check("server", "transactions", PASS, "a transaction on the lock collection commits",
-                            None, {"works": True}))  # fmt: skip
+        checks.append(Check(
+            section="server",
+            name="transactions",
+            verdict=PASS,
+            measured="a transaction on the lock collection commits",
+            fix=None,
+            figures={"works": True},
+        ))  # fmt: skip
     except OperationFailure as error:
         checks.append(
             Check(
-                "server",
-                "transactions",
-                WARN,
-                f"not available: {_reason(error)}",
-                "guard_transaction (tying writes to a lease) needs a replica set or a sharded cluster; the locks "
-                "themselves work without",
-                {"works": False},
+                section="server",
+                name="transactions",
+                verdict=WARN,
+                measured=f"not available: {_reason(error)}",
+                fix=(
+                    "guard_transaction (tying writes to a lease) needs a replica set or a sharded cluster; the locks "
+                    "themselves work without"
+                ),
+                figures={"works": False},
             )
         )
 
 
-def _topology(hello: dict[str, Any], client: Any) -> tuple[str, str]:
+def _topology(hello: dict[str, Any], client: AsyncClient) -> tuple[str, str]:
     if client.topology_description.topology_type == TOPOLOGY_TYPE.LoadBalanced:
         return "load balanced", "mongos behind a load balancer"
     if hello.get("msg") == "isdbgrid":
@@ -657,12 +694,14 @@ async def _wake_ups(
         latencies = await hand_off_latencies(probe, other, scratch.prefix + "wake-up", options.ttl, 3)
     except TimeoutError as error:
         return Check(
-            "server",
-            "wake-ups",
-            FAIL,
-            str(error) or f"a waiter was not woken within {HAND_OFF_BOUND:g} s of a release",
-            "change events do not reach waiting processes: check the change-stream privileges and that the "
-            "deployment delivers change events (see Deploying, Sharding the lock collection)",
+            section="server",
+            name="wake-ups",
+            verdict=FAIL,
+            measured=str(error) or f"a waiter was not woken within {HAND_OFF_BOUND:g} s of a release",
+            fix=(
+                "change events do not reach waiting processes: check the change-stream privileges and that the "
+                "deployment delivers change events (see Deploying, Sharding the lock collection)"
+            ),
         )
     worst = max(latencies)
     how = "through the change stream" if facts.change_streams else "by polling (no change streams)"
@@ -678,8 +717,8 @@ async def _wake_ups(
             if facts.kind == "sharded"
             else "waiters learn of releases late: run a replica set, and check the change stream's delivery"
         )
-        return Check("server", "wake-ups", WARN, shown, fix, figures)
-    return Check("server", "wake-ups", PASS, shown, None, figures)
+        return Check(section="server", name="wake-ups", verdict=WARN, measured=shown, fix=fix, figures=figures)
+    return Check(section="server", name="wake-ups", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 async def _stable_api(options: CheckOptions, facts: _Facts, scratch: Scratch, clients: list[Any]) -> Check:
@@ -709,21 +748,23 @@ async def _stable_api(options: CheckOptions, facts: _Facts, scratch: Scratch, cl
         if error.code != _API_STRICT_ERROR:
             raise
         return Check(
-            "server",
-            "stable API",
-            FAIL,
-            f"{required}; a strict API V1 client's {'acquire' if facts.can_write else 'read'} was refused: "
-            f"{_reason(error)}",
-            "use ServerApi(\"1\", strict=False), or upgrade MongoDB 5.0 to a release with SERVER-60899",
-            {"required": facts.api_required, "strict_v1": False},
+            section="server",
+            name="stable API",
+            verdict=FAIL,
+            measured=(
+                f"{required}; a strict API V1 client's {'acquire' if facts.can_write else 'read'} was refused: "
+                f"{_reason(error)}"
+            ),
+            fix="use ServerApi(\"1\", strict=False), or upgrade MongoDB 5.0 to a release with SERVER-60899",
+            figures={"required": facts.api_required, "strict_v1": False},
         )
     return Check(
-        "server",
-        "stable API",
-        PASS,
-        f"{required}; a strict API V1 client's {what} was accepted",
-        None,
-        {"required": facts.api_required, "strict_v1": True},
+        section="server",
+        name="stable API",
+        verdict=PASS,
+        measured=f"{required}; a strict API V1 client's {what} was accepted",
+        fix=None,
+        figures={"required": facts.api_required, "strict_v1": True},
     )
 
 
@@ -742,7 +783,7 @@ class _DecidingServer:
 
 
 async def _clocks(
-    probe: DeploymentProbe, client: Any, options: CheckOptions, facts: _Facts, clients: list[Any]
+    probe: DeploymentProbe, client: AsyncClient, options: CheckOptions, facts: _Facts, clients: list[Any]
 ) -> list[Check]:
     """Every clock that can decide expiry, against this client's and each other: the replica set's
     members that can become primary, or every mongos the cluster lists (the client's own if it may
@@ -784,7 +825,7 @@ class _DirectClients:
 
 
 async def _deciding_servers(
-    probe: DeploymentProbe, client: Any, facts: _Facts, direct: _DirectClients
+    probe: DeploymentProbe, client: AsyncClient, facts: _Facts, direct: _DirectClients
 ) -> tuple[list[_DecidingServer], Check | None]:
     hello = facts.hello
     known = _addresses(client)
@@ -800,12 +841,16 @@ async def _deciding_servers(
         listed = await probe.listed_mongos(pinged_since=now - timedelta(seconds=MONGOS_ACTIVE_S))
         if listed is None:
             note = Check(
-                "clocks",
-                "mongos listed",
-                WARN,
-                f"config.mongos is not readable by this user: measured the {len(known)} mongos of the URI only",
-                "run the check as a user who may read config.mongos (clusterMonitor) to measure every mongos "
-                "applications may use",
+                section="clocks",
+                name="mongos listed",
+                verdict=WARN,
+                measured=(
+                    f"config.mongos is not readable by this user: measured the {len(known)} mongos of the URI only"
+                ),
+                fix=(
+                    "run the check as a user who may read config.mongos (clusterMonitor) to measure every mongos "
+                    "applications may use"
+                ),
             )
             return [_DecidingServer(host, "mongos") for host in known], note
         return await _listed_mongos(probe, listed, known, direct)
@@ -842,23 +887,27 @@ async def _listed_mongos(
     note = None
     if unnamed and unmatched:
         note = Check(
-            "clocks",
-            "mongos named",
-            WARN,
-            f"{unnamed} mongos of the URI did not say which listed mongos it is (serverStatus refused): each "
-            "listed mongos is read at the name it lists itself under",
-            "run the check as a user who may run serverStatus (clusterMonitor), so that a mongos reached at "
-            "another address than its listed name (a mapped port, a proxy) is recognised",
+            section="clocks",
+            name="mongos named",
+            verdict=WARN,
+            measured=(
+                f"{unnamed} mongos of the URI did not say which listed mongos it is (serverStatus refused): each "
+                "listed mongos is read at the name it lists itself under"
+            ),
+            fix=(
+                "run the check as a user who may run serverStatus (clusterMonitor), so that a mongos reached at "
+                "another address than its listed name (a mapped port, a proxy) is recognised"
+            ),
         )
     return servers, note
 
 
-def _addresses(client: Any) -> list[str]:
+def _addresses(client: AsyncClient) -> list[str]:
     """The addresses this client reaches its servers at (the URI's hosts, or those discovered)."""
     return sorted(f"{host}:{port}" for host, port in client.topology_description.server_descriptions())
 
 
-def _reached_under_another_name(client: Any) -> dict[str, str]:
+def _reached_under_another_name(client: AsyncClient) -> dict[str, str]:
     """Advertised name (lower case) -> address, for each server this client reached at an address
     other than the name it gives itself (``hello``'s ``me``): a member initiated as
     ``localhost:27017`` in a container and reached through a mapped port, say."""
@@ -871,7 +920,7 @@ def _reached_under_another_name(client: Any) -> dict[str, str]:
 
 
 async def _reading(
-    probe: DeploymentProbe, client: Any, host: str, role: str, *, reached_at: str | None = None
+    probe: DeploymentProbe, client: AsyncClient, host: str, role: str, *, reached_at: str | None = None
 ) -> ClockReading:
     samples = []
     try:
@@ -926,12 +975,12 @@ def by_hand(scratch: Scratch, options: CheckOptions) -> str:
 
 def _clean_up_failure(scratch: Scratch, options: CheckOptions) -> Check:
     return Check(
-        "collection",
-        "clean-up",
-        FAIL,
-        f"the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error})",
-        "remove them by hand once MongoDB answers, while no check runs:",
-        {"prefix": scratch.prefix, "error": scratch.clean_up_error},
+        section="collection",
+        name="clean-up",
+        verdict=FAIL,
+        measured=f"the scratch documents {scratch.prefix}* could not be removed ({scratch.clean_up_error})",
+        fix="remove them by hand once MongoDB answers, while no check runs:",
+        figures={"prefix": scratch.prefix, "error": scratch.clean_up_error},
         command=by_hand(scratch, options),
     )
 

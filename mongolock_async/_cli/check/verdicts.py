@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from ..._util.inert import printable, shell_word
 from ...admin.privileges import lock_privileges, operator_privileges
@@ -25,7 +25,12 @@ from ...errors import LockDataError
 from ...store import IDLE_CLEANUP_INDEX
 from ...store.documents import LockState
 
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+Verdict = Literal["pass", "warn", "fail", "skip"]
+"""A check's verdict, as ``check --json`` writes it (the exit status is the worst one's)."""
+PASS: Verdict = "pass"
+WARN: Verdict = "warn"
+FAIL: Verdict = "fail"
+SKIP: Verdict = "skip"
 SECTIONS = ("server", "durability", "replication", "clocks", "privileges", "collection", "perf")
 _TITLES = {
     "server": "Server",
@@ -80,13 +85,13 @@ SUSTAINED_WARN_RATIO = 2.0
 times the p99 of its two raw requests under the same load."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Check:
     """One line of the report: a verdict, what was measured, and the fix when it is not a pass."""
 
     section: str
     name: str
-    verdict: str
+    verdict: Verdict
     measured: str
     fix: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
@@ -116,7 +121,7 @@ class Check:
 
 
 def skipped(section: str, name: str, why: str) -> Check:
-    return Check(section, name, SKIP, f"not run: {why}")
+    return Check(section=section, name=name, verdict=SKIP, measured=f"not run: {why}")
 
 
 def exit_code(checks: Iterable[Check]) -> int:
@@ -172,15 +177,17 @@ def judge_version(build_info: Mapping[str, Any], fcv: str | None, wire_version: 
     ]
     if too_old:
         return Check(
-            "server",
-            "version",
-            FAIL,
-            shown,
-            "mongolock-async needs MongoDB 5.0 or newer: upgrade " + " and ".join(too_old)
-            + " (setFeatureCompatibilityVersion once every member runs 5.0+)",
-            figures,
+            section="server",
+            name="version",
+            verdict=FAIL,
+            measured=shown,
+            fix=(
+                "mongolock-async needs MongoDB 5.0 or newer: upgrade " + " and ".join(too_old)
+                + " (setFeatureCompatibilityVersion once every member runs 5.0+)"
+            ),
+            figures=figures,
         )
-    return Check("server", "version", PASS, shown, None, figures)
+    return Check(section="server", name="version", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 # -- durability ----------------------------------------------------------------------------------
@@ -192,13 +199,15 @@ def judge_majority_writes(
     """``majority`` and ``w1``: seconds per write of the library's own acquire and release."""
     if error is not None:
         return Check(
-            "durability",
-            "majority write",
-            FAIL,
-            f"a w: \"majority\" write did not commit: {error}",
-            "a majority of the replica set's data-bearing voting members must be up and replicating: "
-            "check rs.status() for members down or lagging",
-            {"error": error},
+            section="durability",
+            name="majority write",
+            verdict=FAIL,
+            measured=f"a w: \"majority\" write did not commit: {error}",
+            fix=(
+                "a majority of the replica set's data-bearing voting members must be up and replicating: "
+                "check rs.status() for members down or lagging"
+            ),
+            figures={"error": error},
         )
     p50, p99 = percentile(majority, 50), percentile(majority, 99)
     figures = {
@@ -215,25 +224,30 @@ def judge_majority_writes(
     )
     if p99 >= WRITE_FAIL_SHARE * ttl:
         return Check(
-            "durability",
-            "majority write",
-            FAIL,
-            shown,
-            f"a renewal would still be on its way when the next is due (every TTL/3): use a TTL of at least "
-            f"{p99 / WRITE_WARN_SHARE:.3g} s, or find what slows majority commits (replication lag, a slow member)",
-            figures,
+            section="durability",
+            name="majority write",
+            verdict=FAIL,
+            measured=shown,
+            fix=(
+                f"a renewal would still be on its way when the next is due (every TTL/3): use a TTL of at least "
+                f"{p99 / WRITE_WARN_SHARE:.3g} s, or find what slows majority commits (replication lag, a slow member)"
+            ),
+            figures=figures,
         )
     if p99 > WRITE_WARN_SHARE * ttl:
         return Check(
-            "durability",
-            "majority write",
-            WARN,
-            shown,
-            f"slow writes eat the safety margin: use a TTL of at least {p99 / WRITE_WARN_SHARE:.3g} s, or find what "
-            "slows majority commits (replication lag, a slow member, a distant majority)",
-            figures,
+            section="durability",
+            name="majority write",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                f"slow writes eat the safety margin: use a TTL of at least {p99 / WRITE_WARN_SHARE:.3g} s, or "
+                "find what "
+                "slows majority commits (replication lag, a slow member, a distant majority)"
+            ),
+            figures=figures,
         )
-    return Check("durability", "majority write", PASS, shown, None, figures)
+    return Check(section="durability", name="majority write", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 # -- clocks --------------------------------------------------------------------------------------
@@ -292,8 +306,14 @@ def judge_clocks(readings: Sequence[ClockReading], margin: float, ttl: float) ->
     unknown = [reading.host for reading in readings if reading.decides_expiry and not reading.read]
     if not deciding:
         checks.append(
-            Check("clocks", "agreement", WARN, "no clock that decides expiry was measured", "see the lines above",
-                  {"clocks": 0, "unknown": unknown})
+            Check(
+                section="clocks",
+                name="agreement",
+                verdict=WARN,
+                measured="no clock that decides expiry was measured",
+                fix="see the lines above",
+                figures={"clocks": 0, "unknown": unknown},
+            )
         )  # fmt: skip
         return checks
     return [*checks, _agreement(deciding, unknown, margin, ttl)]
@@ -307,13 +327,17 @@ def _judge_reading(reading: ClockReading, margin: float) -> Check:
     key = f"server:{reading.host}"
     if reading.offset is None or reading.uncertainty is None:
         return Check(
-            "clocks",
-            reading.host,
-            WARN,
-            f"{reading.role}: not measured: {reading.error}",
-            "the clock of a server that was not read is not known to agree: run the check where every name the "
-            "deployment advertises resolves and answers (inside its network), or make them do so here",
-            {"host": reading.host, "role": reading.role, "error": reading.error, "reached_at": reading.reached_at},
+            section="clocks",
+            name=reading.host,
+            verdict=WARN,
+            measured=f"{reading.role}: not measured: {reading.error}",
+            fix=(
+                "the clock of a server that was not read is not known to agree: run the check where every name the "
+                "deployment advertises resolves and answers (inside its network), or make them do so here"
+            ),
+            figures={
+                "host": reading.host, "role": reading.role, "error": reading.error, "reached_at": reading.reached_at
+            },
             key=key,
         )
     figures = {
@@ -332,16 +356,18 @@ def _judge_reading(reading: ClockReading, margin: float) -> Check:
     )
     if abs(reading.offset) - reading.uncertainty > margin:
         return Check(
-            "clocks",
-            reading.host,
-            WARN,
-            shown,
-            "this machine's clock, or the server's, is off (run NTP or chrony on both); locks never read "
-            "this machine's clock, but the server's must agree with the other servers'",
-            figures,
+            section="clocks",
+            name=reading.host,
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                "this machine's clock, or the server's, is off (run NTP or chrony on both); locks never read "
+                "this machine's clock, but the server's must agree with the other servers'"
+            ),
+            figures=figures,
             key=key,
         )
-    return Check("clocks", reading.host, PASS, shown, None, figures, key=key)
+    return Check(section="clocks", name=reading.host, verdict=PASS, measured=shown, fix=None, figures=figures, key=key)
 
 
 def _agreement(deciding: Sequence[ClockReading], unknown: Sequence[str], margin: float, ttl: float) -> Check:
@@ -359,8 +385,15 @@ def _agreement(deciding: Sequence[ClockReading], unknown: Sequence[str], margin:
         figures = {"clocks": 1, "unknown": list(unknown), "safety_margin_ms": margin * 1000}
         shown = f"{read} ({_shown_host(deciding[0])}){not_read}; the safety margin of the {ttl:g} s TTL is {ms(margin)}"
         if unknown:
-            return Check("clocks", "agreement", WARN, shown, unread_fix, figures)
-        return Check("clocks", "agreement", PASS, shown, None, figures)
+            return Check(
+                section="clocks",
+                name="agreement",
+                verdict=WARN,
+                measured=shown,
+                fix=unread_fix,
+                figures=figures,
+            )
+        return Check(section="clocks", name="agreement", verdict=PASS, measured=shown, fix=None, figures=figures)
     pairs = [(a, b) for index, a in enumerate(deciding) for b in deciding[index + 1 :]]
 
     def spread(pair: tuple[ClockReading, ClockReading]) -> tuple[float, float]:
@@ -386,28 +419,32 @@ def _agreement(deciding: Sequence[ClockReading], unknown: Sequence[str], margin:
     )
     if difference - uncertainty > margin:
         return Check(
-            "clocks",
-            "agreement",
-            FAIL,
-            shown,
-            f"a lease can be taken while its holder still believes it holds it: {ntp}; until then, raise the "
-            f"safety margin above {ms(difference + uncertainty)}",
-            figures,
+            section="clocks",
+            name="agreement",
+            verdict=FAIL,
+            measured=shown,
+            fix=(
+                f"a lease can be taken while its holder still believes it holds it: {ntp}; until then, raise the "
+                f"safety margin above {ms(difference + uncertainty)}"
+            ),
+            figures=figures,
         )
     if difference + uncertainty > CLOCK_AGREEMENT_SHARE * margin:
         return Check(
-            "clocks",
-            "agreement",
-            WARN,
-            shown,
-            f"not shown to agree within {CLOCK_AGREEMENT_SHARE:.0%} of the safety margin: {ntp}"
-            + (", and measure from closer to the servers (the round trips bound the precision)" if uncertainty
-               > CLOCK_AGREEMENT_SHARE * margin else ""),
-            figures,
+            section="clocks",
+            name="agreement",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                f"not shown to agree within {CLOCK_AGREEMENT_SHARE:.0%} of the safety margin: {ntp}"
+                + (", and measure from closer to the servers (the round trips bound the precision)" if uncertainty
+                > CLOCK_AGREEMENT_SHARE * margin else "")
+            ),
+            figures=figures,
         )  # fmt: skip
     if unknown:
-        return Check("clocks", "agreement", WARN, shown, unread_fix, figures)
-    return Check("clocks", "agreement", PASS, shown, None, figures)
+        return Check(section="clocks", name="agreement", verdict=WARN, measured=shown, fix=unread_fix, figures=figures)
+    return Check(section="clocks", name="agreement", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def percent(share: float) -> str:
@@ -506,13 +543,15 @@ def judge_privileges(
         if missing:
             checks.append(
                 Check(
-                    "privileges",
-                    name,
-                    verdict,
-                    f"missing on {where}: " + "; ".join(missing),
-                    f"grant the role built from mongolock_async.privileges.{role}({database!r}, {collection!r}) "
-                    "(docs: Deploying, Least privileges)",
-                    figures,
+                    section="privileges",
+                    name=name,
+                    verdict=verdict,
+                    measured=f"missing on {where}: " + "; ".join(missing),
+                    fix=(
+                        f"grant the role built from mongolock_async.privileges.{role}({database!r}, {collection!r}) "
+                        "(docs: Deploying, Least privileges)"
+                    ),
+                    figures=figures,
                 )
             )
             continue
@@ -522,7 +561,14 @@ def judge_privileges(
         if unknown:
             reason = "" if listed else "; the server listed no privileges for this user"
             parts.append("not judged: " + ", ".join(unknown) + reason)
-        checks.append(Check("privileges", name, PASS, f"on {where}: " + "; ".join(parts), None, figures))
+        checks.append(Check(
+            section="privileges",
+            name=name,
+            verdict=PASS,
+            measured=f"on {where}: " + "; ".join(parts),
+            fix=None,
+            figures=figures,
+        ))
     return checks
 
 
@@ -532,11 +578,11 @@ def judge_privileges(
 def judge_indexes(indexes: Sequence[Mapping[str, Any]] | None, refused: str | None = None) -> Check:
     if indexes is None:
         return Check(
-            "collection",
-            "indexes",
-            WARN,
-            f"not readable: {refused or 'listIndexes refused'}",
-            "run the check as a user with the operator role (listIndexes)",
+            section="collection",
+            name="indexes",
+            verdict=WARN,
+            measured=f"not readable: {refused or 'listIndexes refused'}",
+            fix="run the check as a user with the operator role (listIndexes)",
         )
     names = [str(index.get("name")) for index in indexes]
     figures: dict[str, Any] = {"indexes": names, "idle_cleanup_s": None}
@@ -559,16 +605,18 @@ def judge_indexes(indexes: Sequence[Mapping[str, Any]] | None, refused: str | No
     )
     if problems:
         return Check(
-            "collection",
-            "indexes",
-            WARN,
-            shown + "; " + "; ".join(problems),
-            "drop it: a TTL index under an hour breaks the fencing tokens' floor (use "
-            "ensure_idle_cleanup_index, at least 3600 s), and a unique index other than _id makes acquires fail "
-            "with DuplicateKeyError",
-            figures,
+            section="collection",
+            name="indexes",
+            verdict=WARN,
+            measured=shown + "; " + "; ".join(problems),
+            fix=(
+                "drop it: a TTL index under an hour breaks the fencing tokens' floor (use "
+                "ensure_idle_cleanup_index, at least 3600 s), and a unique index other than _id makes acquires fail "
+                "with DuplicateKeyError"
+            ),
+            figures=figures,
         )
-    return Check("collection", "indexes", PASS, shown, None, figures)
+    return Check(section="collection", name="indexes", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def repair_command(name: str, database: str, collection: str) -> str:
@@ -606,7 +654,14 @@ def judge_documents(
         "name keep each write small"
     )
     verdict = FAIL if share > DOCUMENT_FAIL_SHARE else WARN if share > DOCUMENT_WARN_SHARE else PASS
-    checks = [Check("collection", "documents", verdict, shown, None if verdict == PASS else fix, figures)]
+    checks = [Check(
+        section="collection",
+        name="documents",
+        verdict=verdict,
+        measured=shown,
+        fix=None if verdict == PASS else fix,
+        figures=figures,
+    )]
 
     unreadable: list[tuple[str, str]] = []
     repairable: list[str] = []
@@ -626,33 +681,46 @@ def judge_documents(
         more = f" and {len(unreadable) - 3} more" if len(unreadable) > 3 else ""
         checks.append(
             Check(
-                "collection",
-                "readable",
-                FAIL,
-                f"{_count(len(unreadable), 'document')} this library refuses (LockDataError){scope}: "
-                f"{shown_names}{more}",
-                "repair each with `mongolock release NAME --force` (MONGODB_URI set), which resets the lock "
-                "fields; or remove documents that are not locks from the lock collection"
-                + ("; the first:" if repairable else ""),
-                {"unreadable": [name for name, _ in unreadable]},
+                section="collection",
+                name="readable",
+                verdict=FAIL,
+                measured=(
+                    f"{_count(len(unreadable), 'document')} this library refuses (LockDataError){scope}: "
+                    f"{shown_names}{more}"
+                ),
+                fix=(
+                    "repair each with `mongolock release NAME --force` (MONGODB_URI set), which resets the lock "
+                    "fields; or remove documents that are not locks from the lock collection"
+                    + ("; the first:" if repairable else "")
+                ),
+                figures={"unreadable": [name for name, _ in unreadable]},
                 command=repair_command(repairable[0], database, collection) if repairable else None,
             )
         )
     else:
         readable = f"every document{scope} is a lock this library reads"
-        checks.append(Check("collection", "readable", PASS, readable, None, {"unreadable": []}))
+        checks.append(Check(
+            section="collection",
+            name="readable",
+            verdict=PASS,
+            measured=readable,
+            fix=None,
+            figures={"unreadable": []},
+        ))
     listing = ", ".join(expired[:3]) + (f" and {len(expired) - 3} more" if len(expired) > 3 else "")
     checks.append(
         Check(
-            "collection",
-            "expired leases",
-            PASS,
-            f"{_count(len(expired), 'document')}{scope} {'holds' if len(expired) == 1 else 'hold'} leases past "
-            "their expiry, still marked held"
-            + (f" ({listing}): holders that ended without releasing; the next acquire takes each over" if expired
-               else ""),
-            None,
-            {"expired": len(expired), "names": expired[:20]},
+            section="collection",
+            name="expired leases",
+            verdict=PASS,
+            measured=(
+                f"{_count(len(expired), 'document')}{scope} {'holds' if len(expired) == 1 else 'hold'} leases past "
+                "their expiry, still marked held"
+                + (f" ({listing}): holders that ended without releasing; the next acquire takes each over" if expired
+                else "")
+            ),
+            fix=None,
+            figures={"expired": len(expired), "names": expired[:20]},
         )
     )
     return checks
@@ -662,14 +730,18 @@ def judge_earlier_scratch(count: int, database: str, collection: str) -> Check |
     if not count:
         return None
     return Check(
-        "collection",
-        "left by earlier checks",
-        WARN,
-        f"{_count(count, 'document')} named mongolock-check-* left by an earlier check that was stopped during its "
-        "clean-up",
-        f"remove them: db.getSiblingDB({database!r}).getCollection({collection!r}).deleteMany("
-        "{_id: /^mongolock-check-/}) while no check runs",
-        {"documents": count},
+        section="collection",
+        name="left by earlier checks",
+        verdict=WARN,
+        measured=(
+            f"{_count(count, 'document')} named mongolock-check-* left by an earlier check that was stopped during its "
+            "clean-up"
+        ),
+        fix=(
+            f"remove them: db.getSiblingDB({database!r}).getCollection({collection!r}).deleteMany("
+            "{_id: /^mongolock-check-/}) while no check runs"
+        ),
+        figures={"documents": count},
     )
 
 
@@ -695,15 +767,17 @@ def judge_uncontended(library: Sequence[float], raw: Sequence[float], ping: Sequ
     )
     if ratio > UNCONTENDED_WARN_RATIO:
         return Check(
-            "perf",
-            "uncontended",
-            WARN,
-            shown,
-            "the library's own work dominates: is this machine's CPU starved? (the raw requests ran interleaved, "
-            "on the same client)",
-            figures,
+            section="perf",
+            name="uncontended",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                "the library's own work dominates: is this machine's CPU starved? (the raw requests ran interleaved, "
+                "on the same client)"
+            ),
+            figures=figures,
         )
-    return Check("perf", "uncontended", PASS, shown, None, figures)
+    return Check(section="perf", name="uncontended", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def judge_hand_off(library: Sequence[float], raw: Sequence[float]) -> Check:
@@ -724,15 +798,18 @@ def judge_hand_off(library: Sequence[float], raw: Sequence[float]) -> Check:
     )
     if ratio > HAND_OFF_WARN_RATIO:
         return Check(
-            "perf",
-            "hand-off",
-            WARN,
-            shown,
-            "hand-offs cost more than the change stream they ride on: look at the waiter's machine (CPU) and at the "
-            "round trip of its claim",
-            figures,
+            section="perf",
+            name="hand-off",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                "hand-offs cost more than the change stream they ride on: look at the waiter's machine (CPU) and "
+                "at the "
+                "round trip of its claim"
+            ),
+            figures=figures,
         )
-    return Check("perf", "hand-off", PASS, shown, None, figures)
+    return Check(section="perf", name="hand-off", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def judge_hot_lock(rates: Mapping[int, float], raw_rate: float) -> Check:
@@ -750,15 +827,17 @@ def judge_hot_lock(rates: Mapping[int, float], raw_rate: float) -> Check:
     slow = [tasks for tasks, ratio in ratios.items() if ratio < HOT_LOCK_WARN_RATIO]
     if slow:
         return Check(
-            "perf",
-            "hot lock",
-            WARN,
-            shown,
-            f"the lock serves fewer acquisitions than its raw requests allow (at {', '.join(map(str, slow))} "
-            "tasks): is this machine's CPU starved?",
-            figures,
+            section="perf",
+            name="hot lock",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                f"the lock serves fewer acquisitions than its raw requests allow (at {', '.join(map(str, slow))} "
+                "tasks): is this machine's CPU starved?"
+            ),
+            figures=figures,
         )
-    return Check("perf", "hot lock", PASS, shown, None, figures)
+    return Check(section="perf", name="hot lock", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def judge_renewal(leases: int, library: float, raw: float, ttl: float) -> Check:
@@ -780,18 +859,27 @@ def judge_renewal(leases: int, library: float, raw: float, ttl: float) -> Check:
         f"{percent(library / interval)} of a {interval:.3g} s heartbeat interval"
     )
     if ratio > RENEWAL_WARN_RATIO:
-        return Check("perf", "heartbeat", WARN, shown, "renewals cost more than plain updates: report it", figures)
+        return Check(
+            section="perf",
+            name="heartbeat",
+            verdict=WARN,
+            measured=shown,
+            fix="renewals cost more than plain updates: report it",
+            figures=figures,
+        )
     if library > RENEWAL_BUDGET_SHARE * interval:
         return Check(
-            "perf",
-            "heartbeat",
-            WARN,
-            shown,
-            f"renewing {leases} leases takes more than half a heartbeat interval: use a longer TTL, fewer leases "
-            "per process, or spread them over more processes",
-            figures,
+            section="perf",
+            name="heartbeat",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                f"renewing {leases} leases takes more than half a heartbeat interval: use a longer TTL, fewer leases "
+                "per process, or spread them over more processes"
+            ),
+            figures=figures,
         )
-    return Check("perf", "heartbeat", PASS, shown, None, figures)
+    return Check(section="perf", name="heartbeat", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 def judge_sustained_load(
@@ -822,14 +910,29 @@ def judge_sustained_load(
         f"{SUSTAINED_WARN_RATIO:g}x); p99 is {percent(p99 / ttl)} of the {ttl:g} s TTL"
     )
     if p99 > WRITE_WARN_SHARE * ttl:
-        return Check("perf", "sustained load", WARN, shown, f"under load a lock's requests take more than "
-                     f"{percent(WRITE_WARN_SHARE)} of the TTL at p99: use a longer TTL, or find what slows majority "
-                     "writes", figures)  # fmt: skip
+        return Check(
+            section="perf",
+            name="sustained load",
+            verdict=WARN,
+            measured=shown,
+            fix=(
+                f"under load a lock's requests take more than "
+                f"{percent(WRITE_WARN_SHARE)} of the TTL at p99: use a longer TTL, or find what slows majority "
+                "writes"
+            ),
+            figures=figures,
+        )  # fmt: skip
     if ratio > SUSTAINED_WARN_RATIO:
         starved = "is this machine's CPU starved? (the raw requests ran in the same tasks, taking turns)"
-        return Check("perf", "sustained load", WARN, shown, f"the library's own work dominates under load: {starved}",
-                     figures)  # fmt: skip
-    return Check("perf", "sustained load", PASS, shown, None, figures)
+        return Check(
+            section="perf",
+            name="sustained load",
+            verdict=WARN,
+            measured=shown,
+            fix=f"the library's own work dominates under load: {starved}",
+            figures=figures,
+        )  # fmt: skip
+    return Check(section="perf", name="sustained load", verdict=PASS, measured=shown, fix=None, figures=figures)
 
 
 # -- output --------------------------------------------------------------------------------------
