@@ -199,9 +199,10 @@ def page_text(html: str) -> str:
 
 def test_the_api_reference_shows_annotations_and_code_not_markup(tmp_path: Path) -> None:
     reference = build_site(tmp_path / "site") / "reference"
-    pages = sorted(reference.glob("*/index.html"))
-    assert len(pages) >= 10, pages  # one page per primitive, errors, options, ...
-    api = "".join(page.read_text() for page in pages)
+    # The pages mkdocstrings wrote from docstrings (one per primitive, errors...), not the changelog.
+    pages = [html for page in sorted(reference.glob("*/index.html")) if "doc-object" in (html := page.read_text())]
+    assert len(pages) >= 10, len(pages)
+    api = "".join(pages)
     text = page_text(api)
     # reStructuredText's literal-block marker is not Markdown: it showed as a paragraph of its own.
     assert "::" not in text, re.findall(r".{60}::.{20}", text)
