@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 FILE_NAME = re.compile(r"# file: ([\w.]+\.py)\n")
 
@@ -27,6 +27,12 @@ def file_name(block: str) -> str | None:
     return named.group(1) if named else None
 
 
+def module_stem(page: Path) -> str:
+    """``docs/reference/jobs.md`` as ``reference_jobs``: unique among the pages."""
+    parts = page.relative_to(ROOT).with_suffix("").parts
+    return "_".join(parts[1:] if parts[0] == "docs" else parts).lower().replace("-", "_")
+
+
 def write_modules(directory: Path) -> list[Path]:
     """Every example as a module in ``directory``: named ones under their name, the others as
     ``<page>_<number>.py``."""
@@ -34,7 +40,7 @@ def write_modules(directory: Path) -> list[Path]:
     written = []
     for page in PAGES:
         for number, block in enumerate(python_blocks(page), start=1):
-            path = directory / (file_name(block) or f"{page.stem.lower()}_{number}.py")
+            path = directory / (file_name(block) or f"{module_stem(page)}_{number}.py")
             path.write_text(block)
             written.append(path)
     return written

@@ -34,7 +34,7 @@ PUBLIC_MODULES = (
     "mongolock_async.privileges",
     "mongolock_async.testing",
 )
-"""The modules docs/api.md documents and users import from (each has ``__all__``)."""
+"""The modules the API reference (docs/reference/) documents and users import from (each has ``__all__``)."""
 
 
 def test_the_public_surface_matches_its_snapshot() -> None:

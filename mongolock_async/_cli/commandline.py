@@ -134,7 +134,7 @@ async def explain(error: PyMongoError, uri: str, client: AsyncClient) -> UserErr
     """The one line (and exit code) for a driver error a command ended with; never a credential.
 
     When the driver gave up on a server before its monitoring had a verdict (a slow TLS handshake
-    on a loaded machine), this waits up to :data:`VERDICT_WAIT` seconds for one, so the line can
+    on a loaded machine), this waits up to ``VERDICT_WAIT`` seconds for one, so the line can
     say why the server could not be reached, not only that it could not."""
     if isinstance(error, OperationFailure) and error.code == _AUTHENTICATION_FAILED:
         return UserError(f"MongoDB rejected the credentials of {redact_uri(uri)}", EXIT_UNAUTHORIZED)

@@ -504,7 +504,7 @@ class Dashboard:
     async def events(self, window: WindowSpec | None = None) -> AsyncGenerator[bytes, None]:
         """The page's event stream: a snapshot of its ``window``, then an update whenever something
         in it changed (its locks that changed or came into it, its names when they changed, its
-        events), and a comment every :data:`KEEPALIVE` seconds when idle. Ends when the dashboard is
+        events), and a comment every ``KEEPALIVE`` seconds when idle. Ends when the dashboard is
         closed."""
         feed = self._feed
         queue = feed.subscribe(window)

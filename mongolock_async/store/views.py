@@ -47,7 +47,7 @@ async def watch_every_write(reads: Any, *, prefix: str, max_await_ms: int) -> An
     type matches only that type: MongoDB's query comparison brackets types). Events other than
     writes to documents (``drop``, ``rename``, ``invalidate``) pass too: the viewer reads everything
     again on them. Needs a replica set or a sharded cluster (else ``OperationFailure`` with one of
-    :data:`CHANGE_STREAMS_UNSUPPORTED`).
+    ``CHANGE_STREAMS_UNSUPPORTED``).
     """
     writes = ["insert", "update", "replace", "delete"]
     documents: dict[str, Any] = {"operationType": {"$in": writes}}
