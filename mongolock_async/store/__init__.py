@@ -1,8 +1,12 @@
 """Every MongoDB query the library sends, and nothing else.
 
 - ``lockstore``: ``LockStore`` (one method per request) and ``store_for``.
-- ``kinds``: what a request asks for (``PlaceRequest``, ``Permits``, ``Renewal``), which queries
-  serve each kind of document (``queries_for``), and ``of_kind``.
+- ``requests``: what a request asks for (``PlaceRequest``, ``Permits``, ``Renewal``) and the shapes
+  of what is sent (``Filter``, ``Stage``, ``Pipeline``); imports nothing else of the store.
+- ``kinds``: which queries serve each kind of document (``KindQueries``, ``queries_for``), and
+  ``of_kind``.
+- ``documents``: lock documents as read back, checked field by field; ``job_state``: a job's
+  state judged from its document on the server's clock.
 - ``expressions``: what every kind's pipelines share (the server's clock, a request's values, lease
   and fence checks, the queue of places).
 - ``mutex``: a lock's document. ``permits``: a semaphore's, a read-write lock's, an election's
