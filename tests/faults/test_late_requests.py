@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 
 from mongolock_async import AsyncMongoLock
-from mongolock_async.testing.clients import TEST_DATABASE, close_client
-from tests.support.fail_points import FaultServer, set_fail_point
+from tests.support.fail_points import FaultServer
+from tests.support.held_requests import held_by_nobody, hold_requests, two_processes
 from tests.workers.giving_up_worker import acquire, handle
 
 TTL = 1.5
@@ -55,18 +55,11 @@ six here, and a held request keeps its thread until it lands."""
 async def test_an_attempt_that_lands_after_its_token_was_released_takes_nothing(
     mongolock_driver: str, fault_server: FaultServer, kind: str
 ) -> None:
-    waiters = fault_server.client(mongolock_driver)
-    others = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-2")
-    try:
-        collection = waiters[TEST_DATABASE][fault_server.collection]
-        elsewhere = others[TEST_DATABASE][fault_server.collection]
+    async with two_processes(fault_server, mongolock_driver) as (collection, elsewhere):
         await collection.find_one({})  # connected, and the server's version checked, before the clock starts
         names = [f"late-{n}" for n in range(2 * len(RELEASES))]
         # Each name's first waiter sends its first attempt at once: the fail point holds each of them.
-        await set_fail_point(
-            collection, {"times": len(names)}, failCommands=["findAndModify"], blockConnection=True,
-            blockTimeMS=int(HELD_FOR * 1000),
-        )  # fmt: skip
+        await hold_requests(collection, len(names), HELD_FOR)
         started = time.monotonic()
         # Each gives up: its only attempt is held (LockTimeoutError, or False, says so).
         firsts = [asyncio.ensure_future(acquire(handle(collection, kind, name, TTL), GIVE_UP_AFTER)) for name in names]
@@ -78,18 +71,8 @@ async def test_an_attempt_that_lands_after_its_token_was_released_takes_nothing(
         *_, gave_up = await asyncio.gather(asyncio.gather(*runs), asyncio.gather(*firsts))
         assert not any(gave_up), "a first waiter got the lock: its attempt was not held"
         await asyncio.sleep(max(0.0, started + HELD_FOR + 0.2 - time.monotonic()))  # every late attempt has landed
-        refused = {}
-        for name in names:
-            fresh = handle(elsewhere, kind, name, TTL)
-            if await fresh.acquire(blocking=False):
-                await fresh.release()
-            else:
-                refused[name] = await elsewhere.find_one({"_id": name}, {"owner": 1, "holders": 1, "queue": 1})
+        refused = await held_by_nobody(elsewhere, names, lambda name: handle(elsewhere, kind, name, TTL))
         assert not refused, f"held by nobody after the last release: {refused}"
-    finally:
-        await set_fail_point(collection, "off")
-        await close_client(waiters)
-        await close_client(others)
 
 
 async def _second_waiter(
@@ -121,11 +104,7 @@ async def test_a_release_that_lands_after_its_successor_gave_up_queues_it_nowher
 ) -> None:
     # Served in turn (fair): the release hands the lease to the other process's place, which is
     # older, and used to queue its successor's place behind it.
-    here = fault_server.client(mongolock_driver)
-    there = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-2")
-    try:
-        collection = here[TEST_DATABASE][fault_server.collection]
-        elsewhere = there[TEST_DATABASE][fault_server.collection]
+    async with two_processes(fault_server, mongolock_driver) as (collection, elsewhere):
         names = [f"successor-{n}" for n in range(len(GIVE_UPS))]
         # The holders' leases outlast their held releases (a release's bound is its lease's time left).
         holders = [AsyncMongoLock(collection, name, ttl=10 * TTL, fair=True) for name in names]
@@ -142,28 +121,15 @@ async def test_a_release_that_lands_after_its_successor_gave_up_queues_it_nowher
         ]
         await asyncio.sleep(0.2)  # our places are queued behind theirs
         # Each release (naming our waiter as its successor) is held; our waiters give up meanwhile.
-        await set_fail_point(
-            collection, {"times": len(names)}, failCommands=["findAndModify"], blockConnection=True,
-            blockTimeMS=int(HELD_FOR * 1000),
-        )  # fmt: skip
+        await hold_requests(collection, len(names), HELD_FOR)
         assert all(await asyncio.gather(*(holder.release() for holder in holders)))
         assert not any(await asyncio.gather(*ours)), "our waiters were never handed the lock: theirs were first"
         assert all(await asyncio.gather(*theirs))
         assert all(await asyncio.gather(*(other.release() for other in others)))
         released_at = time.monotonic()
-        refused = {}
-        for name in names:
-            fresh = AsyncMongoLock(elsewhere, name, ttl=TTL)
-            if await fresh.acquire(blocking=False):
-                await fresh.release()
-            else:
-                refused[name] = await elsewhere.find_one({"_id": name}, {"owner": 1, "queue": 1, "withdrawn": 1})
+        refused = await held_by_nobody(elsewhere, names, lambda name: AsyncMongoLock(elsewhere, name, ttl=TTL))
         assert not refused, f"handed to a place nobody waits behind: {refused}"
         assert time.monotonic() - released_at < OUR_TTL, "checked too late to tell: such a lease would have expired"
-    finally:
-        await set_fail_point(collection, "off")
-        await close_client(here)
-        await close_client(there)
 
 
 PATIENCE = [1.0 + 0.25 * index for index in range(9)]
@@ -181,11 +147,7 @@ async def test_requests_cut_off_one_after_another_keep_no_lease_alive(
     # as long as such waiters came (until the last gave up, 2.2 s here, with a 1.5 s TTL). Now a
     # claim sent while an earlier request of the place is unanswered leaves the expiry as it is:
     # the lease expires a TTL after the first unanswered claim landed.
-    here = fault_server.client(mongolock_driver)
-    there = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-2")
-    try:
-        collection = here[TEST_DATABASE][fault_server.collection]
-        elsewhere = there[TEST_DATABASE][fault_server.collection]
+    async with two_processes(fault_server, mongolock_driver) as (collection, elsewhere):
         holder = AsyncMongoLock(elsewhere, "cut-off", ttl=10.0)
         assert await holder.acquire(blocking=False)
         started = time.monotonic()
@@ -198,10 +160,7 @@ async def test_requests_cut_off_one_after_another_keep_no_lease_alive(
             for patience in PATIENCE
         ]
         await asyncio.sleep(0.5)  # their place is queued
-        await set_fail_point(
-            collection, {"times": 2 * len(PATIENCE)}, failCommands=["findAndModify"], blockConnection=True,
-            blockTimeMS=300,
-        )  # fmt: skip
+        await hold_requests(collection, 2 * len(PATIENCE), 0.3)
         await asyncio.sleep(max(0.0, started + 0.8 - time.monotonic()))
         assert await holder.release()  # hands the lease to this process's place
         handed = await elsewhere.find_one({"_id": "cut-off"}, {"fence": 1, "expiresAt": 1})
@@ -216,10 +175,6 @@ async def test_requests_cut_off_one_after_another_keep_no_lease_alive(
         # At most the first cut-off claim's, landing after its waiter gave up; none by the claims
         # after it (a waiter that heard back holds the lease as it was, and releases it).
         assert renewals <= 1, f"the lease was renewed {renewals} times by claims nobody heard ({heard} heard)"
-    finally:
-        await set_fail_point(collection, "off")
-        await close_client(here)
-        await close_client(there)
 
 
 async def _wait_and_release(lock: AsyncMongoLock, patience: float) -> bool:

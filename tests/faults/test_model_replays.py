@@ -37,8 +37,8 @@ import time
 
 import pytest
 
-from mongolock_async.testing.clients import TEST_DATABASE, close_client
-from tests.support.fail_points import FaultServer, set_fail_point
+from tests.support.fail_points import FaultServer
+from tests.support.held_requests import held_by_nobody, hold_requests, two_processes
 from tests.workers.giving_up_worker import acquire, handle
 
 TTL = 1.5
@@ -55,18 +55,11 @@ RELEASE_AFTER_LANDING = [0.1, 0.3]
 async def test_a_withdrawal_before_the_document_exists_still_makes_the_late_attempt_inert(
     mongolock_driver: str, fault_server: FaultServer, kind: str
 ) -> None:
-    waiters = fault_server.client(mongolock_driver)
-    others = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-2")
-    try:
-        collection = waiters[TEST_DATABASE][fault_server.collection]
-        elsewhere = others[TEST_DATABASE][fault_server.collection]
+    async with two_processes(fault_server, mongolock_driver) as (collection, elsewhere):
         await collection.find_one({})  # connected, and the server's version checked, before the clock starts
         names = [f"replay-{n}" for n in range(len(RELEASE_AFTER_LANDING))]
         # Step 1: each name's first attempt (its first findAndModify) is held at the server.
-        await set_fail_point(
-            collection, {"times": len(names)}, failCommands=["findAndModify"], blockConnection=True,
-            blockTimeMS=int(HELD_FOR * 1000),
-        )  # fmt: skip
+        await hold_requests(collection, len(names), HELD_FOR)
         started = time.monotonic()
         firsts = [asyncio.ensure_future(acquire(handle(collection, kind, name, TTL), GIVE_UP_AFTER)) for name in names]
         # Step 2: each gives up (its only attempt is held) and withdraws its token.
@@ -76,18 +69,8 @@ async def test_a_withdrawal_before_the_document_exists_still_makes_the_late_atte
             for name, after in zip(names, RELEASE_AFTER_LANDING, strict=True)
         ]
         await asyncio.gather(*runs)
-        refused = {}
-        for name in names:
-            fresh = handle(elsewhere, kind, name, TTL)
-            if await fresh.acquire(blocking=False):
-                await fresh.release()
-            else:
-                refused[name] = await elsewhere.find_one({"_id": name}, {"owner": 1, "queue": 1, "withdrawn": 1})
+        refused = await held_by_nobody(elsewhere, names, lambda name: handle(elsewhere, kind, name, TTL))
         assert not refused, f"held by nobody after the last release: {refused}"
-    finally:
-        await set_fail_point(collection, "off")
-        await close_client(waiters)
-        await close_client(others)
 
 
 async def _next_waiter(collection: object, kind: str, name: str, release_at: float) -> None:
@@ -103,19 +86,12 @@ async def _next_waiter(collection: object, kind: str, name: str, release_at: flo
 async def test_a_late_acquire_of_a_token_handed_over_and_released_queues_nothing(
     mongolock_driver: str, fault_server: FaultServer, kind: str
 ) -> None:
-    waiters = fault_server.client(mongolock_driver)
-    others = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-2")
-    try:
-        collection = waiters[TEST_DATABASE][fault_server.collection]
-        elsewhere = others[TEST_DATABASE][fault_server.collection]
+    async with two_processes(fault_server, mongolock_driver) as (collection, elsewhere):
         name = "replay-handed"
         first = handle(collection, kind, name, TTL)
         assert await first.acquire(blocking=False)
         # Step 1: the next waiter's attempt is held at the server.
-        await set_fail_point(
-            collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True,
-            blockTimeMS=int(HELD_FOR * 1000),
-        )  # fmt: skip
+        await hold_requests(collection, 1, HELD_FOR)
         started = time.monotonic()
         second = handle(collection, kind, name, TTL)
         waiting = asyncio.ensure_future(second.acquire(timeout=GIVE_UP_AFTER + HOLD_FOR))
@@ -130,13 +106,5 @@ async def test_a_late_acquire_of_a_token_handed_over_and_released_queues_nothing
         await asyncio.sleep(max(0.0, started + HELD_FOR + 0.2 - time.monotonic()))
         # Step 5.
         assert await holder.release()
-        fresh = handle(elsewhere, kind, name, TTL)
-        taken = await fresh.acquire(blocking=False)
-        document = await elsewhere.find_one({"_id": name}, {"owner": 1, "queue": 1})
-        if taken:
-            await fresh.release()
-        assert taken, f"held by nobody after the last release: {document}"
-    finally:
-        await set_fail_point(collection, "off")
-        await close_client(waiters)
-        await close_client(others)
+        refused = await held_by_nobody(elsewhere, [name], lambda name: handle(elsewhere, kind, name, TTL))
+        assert not refused, f"held by nobody after the last release: {refused}"

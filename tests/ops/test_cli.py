@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from mongolock_async.testing import EmbeddedMongo
 from tests.support.permits import two_permits_of_one_process
 from tests.support.processes import ROOT, WORKERS
 from tests.support.run_settings import child_environment
+from tests.support.terminal import lines_on_a_terminal
 from tests.support.uris import uri_with_options, uri_without_credentials
 
 PASSWORD = "pa55-w0rd-secret"
@@ -446,23 +445,9 @@ def test_the_table_fits_an_80_column_terminal(mongolock_uri: str) -> None:
     database, collection = "mongolock_cli", f"wide_{uuid.uuid4().hex[:8]}"
     long_name = "nightly-report:" + "tenant-with-a-rather-long-name:" * 3 + "end"
     asyncio.run(hold(mongolock_uri, database, collection, long_name, "a-label-for-the-report-worker-of-tenant-x"))
-    controller, terminal = os.openpty()
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "mongolock_async", "list", "--uri", mongolock_uri, "--db", database,
-             "--collection", collection],
-            stdout=terminal, stderr=terminal, env=child_environment(COLUMNS="80", TERM="xterm"), timeout=60,
-            check=True,
-        )  # fmt: skip
-        os.close(terminal)
-        output = b""
-        with contextlib.suppress(OSError):
-            while chunk := os.read(controller, 65536):
-                output += chunk
-    finally:
-        os.close(controller)
-    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", output.decode())
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    where = ["--uri", mongolock_uri, "--db", database, "--collection", collection]
+    lines = lines_on_a_terminal(["list", *where], columns=80)
+    text = "\n".join(lines)
     assert lines[0].split() == ["NAME", "STATE", "HOLDER", "TIME", "WAITING"] and "─" in lines[1], text  # rich
     assert all(len(line) <= 80 for line in lines), "\n".join(line for line in lines if len(line) > 80)
     name = "".join(line.split()[0] for line in lines[2:])  # the name column, wrapped over several lines
@@ -671,35 +656,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(
     assert command.returncode == (0 if "--help" in arguments or "--version" in arguments else 1)
 
 
-def run_on_a_terminal(arguments: list[str], *, columns: int, without_rich: bool = False) -> list[str]:
-    """The lines ``mongolock`` prints on a pseudo-terminal ``columns`` wide (colours removed);
-    ``without_rich`` runs it as if rich were not installed."""
-    prelude = "import sys; sys.modules['rich'] = None; " if without_rich else ""  # `import rich` fails
-    code = prelude + "from mongolock_async._cli.main import main; main()"
-    controller, terminal = os.openpty()
-    try:
-        subprocess.run(
-            [sys.executable, "-c", code, *arguments],
-            stdout=terminal, stderr=terminal, env=child_environment(COLUMNS=str(columns), TERM="xterm"), timeout=60,
-            check=True,
-        )  # fmt: skip
-        os.close(terminal)
-        output = b""
-        with contextlib.suppress(OSError):
-            while chunk := os.read(controller, 65536):
-                output += chunk
-    finally:
-        os.close(controller)
-    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", output.decode())
-    return [line.rstrip() for line in text.splitlines() if line.strip()]
-
-
 @pytest.mark.parametrize("without_rich", [False, True], ids=["rich", "plain"])
 def test_a_long_holder_is_shortened_to_fit_the_terminal_never_the_name(mongolock_uri: str, without_rich: bool) -> None:
     database, collection = "mongolock_cli", f"fit_{uuid.uuid4().hex[:8]}"
     name, label = "nightly-report:tenant-07", "the-report-worker-of-tenant-seven-in-the-eu-west-region-" + "x" * 20
     asyncio.run(hold(mongolock_uri, database, collection, name, label))
-    lines = run_on_a_terminal(
+    lines = lines_on_a_terminal(
         ["list", "--uri", mongolock_uri, "--db", database, "--collection", collection], columns=80,
         without_rich=without_rich,
     )  # fmt: skip

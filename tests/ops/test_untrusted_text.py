@@ -27,6 +27,7 @@ from mongolock_async.live import LockWatch
 from mongolock_async.operations import inspect_lock, list_locks
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.support.run_settings import child_environment
+from tests.support.terminal import on_a_terminal
 
 # A name that clears the screen and retitles the terminal, a label with a C1 CSI (red text on a
 # terminal that reads C1) and a bidi override (shows "exe.txt"), and a host with a blink sequence.
@@ -120,25 +121,6 @@ async def test_the_confirmation_of_a_forced_release_cannot_be_redrawn_by_a_label
     assert result.returncode == 1 and "About to break the lease of" in result.stdout, result.stdout + result.stderr
     assert_inert(result.stdout)
     assert printable(LABEL) in result.stdout and printable(NAME) in result.stdout
-
-
-def on_a_terminal(arguments: list[str]) -> bytes:
-    """What ``mongolock`` writes to a pseudo-terminal (rich draws the table there), raw."""
-    controller, terminal = os.openpty()
-    try:
-        process = subprocess.run(
-            [sys.executable, "-m", "mongolock_async", *arguments], stdout=terminal, stderr=terminal,
-            env=child_environment(COLUMNS="200", TERM="xterm-256color"), timeout=60,
-        )  # fmt: skip
-        os.close(terminal)
-        output = b""
-        with contextlib.suppress(OSError):
-            while chunk := os.read(controller, 65536):
-                output += chunk
-    finally:
-        os.close(controller)
-    assert process.returncode == 0, output.decode(errors="replace")
-    return output
 
 
 MARKUP = ["tenant[acme]:sync", "ops[/]x", "[link=https://evil.example]click[/link]", "[bold red]loud[/]"]
