@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.support.run_settings import child_environment
+
 CONSOLE = (
     "mongolock_async._cli",
     "mongolock_async.admin.dashboard",
@@ -27,7 +29,9 @@ CONSOLE = (
 def loaded_after(statement: str) -> set[str]:
     """The modules a fresh interpreter has loaded after running ``statement``."""
     script = f"import sys\n{statement}\nprint('\\n'.join(sys.modules))"
-    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    output = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=child_environment()
+    ).stdout
     return set(output.split())
 
 
