@@ -46,7 +46,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy --strict mongolock_async tests/typing
-	examples=$$(mktemp -d) && $(PYTHON) tests/doc_examples.py $$examples && \
+	examples=$$(mktemp -d) && $(PYTHON) tests/support/doc_examples.py $$examples && \
 		$(VENV)/bin/mypy --strict $$examples; status=$$?; rm -rf $$examples; exit $$status
 	$(VENV)/bin/mypy --strict .ci/mongodb/initiate.py .ci/mongodb/check_in_container.py .ci/mongodb/certificates.py \
 		.ci/mkdocs_hooks.py model/check.py
@@ -105,7 +105,7 @@ model:
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
-	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/test_request_bounds.py
+	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/faults/test_request_bounds.py
 	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)
 	$(call debian,spin,the model's deeper check cannot run without it)
 	$(call debian,gcc,the model's deeper check cannot compile its verifier without it)

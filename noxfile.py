@@ -2,7 +2,7 @@
 
     nox -s tests-3.13            the whole suite on Python 3.13 (pytest -n 4, as make test)
     nox -s core-3.12 core-3.13   the core, cancellation, waiting and outage tests (what .ci/run runs)
-    nox -s tests-3.12 -- tests/test_fencing.py -k restart    pytest arguments after --
+    nox -s tests-3.12 -- tests/handles/test_fencing.py -k restart    pytest arguments after --
 
 Each session installs the project with its dev extra into a virtualenv of its own under .nox/.
 nox finds ``python3.12`` and ``python3.13`` on PATH; with pyenv, put them there with
@@ -14,7 +14,12 @@ from __future__ import annotations
 import nox
 
 PYTHONS = ["3.11", "3.12", "3.13"]
-CORE = ["tests/test_lock_core.py", "tests/test_cancellation.py", "tests/test_waiting.py", "tests/test_outages.py"]
+CORE = [
+    "tests/handles/test_lock_core.py",
+    "tests/handles/test_cancellation.py",
+    "tests/handles/test_waiting.py",
+    "tests/faults/test_outages.py",
+]
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True

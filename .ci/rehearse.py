@@ -12,7 +12,7 @@ the job's and the step's ``env``, each step's ``if:`` honoured.
 Only what cannot run here is replaced, and each replacement is printed:
 
 - ``docker compose -f FILE up``: every service of FILE becomes an embedded server that looks as the
-  container would to its clients (``rehearsal/topology.py``, ``tests/standins.py``): configured by
+  container would to its clients (``rehearsal/topology.py``, ``tests/support/standins.py``): configured by
   the container's own mongod/mongos command line, advertising its container's names (a mongos lists
   itself under its container's id, which nothing here resolves), reached through a forwarded port
   where the compose file publishes one. The script's lines before it run first (the certificates a

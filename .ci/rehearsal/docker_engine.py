@@ -1,5 +1,5 @@
 """A stand-in for the Docker engine, for the workflow's testcontainers job: the suite finds an
-engine, asks it for a MongoDB container, and gets a stand-in (``tests/standins.py``) configured by
+engine, asks it for a MongoDB container, and gets a stand-in (``tests/support/standins.py``) configured by
 the container's own command, its port published on a port of this machine, as Docker would.
 
 It speaks the part of the Engine API that docker-py and testcontainers use (ping, version, create,
@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from rehearsal.topology import container_id, release_of, standin_for
-from tests.standins import Forwarder, StandIn
+from tests.support.standins import Forwarder, StandIn
 
 API_VERSION = "1.44"
 _RYUK_TIMEOUT_S = 10.0

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from mongolock_async.testing import EmbeddedTLS
-from tests.standins import MONGOD_PORT, Forwarder, Identity, StandIn
+from tests.support.standins import MONGOD_PORT, Forwarder, Identity, StandIn
 
 # mongod's default port by role (--configsvr and --shardsvr imply 27019 and 27018: docs,
 # "Default MongoDB Port").

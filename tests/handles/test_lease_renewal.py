@@ -1,0 +1,85 @@
+"""What the heartbeat renews, and that a lost lease is never silent: a dropped handle is no longer
+renewed and is released, nothing is renewed once release() is called, a renewal confirms only the
+leases it renewed, and a lease broken during a block raises."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from typing import Any
+
+import pytest
+from pymongo.write_concern import WriteConcern
+
+from mongolock_async import (
+    AsyncMongoLock,
+    LockLostError,
+)
+from mongolock_async.store import LockStore
+from mongolock_async.testing.clients import TEST_DATABASE, close_client
+from tests.support.commands import CommandCounter
+from tests.support.fail_points import FaultServer, set_fail_point
+
+
+async def test_a_dropped_handle_is_no_longer_renewed_and_is_released(
+    counted_collection: Any, command_counter: CommandCounter, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="mongolock_async")
+    lock: AsyncMongoLock | None = AsyncMongoLock(counted_collection, "dropped", ttl=3.0, heartbeat=0.2)
+    assert lock is not None and await lock.acquire()
+    await asyncio.sleep(0.5)
+    assert command_counter.count("update") >= 1, "it was being renewed"
+    del lock
+    gc.collect()
+    for _ in range(50):
+        doc = await counted_collection.find_one({"_id": "dropped"})
+        if doc["owner"] is None:
+            break
+        await asyncio.sleep(0.1)
+    assert doc["owner"] is None, "the lease of a dropped handle was not released"
+    assert "'dropped' was garbage-collected" in caplog.text
+    command_counter.names.clear()
+    await asyncio.sleep(0.6)
+    assert command_counter.count("update") == 0, "a dropped handle's lease is still renewed"
+
+
+async def test_nothing_is_renewed_once_release_is_called(fault_server: FaultServer, mongolock_driver: str) -> None:
+    counter = CommandCounter()
+    client = fault_server.client(mongolock_driver, event_listeners=[counter])
+    try:
+        collection = client[TEST_DATABASE][fault_server.collection]
+        # A TTL well above the release's 1 s on the server: a release that outlasts the lease raises
+        # (as it promises), and with a 1.5 s TTL a loaded machine made it (one full run in five).
+        lock = AsyncMongoLock(collection, "slow-release", ttl=4.0, heartbeat=0.2)
+        assert await lock.acquire()
+        await asyncio.sleep(0.5)
+        await set_fail_point(
+            collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=1000
+        )
+        counter.names.clear()
+        assert await lock.release()
+        assert counter.count("update") == 0, "a renewal was sent while the release was in flight"
+    finally:
+        await close_client(client)
+
+
+async def test_a_renewal_confirms_only_what_it_renewed(mongolock_collection: Any) -> None:
+    kept = AsyncMongoLock(mongolock_collection, "kept", ttl=3.0, heartbeat=0.3)
+    lapsed = AsyncMongoLock(mongolock_collection, "lapsed", ttl=3.0, heartbeat=0.3)
+    assert await kept.acquire() and await lapsed.acquire()
+    # Still ours by owner, but expired on the server: a later read could not tell it from renewed.
+    await mongolock_collection.update_one({"_id": "lapsed"}, [{"$set": {"expiresAt": "$$NOW"}}])
+    await asyncio.wait_for(lapsed.lost.wait(), 5)
+    assert lapsed.lost_error is not None and "expired or held by another owner" in lapsed.lost_error.reason
+    assert not kept.lost.is_set() and await kept.owned()
+    assert await kept.release()
+
+
+async def test_a_lease_broken_during_a_block_without_heartbeat_raises(mongolock_collection: Any) -> None:
+    lock = AsyncMongoLock(mongolock_collection, "broken", ttl=30.0)
+    operator = LockStore(mongolock_collection, WriteConcern(w="majority"))
+    with pytest.raises(LockLostError, match="gone"):
+        async with lock:
+            assert await operator.force_release("broken") is not None
+    assert lock.fencing_token is None

@@ -1,0 +1,797 @@
+"""Waiting at scale: the uncontended path, local FIFO queues and hand-offs, places in the lock's
+queue across processes (default and fair), and the change stream that wakes waiters.
+
+"Another process" is a second client here: queues, places and change streams are per client, so a
+second client in the same event loop is seen by the lock exactly like another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo import MongoClient, common
+from pymongo.write_concern import WriteConcern
+
+from mongolock_async import AsyncMongoLock, LockTimeoutError
+from mongolock_async._runtime import watcher as watcher_module
+from mongolock_async._runtime.queues import PlaceState, Turn, existing_queue
+from mongolock_async._runtime.waiting import LOCAL_STREAK
+from mongolock_async.store import LockStore, expressions, mutex
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.support.commands import CommandCounter
+from tests.support.fail_points import FaultServer, set_fail_point
+from tests.support.processes import ROOT, WORKERS
+from tests.support.run_settings import child_environment
+from tests.workers.giving_up_worker import handle
+
+PATIENT = {"retry_base": 3600.0, "retry_cap": 3600.0}
+"""A waiter that never polls in a test's lifetime: only a release signal can wake it."""
+QUEUE_WORKER = WORKERS / "queue_worker.py"
+
+
+async def foreign_release(collection: Any, name: str) -> None:
+    """What a release by another process looks like here: the document changes, no in-process signal."""
+    await collection.update_one({"_id": name}, {"$set": {"owner": None}})
+
+
+async def watcher_tasks() -> list[asyncio.Task[Any]]:
+    await asyncio.sleep(0)
+    return [task for task in asyncio.all_tasks() if task.get_name() == "mongolock-release-watcher" and not task.done()]
+
+
+@contextlib.asynccontextmanager
+async def other_process(driver: str, uri: str, collection_name: str) -> AsyncIterator[tuple[Any, CommandCounter]]:
+    """A collection reached through a client of its own (a process of its own, to the lock)."""
+    counter = CommandCounter()
+    client = make_client(driver, uri, event_listeners=[counter])
+    try:
+        yield client[TEST_DATABASE][collection_name], counter
+    finally:
+        await close_client(client)
+
+
+async def test_uncontended_acquire_and_release_is_two_requests_and_nothing_else(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    lock = AsyncMongoLock(counted_collection, "alone", ttl=30.0)
+    async with lock:  # connect and create the document
+        pass
+    command_counter.clear()
+    for _ in range(20):
+        async with lock:
+            pass
+    assert command_counter.names == ["findAndModify"] * 40, command_counter.names
+    assert command_counter.connections_created == command_counter.connections_closed == 0
+    assert await watcher_tasks() == []
+
+
+async def test_a_local_release_hands_over_in_the_same_write(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    holder = AsyncMongoLock(counted_collection, "job", ttl=30.0)
+    waiter = AsyncMongoLock(counted_collection, "job", ttl=30.0, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await command_counter.settled()  # tried once, queued its place, and looked again as its stream opened
+    command_counter.clear()
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 5)
+    assert command_counter.count("findAndModify", "update") == 1, command_counter.names
+    doc = await counted_collection.find_one({"_id": "job"})
+    assert doc["owner"] is not None and doc["fence"] == waiter.fencing_token
+    assert holder.fencing_token is None
+    assert await waiter.owned()
+    assert await waiter.release()
+
+
+async def test_waiting_tasks_of_one_process_are_served_in_arrival_order(mongolock_collection: Any) -> None:
+    holder = AsyncMongoLock(mongolock_collection, "fifo", ttl=30.0)
+    assert await holder.acquire()
+    served: list[tuple[int, int]] = []
+
+    async def wait_in_line(position: int) -> None:
+        async with AsyncMongoLock(mongolock_collection, "fifo", ttl=30.0, **PATIENT) as lock:
+            assert lock.fencing_token is not None
+            served.append((position, lock.fencing_token))
+            await asyncio.sleep(0.005)
+
+    tasks = []
+    for position in range(15):
+        tasks.append(asyncio.create_task(wait_in_line(position)))
+        await asyncio.sleep(0.02)  # each joins the queue before the next
+    assert await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert [position for position, _ in served] == list(range(15))
+    tokens = [token for _, token in served]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+async def test_many_waiters_cost_about_one_request_per_acquisition(
+    counted_collection: Any, command_counter: CommandCounter
+) -> None:
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        for _ in range(2):
+            async with AsyncMongoLock(counted_collection, "hot", ttl=30.0, **PATIENT):
+                await asyncio.sleep(0.001)
+                done += 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(50))), 120)
+    assert done == 100
+    writes = command_counter.count("findAndModify", "update")
+    # Each release hands over in the same write; only the first head's failed attempt is extra.
+    assert writes <= 1.2 * done, f"{writes} writes for {done} acquisitions"
+    assert command_counter.count("aggregate") <= 1
+
+
+async def test_a_hand_off_to_another_process_reaches_only_that_process(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any
+) -> None:
+    name = mongolock_collection.name
+    async with (
+        other_process(mongolock_driver, mongolock_uri, name) as (receiving, received),
+        other_process(mongolock_driver, mongolock_uri, name) as (bystanding, bystander),
+    ):
+        holder = AsyncMongoLock(mongolock_collection, "item", ttl=30.0)
+        # A hand-off within the safety margin of the place's last write is taken without a claim.
+        waiter = AsyncMongoLock(receiving, "item", ttl=30.0, safety_margin=5.0, **PATIENT)
+        assert await holder.acquire()
+        # The bystander waits for another lock of the same collection: its stream is open too.
+        other = AsyncMongoLock(mongolock_collection, "other", ttl=30.0)
+        assert await other.acquire()
+        bystanding_task = asyncio.create_task(AsyncMongoLock(bystanding, "other", ttl=30.0, **PATIENT).acquire())
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        await asyncio.sleep(1.0)
+        # Both queued and both streams open, every attempt answered: on a loaded machine a second
+        # of sleep can leave the waiter still attempting, and a hand-off then is claimed (safe, but
+        # not what is measured here).
+        await received.settled()
+        await bystander.settled()
+        received.clear()
+        bystander.clear()
+        assert await holder.release()
+        assert await asyncio.wait_for(waiting, 10), "the hand-off did not reach the waiting process"
+        assert received.events_delivered == 1
+        assert bystander.events_delivered == 0, "another process was sent the hand-off"
+        # The place was written just before: the hand-off is taken as it is, without a claim.
+        assert received.count("findAndModify", "update") == 0, received.names
+        doc = await mongolock_collection.find_one({"_id": "item"})
+        assert doc["fence"] == waiter.fencing_token and doc["handedOffAt"] == doc["acquiredAt"]
+        assert await waiter.release()
+        bystanding_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await bystanding_task
+        assert await other.release()
+
+
+@pytest.fixture
+def server_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[datetime | None], None]]:
+    """Set what every acquire and release sees as the server's time (None: its real clock). The
+    pipelines are cached per shape, so they are built again with it, and after the test."""
+    real = expressions.SERVER_NOW
+
+    def clear() -> None:
+        mutex._acquire_stages.cache_clear()
+        mutex._release_stages.cache_clear()
+
+    def set_clock(moment: datetime | None) -> None:
+        monkeypatch.setattr(expressions, "SERVER_NOW", real if moment is None else {"$literal": moment})
+        clear()
+
+    yield set_clock
+    clear()
+
+
+async def test_hand_offs_in_the_same_millisecond_each_reach_their_process(
+    mongolock_driver: str,
+    mongolock_uri: str,
+    mongolock_collection: Any,
+    server_clock: Callable[[datetime | None], None],
+) -> None:
+    # Every write of this test sees the same server time, as two hand-offs within one millisecond
+    # (or one mongos command, whose $$NOW is fixed) would. A hand-off must still show in the change
+    # event: a field the write leaves as it was is not in updatedFields.
+    frozen = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    server_clock(frozen)
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (elsewhere, _):
+        holder = AsyncMongoLock(mongolock_collection, "same-ms", ttl=30.0)
+        assert await holder.acquire()
+        first = AsyncMongoLock(elsewhere, "same-ms", ttl=30.0, safety_margin=5.0, **PATIENT)
+        first_waiting = asyncio.create_task(first.acquire(timeout=10))
+        await asyncio.sleep(1.0)  # queued, stream open
+        assert await holder.release()
+        assert await first_waiting, "the first hand-off did not reach the waiting process"
+        second = AsyncMongoLock(mongolock_collection, "same-ms", ttl=30.0, safety_margin=5.0, **PATIENT)
+        second_waiting = asyncio.create_task(second.acquire(timeout=10))
+        await asyncio.sleep(1.0)
+        assert await first.release()
+        assert await second_waiting, "a hand-off in the same millisecond as the last one was filtered out"
+        doc = await mongolock_collection.find_one({"_id": "same-ms"})
+        assert doc["handedOffAt"] == frozen.replace(tzinfo=None) and doc["owner"] == doc["handedOffTo"]
+        assert await second.release()
+
+
+async def test_a_hand_off_applied_after_a_later_place_write_lasts_from_that_write(
+    mongolock_driver: str,
+    mongolock_uri: str,
+    mongolock_collection: Any,
+    server_clock: Callable[[datetime | None], None],
+) -> None:
+    # A write's $$NOW is fixed when the server parses it, also through write-conflict retries (and
+    # on a mongos, for the shards): a release parsed before a waiter's place write can be applied
+    # after it. The waiter counts the handed lease from its place write's send time, so the lease
+    # must last a TTL from the place's `at` at least, however old the release's $$NOW.
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (elsewhere, _):
+        holder = AsyncMongoLock(mongolock_collection, "delayed", ttl=30.0)
+        assert await holder.acquire()
+        waiter = AsyncMongoLock(elsewhere, "delayed", ttl=20.0, safety_margin=5.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=10))
+        await asyncio.sleep(1.0)  # queued, stream open
+        (place,) = (await mongolock_collection.find_one({"_id": "delayed"}))["queue"]
+        parsed_long_ago = place["at"].replace(tzinfo=UTC) - timedelta(seconds=10)
+        server_clock(parsed_long_ago)
+        assert await holder.release()
+        assert await waiting
+        server_clock(None)
+        doc = await mongolock_collection.find_one({"_id": "delayed"})
+        assert doc["owner"] is not None and waiter.fencing_token == doc["fence"]
+        assert doc["expiresAt"] - place["at"] >= timedelta(seconds=20), "the lease ends before the waiter believes"
+        assert await waiter.release()
+
+
+async def hot_loop(collection: Any, name: str, label: str, rounds: int, log: list[str], **options: Any) -> None:
+    for _ in range(rounds):
+        async with AsyncMongoLock(collection, name, ttl=30.0, **options):
+            log.append(label)
+            await asyncio.sleep(0.002)
+
+
+async def test_a_busy_process_does_not_keep_a_hot_lock_to_itself(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any
+) -> None:
+    log: list[str] = []
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (remote, _):
+        local = [asyncio.create_task(hot_loop(mongolock_collection, "hot", "local", 6, log)) for _ in range(6)]
+        while not log:  # noqa: ASYNC110 - polls a plain list the tasks append to
+            await asyncio.sleep(0.001)
+        remote_task = asyncio.create_task(hot_loop(remote, "hot", "remote", 1, log, **PATIENT))
+        await asyncio.wait_for(asyncio.gather(*local, remote_task), 120)
+    first_remote = log.index("remote")
+    # Its place is queued after at most a round trip or two; then LOCAL_STREAK local hand-offs at most.
+    assert first_remote <= LOCAL_STREAK + 4, log
+
+
+async def test_fair_mode_takes_turns_between_processes(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any
+) -> None:
+    log: list[str] = []
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (remote, _):
+        tasks = [
+            asyncio.create_task(hot_loop(collection, "fair", label, 4, log, fair=True, **PATIENT))
+            for collection, label in [(mongolock_collection, "a"), (remote, "b")]
+            for _ in range(4)
+        ]
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    assert log.count("a") == log.count("b") == 16
+    middle = "".join(log)[2:-2]  # once both processes queue, the lease alternates
+    assert "aaa" not in middle and "bbb" not in middle, "".join(log)
+
+
+async def test_the_place_queued_by_a_winning_attempt_is_covered_too(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (a fair-mode hang under load): the holder releases between a head's first attempt
+    and its second, so the second (in a session) wins the lease and, in the same write, queues a
+    place for the next waiter, with no change stream running yet. A release by another process must
+    still wake that next waiter, which has no backoff to fall back on here."""
+    client = mongolock_collection.database.client
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (remote, _):
+        holder = AsyncMongoLock(remote, "won", ttl=30.0)
+        assert await holder.acquire()
+        real_try_acquire = LockStore.try_acquire
+        attempts = 0
+
+        async def release_after_the_first_attempt(self: LockStore, *args: Any, **kwargs: Any) -> Any:
+            nonlocal attempts
+            state = await real_try_acquire(self, *args, **kwargs)
+            if self.client is client:
+                attempts += 1
+                if attempts == 1:
+                    assert await holder.release()
+            return state
+
+        monkeypatch.setattr(LockStore, "try_acquire", release_after_the_first_attempt)
+        first = AsyncMongoLock(mongolock_collection, "won", ttl=30.0, **PATIENT)
+        second = AsyncMongoLock(mongolock_collection, "won", ttl=30.0, **PATIENT)
+        first_acquired = asyncio.create_task(first.acquire())
+        second_acquired = asyncio.create_task(second.acquire())
+        assert await first_acquired and attempts == 2, attempts
+        await asyncio.sleep(0.3)
+        assert not second_acquired.done()
+        # Another process frees the lock (an operator's forced release: no hand-off, just news).
+        assert await LockStore(remote, WriteConcern(w="majority")).force_release("won") is not None
+        assert await asyncio.wait_for(second_acquired, 10), "the next waiter never heard of the release"
+        assert await second.release()
+        assert await first.release() is False
+
+
+async def test_no_release_is_missed_before_the_stream_starts(mongolock_driver: str, fault_server: FaultServer) -> None:
+    holder_client = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-holder")
+    counter = CommandCounter()
+    waiter_client = fault_server.client(mongolock_driver, event_listeners=[counter])
+    locks = fault_server.collection
+    try:
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "gap", ttl=60.0)
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "gap", ttl=60.0, **PATIENT)
+        assert await holder.acquire()
+        # The waiter's stream opens a second after its failed attempt; the release falls in between.
+        await set_fail_point(
+            holder_client[TEST_DATABASE][locks],
+            {"times": 1},
+            failCommands=["aggregate"],
+            blockConnection=True,
+            blockTimeMS=1000,
+            appName=fault_server.app_name,
+        )
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        while counter.count("aggregate") == 0:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.01)
+        assert await holder.release()
+        assert await asyncio.wait_for(waiting, 10), "the release before the stream's start was missed"
+        (aggregate,) = [command for command in counter.commands if "aggregate" in command]
+        assert "startAtOperationTime" in aggregate["pipeline"][0]["$changeStream"]
+        assert await waiter.release()
+    finally:
+        await close_client(holder_client)
+        await close_client(waiter_client)
+
+
+async def test_no_hand_off_is_missed_when_the_stream_starts_past_it(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mongod answers a write with that write's own optime, but a server may answer with its latest
+    # cluster time (the embedded one does, under concurrent writes): a stream started there begins
+    # past a hand-off that followed the attempt. Here the stream starts after the hand-off.
+    holder_client = make_client(mongolock_driver, mongolock_uri)
+    waiter_client = make_client(mongolock_driver, mongolock_uri)
+    locks = mongolock_collection.name
+    asked: list[tuple[watcher_module.ReleaseWatcher, LockStore]] = []
+    start_stream = watcher_module.ReleaseWatcher.cover_from
+
+    def start_nothing_yet(self: watcher_module.ReleaseWatcher, store: LockStore, operation_time: Any) -> bool:
+        asked.append((self, store))
+        return True
+
+    monkeypatch.setattr(watcher_module.ReleaseWatcher, "cover_from", start_nothing_yet)
+    try:
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "late", ttl=60.0)
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "late", ttl=60.0, **PATIENT)
+        assert await holder.acquire()
+        waiting = asyncio.create_task(waiter.acquire(timeout=30))
+        while not asked:  # noqa: ASYNC110 - waits for the waiter's place
+            await asyncio.sleep(0.01)
+        assert await holder.release()
+        handed = await holder_client[TEST_DATABASE][locks].find_one({"_id": "late"})
+        assert handed["owner"] is not None, "the release handed the lease to the waiter's place"
+        watcher, store = asked[0]
+        async with store.session() as session:
+            await waiter_client[TEST_DATABASE][locks].insert_one({"_id": "a write after the hand-off"}, session=session)
+            after_the_hand_off = session.operation_time
+        monkeypatch.undo()
+        assert start_stream(watcher, store, after_the_hand_off)
+        assert await asyncio.wait_for(waiting, 10), "the hand-off before the stream's start was missed"
+        assert await waiter.release()
+    finally:
+        await close_client(holder_client)
+        await close_client(waiter_client)
+
+
+async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
+    mongolock_uri: str, mongolock_collection: Any
+) -> None:
+    name, place_ttl = "queued", 2.0
+    holder = AsyncMongoLock(mongolock_collection, name, ttl=30.0, fair=True)
+
+    async def queue_a_process_and_kill_it() -> int:
+        """Start a process that waits for the lock (fair), and SIGKILL it once its place is queued."""
+        worker = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block
+            [sys.executable, str(QUEUE_WORKER), mongolock_uri, TEST_DATABASE, mongolock_collection.name, name,
+             str(place_ttl)],
+            cwd=ROOT,
+            env=child_environment(),
+        )
+        try:
+            for _ in range(200):
+                doc = await mongolock_collection.find_one({"_id": name})
+                if any(place["holder"]["pid"] == worker.pid for place in doc.get("queue", [])):
+                    return worker.pid
+                await asyncio.sleep(0.05)
+            pytest.fail("the worker never took a place")
+        finally:
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+    # While the dead process's place is live, a release hands the lease to it: the queue is honoured.
+    assert await holder.acquire()
+    dead = await queue_a_process_and_kill_it()
+    assert await holder.release()
+    doc = await mongolock_collection.find_one({"_id": name})
+    assert doc["owner"] is not None and doc["holder"]["pid"] == dead
+    assert (doc["expiresAt"] - doc["acquiredAt"]).total_seconds() == pytest.approx(place_ttl, abs=0.01)
+    # ... and nobody claims it: the next waiter gets it when that lease expires, no later.
+    newcomer = AsyncMongoLock(mongolock_collection, name, ttl=30.0, fair=True)
+    assert await newcomer.acquire(timeout=place_ttl + 10)
+    taken = await mongolock_collection.find_one({"_id": name})
+    assert taken["acquiredAt"] >= doc["expiresAt"]
+    assert await newcomer.release()
+
+    # Once the place has expired unrefreshed, it no longer counts: the release goes to a live waiter.
+    assert await holder.acquire()
+    await queue_a_process_and_kill_it()
+    await asyncio.sleep(place_ttl + 0.5)
+    waiter = AsyncMongoLock(mongolock_collection, name, ttl=30.0, fair=True, **PATIENT)
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 5)
+    assert await waiter.release()
+
+
+@pytest.mark.parametrize("spacing", [0.05, 0.2, 0.4])
+@pytest.mark.parametrize("kind", ["lock", "fair-lock", "semaphore", "rwlock", "rwlock-reader"])
+async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_lease(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, kind: str, spacing: float
+) -> None:
+    # A process whose waiters come one after another, each giving up after 0.5 s (a web handler's
+    # acquire timeout) but never all at once, keeps its place in the queue. The lease they wait
+    # behind expires (its holder died; or it was handed to the place unseen): one of them must
+    # look again then, although each would sleep out a TTL of its own. Seen in the two-worker
+    # uvicorn sale under load: a lock refused for minutes after its lease expired. The line goes on
+    # 3.4 s past the expiry (it was 1.9 s: in a full run at load 4, waiters 0.05 s apart, each on a
+    # server slower than its 0.5 s patience, let that pass once with nobody taking the lock).
+    name, dead_ttl, line_length, patience = f"line-{kind}-{spacing}", 0.6, 4.0, 0.5
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (remote, _):
+        dead = handle(remote, "rwlock" if kind == "rwlock-reader" else kind, name, dead_ttl)
+        started = time.monotonic()  # before the lease's request: it expires dead_ttl after that, at the earliest
+        assert await dead.acquire()
+        taken: list[float] = []
+
+        async def come_and_give_up() -> None:
+            waiter = handle(mongolock_collection, kind, name)
+            # A waiter whose request is still unanswered when its patience ends raises (the server
+            # was too slow to be counted as reached): a way of giving up too, as acquire promises.
+            with contextlib.suppress(LockTimeoutError):
+                if await waiter.acquire(timeout=patience):
+                    taken.append(time.monotonic() - started)
+                    assert await waiter.release()
+
+        line = []
+        while time.monotonic() - started < line_length:
+            line.append(asyncio.create_task(come_and_give_up()))
+            await asyncio.sleep(spacing)
+        await asyncio.gather(*line)
+        assert taken, f"nobody took the lease that expired {dead_ttl} s into a {line_length} s line of waiters"
+        assert taken[0] >= dead_ttl - 0.05, "a waiter took the lease before it expired"
+        await dead.release()
+
+
+async def test_the_stream_lingers_then_closes_without_dropping_a_connection(
+    counted_collection: Any, command_counter: CommandCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watcher_module, "LINGER", 1.0)
+    holder = AsyncMongoLock(counted_collection, "linger", ttl=30.0)
+    waiter = AsyncMongoLock(counted_collection, "linger", ttl=30.0, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    await foreign_release(counted_collection, "linger")
+    assert await asyncio.wait_for(waiting, 10)
+    assert await waiter.release()
+    assert len(await watcher_tasks()) == 1, "closed at once: the next contention would open it again"
+    command_counter.clear()
+    for _ in range(50):
+        if not await watcher_tasks():
+            break
+        await asyncio.sleep(0.1)
+    assert await watcher_tasks() == [], "still open long after its linger time"
+    # A kill the server refused, PyMongo sends again from its background task, once a second.
+    await asyncio.sleep(common.KILL_CURSOR_FREQUENCY + 0.5)
+    assert command_counter.count("killCursors") == 1, "the stream's cursor was not killed at the first try"
+    assert command_counter.connections_closed == 0, "closing the stream tore down a pooled connection"
+
+
+async def test_renewals_do_not_wake_waiters(counted_collection: Any, command_counter: CommandCounter) -> None:
+    holder = AsyncMongoLock(counted_collection, "busy", ttl=6.0, heartbeat=0.2)
+    waiter = AsyncMongoLock(counted_collection, "busy", ttl=6.0, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await command_counter.settled()
+    attempts_before = command_counter.count("findAndModify")
+    renewals_before = command_counter.count("update")
+    await asyncio.sleep(1.0)
+    assert command_counter.count("update") - renewals_before >= 3, "the holder kept renewing"
+    assert command_counter.count("findAndModify") == attempts_before, "a renewal woke the waiter"
+    await foreign_release(counted_collection, "busy")
+    assert await asyncio.wait_for(waiting, 15)
+    assert command_counter.count("findAndModify") == attempts_before + 1
+    await asyncio.wait_for(holder.lost.wait(), 5)  # and the holder notices it lost the lease
+    assert await waiter.release()
+
+
+async def watch_then_break(
+    driver: str,
+    server: FaultServer,
+    break_it: Any,
+    *,
+    reopens: bool = True,
+    client_options: dict[str, Any] | None = None,
+) -> None:
+    """A waiter of one process must still be woken by a release through the change stream after
+    ``break_it`` broke it (the watcher reopens it: ``reopens``), or tried to."""
+    counter = CommandCounter()
+    waiter_client = server.client(driver, event_listeners=[counter], **(client_options or {}))
+    other_client = server.client(driver, app_name=f"{server.app_name}-other")
+    try:
+        mine = waiter_client[TEST_DATABASE][server.collection]
+        theirs = other_client[TEST_DATABASE][server.collection]
+        holder = AsyncMongoLock(theirs, "first", ttl=60.0)
+        assert await holder.acquire()
+        waiting = asyncio.create_task(AsyncMongoLock(mine, "first", ttl=60.0, **PATIENT).acquire(timeout=30))
+        await asyncio.sleep(0.5)
+        assert counter.count("aggregate") == 1
+        await break_it(Breakage(theirs, server.admin[TEST_DATABASE][server.collection], server.app_name))
+        for _ in range(100 if reopens else 0):
+            if counter.count("aggregate") >= 2:
+                break
+            await asyncio.sleep(0.1)
+        if reopens:  # by the watcher (and for a resumable error, by the driver first)
+            assert counter.count("aggregate") >= 2, "the stream was not reopened"
+        else:
+            assert counter.count("aggregate") == 1, "the stream failed and had to be reopened"
+        await asyncio.sleep(0.5)
+        if not waiting.done():
+            await holder.release()
+        assert await asyncio.wait_for(waiting, 10)
+        # A fresh contention after the break is reported by the reopened stream.
+        second = AsyncMongoLock(theirs, "second", ttl=60.0)
+        assert await second.acquire()
+        waiter = AsyncMongoLock(mine, "second", ttl=60.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=30))
+        await asyncio.sleep(0.5)
+        assert await second.release()
+        assert await asyncio.wait_for(waiting, 10), "the reopened stream did not report the release"
+        assert await waiter.release()
+    finally:
+        await set_fail_point(other_client[TEST_DATABASE][server.collection], "off")
+        await close_client(waiter_client)
+        await close_client(other_client)
+        server.admin[TEST_DATABASE].drop_collection(f"{server.collection}_renamed")
+
+
+@dataclass(frozen=True)
+class Breakage:
+    """What a way of breaking the waiter's change stream gets: a collection of another client, the
+    same collection for a user allowed to drop and rename it, and the waiter's appName."""
+
+    collection: Any
+    admin: Any
+    waiter: str
+
+
+async def drop_collection(breakage: Breakage) -> None:
+    breakage.admin.drop()
+
+
+async def rename_collection(breakage: Breakage) -> None:
+    breakage.admin.rename(f"{breakage.admin.name}_renamed")
+
+
+def fail_get_more(**failure: Any) -> Any:
+    async def arm(breakage: Breakage) -> None:
+        await set_fail_point(
+            breakage.collection, {"times": 2}, failCommands=["getMore"], appName=breakage.waiter, **failure
+        )
+
+    return arm
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        drop_collection,
+        rename_collection,
+        fail_get_more(errorCode=237),  # CursorKilled: the stream ends, not resumable
+        fail_get_more(errorCode=11601),  # Interrupted: not resumable
+        fail_get_more(errorCode=43, errorLabels=["ResumableChangeStreamError"]),  # CursorNotFound, twice
+        fail_get_more(closeConnection=True),  # network error, twice
+    ],
+    ids=["invalidate-drop", "invalidate-rename", "cursor-killed", "interrupted", "resumable-twice", "network"],
+)
+async def test_the_watcher_survives(mongolock_driver: str, fault_server: FaultServer, break_it: Any) -> None:
+    await watch_then_break(mongolock_driver, fault_server, break_it)
+
+
+async def test_the_watcher_works_within_the_clients_operation_timeout(
+    mongolock_driver: str, fault_server: FaultServer
+) -> None:
+    async def idle(breakage: Breakage) -> None:
+        await asyncio.sleep(2.0)  # several getMores under a 0.9 s client timeout: none may fail
+
+    # timeoutMS is shorter than the watcher's usual getMore wait (1 s): it waits a third of the
+    # timeout instead, which leaves a loaded machine 0.6 s for each getMore's round trip (0.3 s,
+    # when it waited half of a 0.6 s timeout, was missed once in a fresh-clone run of the suite).
+    await watch_then_break(mongolock_driver, fault_server, idle, reopens=False, client_options={"timeoutMS": 900})
+
+
+async def test_without_a_stream_waiters_poll(mongolock_driver: str, fault_server: FaultServer) -> None:
+    client = fault_server.client(mongolock_driver)
+    try:
+        collection = client[TEST_DATABASE][fault_server.collection]
+        await set_fail_point(collection, "alwaysOn", failCommands=["aggregate"], errorCode=40573)
+        holder = AsyncMongoLock(collection, "polled", ttl=60.0)
+        waiter = AsyncMongoLock(collection, "polled", ttl=60.0, retry_base=0.05, retry_cap=0.2)
+        assert await holder.acquire()
+        waiting = asyncio.create_task(waiter.acquire(timeout=10))
+        await asyncio.sleep(0.5)
+        await foreign_release(collection, "polled")
+        assert await asyncio.wait_for(waiting, 15)
+        assert await waiter.release()
+    finally:
+        await set_fail_point(client[TEST_DATABASE][fault_server.collection], "off")
+        await close_client(client)
+
+
+async def test_without_change_streams_waiters_use_backoff(
+    mongolock_driver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mongolock_async")
+    with EmbeddedMongo(replica_set=False) as server:
+        client = make_client(mongolock_driver, server.uri)
+        try:
+            collection = client[TEST_DATABASE]["locks"]
+            holder = AsyncMongoLock(collection, "standalone", ttl=60.0)
+            waiter = AsyncMongoLock(collection, "standalone", ttl=60.0, retry_base=0.05, retry_cap=0.2)
+            assert await holder.acquire()
+            waiting = asyncio.create_task(waiter.acquire(timeout=10))
+            await asyncio.sleep(0.5)
+            await foreign_release(collection, "standalone")
+            assert await asyncio.wait_for(waiting, 15)
+            assert await waiter.release()
+            assert "change stream" in caplog.text and "failed" in caplog.text
+        finally:
+            await close_client(client)
+
+
+async def test_a_closed_client_leaves_nothing_behind(
+    mongolock_driver: str, mongolock_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
+    gc.collect()
+    # Earlier tests' clients may still be alive (a raised error's traceback keeps its test's frame
+    # until the cycle is collected): this test judges only the entries it adds.
+    watched_before = len(watcher_module._watchers)
+    client = make_client(mongolock_driver, mongolock_uri)
+    client_ref = weakref.ref(client)
+    collection = client[TEST_DATABASE][f"locks_{uuid.uuid4().hex[:8]}"]
+    holder = AsyncMongoLock(collection, "busy", ttl=30.0)
+    waiter = AsyncMongoLock(collection, "busy", ttl=30.0, heartbeat=True, **PATIENT)
+    assert await holder.acquire()
+    waiting = asyncio.create_task(waiter.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    assert await watcher_tasks(), "waiting opened a change stream"
+    assert await holder.release()
+    assert await asyncio.wait_for(waiting, 10)
+    assert await waiter.release()
+    mongolock_admin_client[TEST_DATABASE].drop_collection(collection.name)  # the test's user may not drop
+    await close_client(client)
+    del client, collection, holder, waiter, waiting
+    for _ in range(50):  # the stream notices the closed client
+        if not await watcher_tasks():
+            break
+        await asyncio.sleep(0.1)
+    gc.collect()
+    assert client_ref() is None, "something still holds the closed client: " + repr(
+        [type(referrer).__name__ for referrer in gc.get_referrers(client_ref())]
+    )
+    assert len(watcher_module._watchers) <= watched_before
+
+
+async def test_a_release_to_waiters_that_gave_up_meanwhile_leaves_the_lock_free(
+    mongolock_driver: str, fault_server: FaultServer
+) -> None:
+    counter = CommandCounter()
+    client = fault_server.client(mongolock_driver, event_listeners=[counter])
+    try:
+        collection = client[TEST_DATABASE][fault_server.collection]
+        holder = AsyncMongoLock(collection, "x", ttl=30.0)
+        assert await holder.acquire()
+        first = AsyncMongoLock(collection, "x", ttl=30.0, **PATIENT)
+        second = AsyncMongoLock(collection, "x", ttl=30.0, **PATIENT)
+        waiting = [asyncio.create_task(first.acquire(timeout=1.5)), asyncio.create_task(second.acquire(timeout=1.5))]
+        # Both queued (the first's place, with a follower for the second), the stream open and every
+        # attempt answered: the fail point below must catch the release, not a late attempt.
+        await counter.settled()
+        # The release names the first waiter, but reaches the server only after both have given up.
+        await set_fail_point(
+            collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=3000
+        )
+        releasing = asyncio.create_task(holder.release())
+        assert await asyncio.gather(*waiting) == [False, False]
+        assert await releasing
+        await asyncio.sleep(0.3)  # the pass-on
+        doc = await collection.find_one({"_id": "x"})
+        assert doc["owner"] is None, f"the lease went to a place nobody waits on: {doc}"
+        newcomer = AsyncMongoLock(collection, "x", ttl=30.0)
+        assert await newcomer.acquire(blocking=False)
+        assert await newcomer.release()
+    finally:
+        await close_client(client)
+
+
+async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(mongolock_collection: Any) -> None:
+    holder = AsyncMongoLock(mongolock_collection, "race", ttl=30.0)
+    first = AsyncMongoLock(mongolock_collection, "race", ttl=30.0, **PATIENT)
+    second = AsyncMongoLock(mongolock_collection, "race", ttl=30.0, **PATIENT)
+    assert await holder.acquire()
+    first_task = asyncio.create_task(first.acquire())
+    await asyncio.sleep(0.3)
+    second_task = asyncio.create_task(second.acquire(timeout=20))
+    await asyncio.sleep(0.3)
+    releasing = asyncio.create_task(holder.release())
+    await asyncio.sleep(0)  # the release is on its way, naming the first waiter
+    first_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first_task
+    assert await releasing
+    assert await asyncio.wait_for(second_task, 10), "the lease was stranded with the cancelled waiter"
+    assert first.fencing_token is None
+    assert await second.release()
+
+
+async def test_a_late_report_of_an_old_hand_off_is_not_taken_as_fresh(
+    mongolock_collection: Any, mongolock_driver: str, mongolock_uri: str
+) -> None:
+    # A change stream that the driver resumed after an outage can report a hand-off to this
+    # process's place long after it happened: after that lease expired, someone else took the lock,
+    # and this process wrote its place again with the same token. Such a report carries a fence no
+    # higher than the one the place's last write saw; the waiter must claim (and find it gone),
+    # never take the old lease as its own (seen once in the soak as an overlap).
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (remote, _):
+        holder = AsyncMongoLock(remote, "late-news", ttl=30.0)
+        assert await holder.acquire()
+        waiter = AsyncMongoLock(mongolock_collection, "late-news", ttl=30.0, fair=True, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        queue = None
+        for _ in range(100):
+            queue = existing_queue(waiter._store, "late-news", 1)
+            stored = queue is not None and queue.place is PlaceState.STORED
+            if stored and queue is not None and queue.head is not None and queue.head.turn is Turn.PLACED:
+                break
+            await asyncio.sleep(0.05)
+        assert queue is not None and queue.slot is not None and queue.head is not None
+        old_fence = holder.fencing_token
+        assert old_fence is not None
+        queue.on_handed_to_place(queue.slot, old_fence)  # the late report: the holder's own fence
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "the waiter took a lease that another holder has"
+        assert await holder.release()
+        assert await asyncio.wait_for(waiting, 10)
+        assert waiter.fencing_token is not None and waiter.fencing_token > old_fence
+        assert await waiter.release()

@@ -1,0 +1,156 @@
+"""What the real-MongoDB workflow's environment can break, checked here: the test run's settings
+stay out of child processes, URIs are built with a parser, and the workflow's jobs are what
+docs/testing.md says they are."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+from pymongo.errors import OperationFailure
+from pymongo.uri_parser import parse_uri
+
+from mongolock_async.testing import EmbeddedMongo
+from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.support.fail_points import FaultServer, set_fail_point
+from tests.support.processes import ROOT
+from tests.support.run_settings import child_environment
+from tests.support.uris import uri_with_options, uri_without_credentials
+
+pytestmark = pytest.mark.environment
+TESTS = ROOT / "tests"
+_SPAWNERS = {"run", "Popen", "call", "check_call", "check_output"}
+
+
+def _spawns_a_process(call: ast.Call) -> bool:
+    function = call.func
+    if isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name):
+        return function.value.id == "subprocess" and function.attr in _SPAWNERS
+    return False
+
+
+def test_every_child_process_gets_a_clean_environment() -> None:
+    # A child inherits MONGOLOCK_TEST_DRIVERS, MONGOLOCK_TEST_SHARDED and MONGODB_URI from the
+    # workflow's jobs unless it is given an environment without them (tests/support/run_settings.py,
+    # child_environment): a user's project then ran with one driver, and a docs example sharded
+    # its collection on the embedded server.
+    offenders = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not _spawns_a_process(node):
+                continue
+            env = next((keyword.value for keyword in node.keywords if keyword.arg == "env"), None)
+            if not (
+                isinstance(env, ast.Call) and isinstance(env.func, ast.Name) and env.func.id == "child_environment"
+            ):
+                offenders.append(f"{path.relative_to(TESTS)}:{node.lineno}")
+    assert not offenders, "child processes that inherit the test run's settings: " + ", ".join(offenders)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "mongodb://localhost:27017/",  # the sharded job's: no query string
+        "mongodb://localhost:27017",  # nor a path
+        "mongodb://localhost:27017/?replicaSet=rs0",
+        "mongodb://app:p%40ss%2Fw@localhost:27017/mongolock_tests?authSource=admin&replicaSet=rs0",
+        "mongodb://h1:1,h2:2/?replicaSet=rs",
+    ],
+)
+def test_options_are_added_to_any_uri_as_options(uri: str) -> None:
+    built = uri_with_options(uri, authMechanism="MONGODB-AWS", serverSelectionTimeoutMS="300")
+    parsed = parse_uri(built, validate=False)
+    assert parsed["options"]["authMechanism"] == "MONGODB-AWS", built
+    assert parsed["options"]["serverSelectionTimeoutMS"] == "300", built
+    original = parse_uri(uri, validate=False)
+    assert parsed["database"] == original["database"], f"{built} names another database"
+    assert parsed["nodelist"] == original["nodelist"] and parsed["password"] == original["password"]
+    assert all(parsed["options"][key] == value for key, value in original["options"].items())
+
+
+def test_credentials_are_taken_out_of_a_uri_with_their_options() -> None:
+    uri = "mongodb://app:p%40ss@h1:1,h2:2/db?authSource=admin&replicaSet=rs0&authMechanism=SCRAM-SHA-256"
+    parsed = parse_uri(uri_without_credentials(uri), validate=False)
+    assert parsed["username"] is None and parsed["password"] is None
+    assert parsed["nodelist"] == [("h1", 1), ("h2", 2)] and parsed["database"] == "db"
+    assert dict(parsed["options"]) == {"replicaSet": "rs0"}
+
+
+_RESTARTS = ("pause", "resume", "stop", "start", "restart", "kill")
+
+
+def test_only_tests_that_stop_or_pause_the_server_start_their_own() -> None:
+    # A test that only arms fail points runs on the server under test (fault_server), so that on
+    # the workflow's MongoDB the ambiguous acquire, the lost release reply and the rest are proven
+    # on mongod, not only on the embedded double.
+    offenders = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            if "private_server" not in {argument.arg for argument in node.args.args}:
+                continue
+            body = ast.get_source_segment(source, node) or ""
+            controls = (
+                any(f"private_server.{method}(" in body for method in _RESTARTS) or "stopped(private_server" in body
+            )
+            if not controls and "a server of its own" not in body:
+                offenders.append(f"{path.relative_to(TESTS)}::{node.name}")
+    assert not offenders, "tests that start a server only for fail points (use fault_server): " + ", ".join(offenders)
+
+
+def test_fault_tests_use_the_server_under_test_when_it_has_fail_points(
+    fault_server: FaultServer, mongolock_uri: str, target_has_fail_points: bool
+) -> None:
+    assert fault_server.on_target is target_has_fail_points
+    if target_has_fail_points:
+        assert fault_server.uri == mongolock_uri
+
+
+async def test_a_fail_point_is_scoped_to_one_client(mongolock_driver: str, fault_server: FaultServer) -> None:
+    mine = fault_server.client(mongolock_driver)
+    other = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-other")
+    try:
+        await set_fail_point(
+            mine[TEST_DATABASE][fault_server.collection], "alwaysOn", failCommands=["find"], errorCode=2
+        )
+        assert await other[TEST_DATABASE][fault_server.collection].find_one({}) is None, "another client was hit"
+        with pytest.raises(OperationFailure):
+            await mine[TEST_DATABASE][fault_server.collection].find_one({})
+        unscoped = make_client(mongolock_driver, fault_server.uri)
+        try:
+            with pytest.raises(AssertionError, match="scope the fail point"):
+                await set_fail_point(
+                    unscoped[TEST_DATABASE][fault_server.collection], "alwaysOn", failCommands=["find"]
+                )
+        finally:
+            await close_client(unscoped)
+    finally:
+        await close_client(mine)
+        await close_client(other)
+
+
+@pytest.mark.parametrize("expected", ["uri", None], ids=["a-real-server-expected", "nothing-expected"])
+def test_fault_tests_fail_where_the_real_server_under_test_has_no_fail_points(expected: str | None) -> None:
+    # A MongoDB started without the test commands, as a workflow job's would be if its compose file
+    # lost the flag: the fault tests fall back to a private embedded server only where the run does
+    # not say it tests a real MongoDB.
+    with EmbeddedMongo(test_commands=False) as server:
+        settings = {"MONGODB_URI": server.uri, **({"MONGOLOCK_TEST_EXPECT_SERVER": expected} if expected else {})}
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             "tests/ops/test_workflow.py::test_a_fail_point_is_scoped_to_one_client"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env=child_environment(**settings),
+        )  # fmt: skip
+    if expected:
+        assert result.returncode == 1 and "refuses configureFailPoint" in result.stdout, result.stdout[-3000:]
+        assert "enableTestCommands=1" in result.stdout
+    else:
+        assert result.returncode == 0, result.stdout[-3000:]
