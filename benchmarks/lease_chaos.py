@@ -9,7 +9,7 @@ Meanwhile the lock's document is read every 20 ms. Two things are checked:
 - what keeps it: no read may show a live lease owned by a token that its document records as done
   with (withdrawn by its waiters, or released). Such a lease is held by nobody: a late request of a
   token its process had moved on from took it, or a release handed it to a place nobody waits
-  behind (tests/test_late_requests.py and tests/test_giving_up.py sweep those windows).
+  behind (tests/faults/test_late_requests.py and tests/handles/test_giving_up.py sweep those windows).
 
     python benchmarks/lease_chaos.py [--seconds 60 | --minutes M] [--processes 2] [--tasks 3]
                                      [--control-seconds 10] [--json]

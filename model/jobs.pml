@@ -7,7 +7,7 @@
  * failed early is retried within its period).
  *
  * docs/model.md says what is modelled and what is not; model/actions.md maps the store's writes
- * to the ACTION comments here (tests/test_model.py checks both).
+ * to the ACTION comments here (tests/unit/test_model.py checks both).
  *
  * Time: rt counts ticks of real time; srv is the server's clock (S0 + rt, moved back by a step).
  * Nothing is urgent: a replica calls the job, and a run ends, renews or is killed, at any tick, so

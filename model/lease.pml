@@ -5,7 +5,7 @@
  *
  * Read model/README.md first: what is modelled, the time model, the faults, the properties and the
  * switches (MUT_*) that turn each property's control on. model/actions.md maps every write the store
- * can send to the action here that models it; tests/test_model.py checks that table against the
+ * can send to the action here that models it; tests/unit/test_model.py checks that table against the
  * store, and against the ACTION comments in this file.
  *
  * Time: rt counts ticks of real time (every process's monotonic clock); srv is the server's clock
@@ -291,7 +291,7 @@ hidden byte w_, g_, bd_, own_, h_exp;
 
 /* ================================================================================================
  * The store's writes, each atomic on the server. ACTION comments name the store entry point and
- * the document fields the pipeline writes (checked against model/actions.md by tests/test_model.py).
+ * the document fields the pipeline writes (checked against model/actions.md by tests/unit/test_model.py).
  * ============================================================================================== */
 
 /* expressions._live_places: the queue's unexpired places, without the tokens a and b (0: none) */

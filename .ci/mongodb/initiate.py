@@ -70,7 +70,7 @@ def initiate(port: int, name: str, host: str, **config: Any) -> None:
 # have the documented roles and nothing else (MONGODB_URI). Passwords of a throwaway CI server.
 ADMIN = ("mongolock-admin", "admin-password")
 USERS = {"mongolock-app": ("app-password", "mongolockUser"), "mongolock-ops": ("ops-password", "mongolockOperator")}
-# The databases the suite's lock and command tests use (tests/conftest.py's TEST_DATABASE, test_cli's
+# The databases the suite's lock and command tests use (mongolock_async.testing.clients' TEST_DATABASE, test_cli's
 # and the command's default), each test in a fresh collection: the roles grant docs/deploying.md's
 # privileges on every collection of these databases (collection ""), where an application's role
 # names its one lock collection.

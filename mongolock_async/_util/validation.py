@@ -16,7 +16,7 @@ MAX_LABEL_BYTES = 128
 """The longest ``label``, in bytes of UTF-8. Every holder and every waiting place stores it, and a
 semaphore or read-write lock keeps up to 10,000 holders (documents.MAX_PERMITS) and its queue in
 one document, which MongoDB caps at 16 MB: at this bound and the longest host name (255 bytes),
-10,000 holders take about 6 MB (tests/test_validation.py builds that document)."""
+10,000 holders take about 6 MB (tests/unit/test_validation.py builds that document)."""
 # Expiry is stored with millisecond precision on the server.
 MIN_TTL = 0.001
 # The longest lease (a year and a day): expiries are computed on the server, and a stored

@@ -218,7 +218,7 @@ def done_with(token: Any, released: Any) -> dict[str, Any]:
     lock, runs and releases. Were the late attempt applied as an attempt, it would take the free
     lock for that token, a lease nobody holds, for a TTL; or, the lock held again by then, queue a
     place for it, and the holder's release would hand the lock to it: a lease nobody holds for a
-    TTL, after a place that lasted one (tests/test_late_requests.py). The memory is bounded (the
+    TTL, after a place that lasted one (tests/faults/test_late_requests.py). The memory is bounded (the
     last 64 withdrawals; a lock's releases while the lease they ended would have lasted, at most
     16, and its latest; a semaphore's last 64): a request that lands later than that is applied
     as an attempt again, and what it leaves lasts its TTL, as any outcome lost in transit."""
