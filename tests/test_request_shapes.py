@@ -35,7 +35,10 @@ in mongodb/mongo, master as stored in the search tool's corpus):
   collection scan only when no indexed solution exists (``collScanRequired = 0 == out.size()``).
   The lock collection has no index on the other fields, so the one solution is a scan of the ``_id``
   index's single key, the rest a filter on the fetched document.
-- ``_id: {$in: [...]}`` is the same index's point intervals, one per name (the renewal read-back).
+- ``_id: {$in: [...]}`` (the renewal read-back) is answered by the same index, one point per name:
+  ``Indexability::nodeCanUseIndexOnOwnField`` (src/mongo/db/query/indexability.h) lists ``EQ`` and
+  ``MATCH_IN`` among the predicates an index on their own field serves (read in an older revision;
+  master delegates to ``isIndexOnOwnFieldTypeNode``, not read).
 
 The embedded server cannot show any of this: its ``findAndModify`` scans the collection (see
 docs/testing.md). This test checks what we send; the citations say what MongoDB does with it.
