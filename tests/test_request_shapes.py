@@ -12,7 +12,7 @@ carry an ``_id`` equality (or ``_id: {$in: [...]}``) at the top of its filter: `
 slip in unnoticed; the exceptions (``EXCEPTIONS``) say why each is bounded.
 
 Why an ``_id`` equality keeps a request's cost flat on MongoDB whatever the collection's size (read
-in mongodb/mongo, master as stored in the search tool's corpus):
+in mongodb/mongo, recent revisions):
 
 - ``isSimpleIdQuery`` (src/mongo/db/query/query_utils.cpp) accepts a query whose only field is
   ``_id``, compared for equality (``{_id: v}`` or ``{_id: {$eq: v}}``). For an update and a
@@ -33,8 +33,9 @@ in mongodb/mongo, master as stored in the search tool's corpus):
   bounds-generating predicate with the indexes on its path, so the ``_id`` equality is answered by
   the ``_id`` index, and ``QueryPlanner::plan`` (src/mongo/db/query/query_planner.cpp) adds a
   collection scan only when no indexed solution exists (``collScanRequired = 0 == out.size()``).
-  The lock collection has no index on the other fields, so the one solution is a scan of the ``_id``
-  index's single key, the rest a filter on the fetched document.
+  The library indexes none of the other fields (its one optional index, the idle cleanup's, is on
+  ``expiresAt``, which no filter names), so the one solution reads the ``_id`` index's single key,
+  the other predicates a filter on the fetched document.
 - ``_id: {$in: [...]}`` (the renewal read-back) is answered by the same index, one point per name:
   ``Indexability::nodeCanUseIndexOnOwnField`` (src/mongo/db/query/indexability.h) lists ``EQ`` and
   ``MATCH_IN`` among the predicates an index on their own field serves (read in an older revision;
@@ -254,6 +255,7 @@ async def test_acquire_release_hand_off_and_withdrawal_name_their_document(
         waiting = asyncio.ensure_future(waiter.acquire(timeout=20.0))
         await until(lambda: bool(second_recorder.stream_cursors) and second_recorder.names()["findAndModify"] >= 1,
                     "the waiter's queued place and its change stream")  # fmt: skip
+        assert await make(second).locked()  # a read of the lock's state (aggregate, $match by _id)
         assert await holder.release()  # the hand-off to the waiter's place
         assert await waiting  # the waiter's claim
         assert await waiter.release()  # nobody waits: a plain release
@@ -272,6 +274,7 @@ async def test_acquire_release_hand_off_and_withdrawal_name_their_document(
     releases = {shape for shape in seen if shape.startswith("findAndModify {_id:eq, $or} pipeline")}
     withdrawals = {shape for shape in seen if shape.startswith("update x1 {_id:eq} upsert pipeline")}
     assert acquires and releases and withdrawals, seen
+    assert any(shape.startswith("aggregate {_id:eq") for shape in seen), seen
     assert "aggregate $changeStream" in seen
 
 
@@ -350,7 +353,8 @@ async def test_operator_reads_are_bounded(
 ) -> None:
     """``mongolock list`` (``iterate_locks``) scans by design: in ``_id`` order, a batch of
     ``reports.ITERATE_BATCH`` at a time, from ``--after`` on and up to ``--limit``; its clock is
-    ``hello``. ``inspect`` (``inspect_lock``) reads one document, by ``_id``."""
+    ``hello``. ``inspect`` (``inspect_lock``) reads one document, by ``_id``. ``list_locks`` reads
+    them all in one aggregate."""
     async with monitored(mongolock_driver, mongolock_uri, mongolock_collection) as (collection, recorder):
         await collection.insert_many([{"_id": f"listed-{index:04}"} for index in range(ITERATE_DOCUMENTS)])
         recorder.commands.clear()
@@ -362,6 +366,9 @@ async def test_operator_reads_are_bounded(
         recorder.commands.clear()
         assert (await operations.inspect_lock(collection, "listed-0003")) is not None
         inspecting = list(recorder.commands)
+        recorder.commands.clear()
+        assert len(await operations.list_locks(collection)) == ITERATE_DOCUMENTS
+        listing_whole = list(recorder.commands)
 
     finds = [command for name, command in listing if name == "find"]
     assert [command["filter"] for command in finds] == [{}, {"_id": {"$gt": "listed-0009"}}]
@@ -374,6 +381,10 @@ async def test_operator_reads_are_bounded(
     assert {name for name, _ in listing} <= {"find", "getMore", "hello", "ping"}
     assert [name for name, _ in inspecting] == ["aggregate"]
     assert id_match(document_filters("aggregate", inspecting[0][1])[0]) == "in"
+    # ``list_locks`` (the API's all-at-once listing, not the command's) reads the whole collection
+    # in one aggregate, in ``_id`` order: unbounded by design, for callers that want every lock.
+    whole = [command for name, command in listing_whole if name == "aggregate"]
+    assert len(whole) == 1 and whole[0]["pipeline"][:2] == [{"$match": {}}, {"$sort": {"_id": 1}}]
 
 
 # Enough documents for the listing to need more than one batch.

@@ -16,7 +16,7 @@ from .expressions import LEASE_LIVE
 from .requests import Expression, Filter, Permits, Pipeline, PlaceRequest
 
 # Every filter here starts from an equality on ``_id`` (the name), so MongoDB answers each request
-# from the ``_id`` index whatever the collection's size (mongodb/mongo, read on master):
+# from the ``_id`` index whatever the collection's size (mongodb/mongo, recent revisions):
 # - ``_id`` alone (acquire, withdrawal: ``LockStore``): ``isSimpleIdQuery``
 #   (src/mongo/db/query/query_utils.cpp) holds, ``ParsedUpdateBase::parseQuery``
 #   (src/mongo/db/query/write_ops/parsed_update_base.cpp) skips canonicalising it, and
