@@ -109,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         "server",
         help="run the embedded MongoDB server in the foreground (for development and tests)",
         description="Runs SecantusDB on 127.0.0.1 until interrupted (Ctrl-C or SIGTERM), then stops it and "
-        "removes its data directory. Prints its URI first.",
+        "removes its data directory. Prints its URI first. "
+        "It is a test double, not MongoDB: its findAndModify scans the whole collection even for an _id "
+        "equality, so every acquire and release costs more as the collection holds more lock documents "
+        "(released ones included); MongoDB answers those requests from the _id index whatever the "
+        "collection's size. Keep its collections small: a fresh one per test.",
     )
     server.add_argument("--port", type=int, default=27017, help="port to listen on (default 27017; 0: any free one)")
     server.add_argument("--standalone", action="store_true", help="no replica set (and so no change streams)")

@@ -15,6 +15,22 @@ from .documents import JOB_KIND, LockState
 from .expressions import LEASE_LIVE
 from .requests import Expression, Filter, Permits, Pipeline, PlaceRequest
 
+# Every filter here starts from an equality on ``_id`` (the name), so MongoDB answers each request
+# from the ``_id`` index whatever the collection's size (mongodb/mongo, recent revisions):
+# - ``_id`` alone (acquire, withdrawal: ``LockStore``): ``isSimpleIdQuery``
+#   (src/mongo/db/query/query_utils.cpp) holds, ``ParsedUpdateBase::parseQuery``
+#   (src/mongo/db/query/write_ops/parsed_update_base.cpp) skips canonicalising it, and
+#   ``getExecutorUpdate`` (src/mongo/db/query/get_executor.cpp) runs it without planning, through
+#   ``InternalPlanner::updateWithIdHack`` (an ``IDHackStage``) for an upsert; a ``findAndModify``
+#   that returns ``fields`` is canonicalised and still gets an ``IDHackStage`` from
+#   ``ClassicPrepareExecutionHelper::buildIdHackPlan`` (same file; ``isIdHackEligibleQuery``).
+# - ``_id`` with more predicates (the owner, an ``$or`` of owner fields, ``$elemMatch``): planned;
+#   ``QueryPlannerIXSelect::rateIndices`` (src/mongo/db/query/planner_ixselect.cpp) tags the
+#   equality with the ``_id`` index, and ``QueryPlanner::plan`` (src/mongo/db/query/query_planner.cpp)
+#   adds a collection scan only when no index applies; the other predicates filter the one document.
+# - The update being a pipeline changes none of it: ``ParsedUpdateBase::parseUpdate`` parses it
+#   apart from the query. tests/test_request_shapes.py checks every request we send keeps this rule.
+
 
 class KindQueries(Protocol):
     """The queries ``LockStore`` sends for one kind of document: each returns what to send (a

@@ -180,6 +180,7 @@ class LockStore:
         """
         place = PlaceRequest(owner, ttl_ms, holder, follower, keep_expiry=keep_expiry)
         pipeline = queries_for(permits).acquire(place, enqueue=enqueue, fair=fair)
+        # ``{_id: name}`` alone: MongoDB's find-by-_id path (IDHACK), not a plan (see kinds.py).
         command = sending.find_and_modify_command(
             self._collection.name, self._write_concern_document, {"_id": name}, pipeline, upsert=True
         )
@@ -363,6 +364,9 @@ class LockStore:
             renewed = -1  # some statements failed: find out which renewals were applied
         if renewed == len(leases):
             return {(lease.name, lease.owner) for lease in leases}
+        # ``$in`` on ``_id`` is answered by the ``_id`` index like an equality (src/mongo/db/query/
+        # indexability.h, ``Indexability::nodeCanUseIndexOnOwnField`` lists EQ and MATCH_IN; see
+        # kinds.py): one point per name, at most a chunk's, whatever the collection holds.
         query = {"_id": {"$in": [lease.name for lease in leases]}, "$or": [{"renewal": tick}, {"holders.r": tick}]}
         cursor = self._collection.find(query, {"owner": 1, "renewal": 1, "holders": 1})
         confirmed: set[tuple[str, str]] = set()
