@@ -9,7 +9,7 @@ each by ``_id`` on an existing document, and the library's acquire + release of 
 (two ``findAndModify``s). The medians are printed, in milliseconds.
 
 On MongoDB each of these is answered from the ``_id`` index whatever the collection's size (the
-citations are in tests/test_request_shapes.py). The embedded server's ``findAndModify`` scans the
+citations are in tests/handles/test_request_shapes.py). The embedded server's ``findAndModify`` scans the
 collection instead, so its figures grow with the number of documents while ``update_one`` and
 ``find_one`` stay flat: what docs/testing.md and ``mongolock server --help`` tell users. Nothing
 here is MongoDB's speed.

@@ -29,7 +29,7 @@ from .requests import Expression, Filter, Permits, Pipeline, PlaceRequest
 #   equality with the ``_id`` index, and ``QueryPlanner::plan`` (src/mongo/db/query/query_planner.cpp)
 #   adds a collection scan only when no index applies; the other predicates filter the one document.
 # - The update being a pipeline changes none of it: ``ParsedUpdateBase::parseUpdate`` parses it
-#   apart from the query. tests/test_request_shapes.py checks every request we send keeps this rule.
+#   apart from the query. tests/handles/test_request_shapes.py checks every request we send keeps this rule.
 
 
 class KindQueries(Protocol):
