@@ -555,7 +555,8 @@ async def watch_then_break(
         holder = AsyncMongoLock(theirs, "first", ttl=60.0)
         assert await holder.acquire()
         waiting = asyncio.create_task(AsyncMongoLock(mine, "first", ttl=60.0, **PATIENT).acquire(timeout=30))
-        await asyncio.sleep(0.5)
+        # Until the waiter's stream is open, not a fixed 0.5 s: a full run at load 7 once took longer.
+        await asyncio.wait_for(counter.settled(), 20)
         assert counter.count("aggregate") == 1
         await break_it(Breakage(theirs, server.admin[TEST_DATABASE][server.collection], server.app_name))
         for _ in range(100 if reopens else 0):
