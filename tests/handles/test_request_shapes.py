@@ -63,6 +63,7 @@ from mongolock_async._runtime import keeper
 from mongolock_async.admin import operations  # what the `mongolock` command calls
 from mongolock_async.store import reports
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
+from tests.support.sessions import transaction
 
 # The commands that read or write lock documents, and where each keeps its filters.
 DOCUMENT_REQUESTS = {"findAndModify", "update", "find", "aggregate"}
@@ -335,7 +336,7 @@ async def test_places_semaphore_renewal_and_guard_name_their_documents(
 
         guarded = AsyncMongoLock(first, "guarded", ttl=10.0)
         assert await guarded.acquire()
-        async with _transaction(first.database.client) as session:
+        async with transaction(first.database.client) as session:
             await guarded.guard_transaction(session)
         assert await guarded.release()
 
@@ -430,17 +431,3 @@ async def test_the_checker_flags_a_recorded_request_without_its_id(
         await collection.find_one_and_update({"owner": "someone"}, {"$set": {"owner": None}})
         assert [name for name, _ in recorder.commands] == ["findAndModify"]
         assert problems_of(recorder, collection.name)
-
-
-@contextlib.asynccontextmanager
-async def _transaction(client: Any) -> AsyncIterator[Any]:
-    """A session in a transaction, committed at the end of the block (either driver)."""
-    session = client.start_session()
-    if asyncio.iscoroutine(session) or asyncio.isfuture(session):  # Motor's start_session is awaited
-        session = await session
-    async with session:
-        started = session.start_transaction()
-        if asyncio.iscoroutine(started):  # PyMongo's async start_transaction is awaited
-            started = await started
-        async with started:
-            yield session
