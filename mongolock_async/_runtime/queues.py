@@ -136,6 +136,10 @@ class LocalQueue:
         """The follower for the place: the place of the waiter after the first. Every request that
         writes the first waiter's place names the same one, so whichever of them gives the lease,
         the process's next place is the one this process expects."""
+        self.line_attempt: tuple[PlaceRequest, float] | None = None
+        """The place and send time of an attempt in flight that belongs to the line, not to the
+        waiter that sent it (see ``waiting``): whoever is first in line when it is answered is
+        moved by the answer, and sends no attempt of its own meanwhile."""
         self.releases_in_flight = 0
         """Releases of this process in flight that may hand the lease to the first waiter."""
         self.local_streak = 0
@@ -186,8 +190,11 @@ class LocalQueue:
     def _first_in_line(self, waiter: Waiter) -> None:
         """QUEUED -> DUE, or PLACED (not yet scheduled) when a place of this process is known to be
         stored and covered by a change stream or a backoff: it just waits for its turn there. An
-        uncertain place is looked at first: a lease may have been taken for it already."""
-        if self.place is not PlaceState.STORED or waiter.in_session:
+        uncertain place is looked at first: a lease may have been taken for it already. While the
+        line's attempt is in flight, it waits for that one's answer (ATTEMPTING)."""
+        if self.line_attempt is not None:
+            self._move(waiter, Turn.ATTEMPTING)
+        elif self.place is not PlaceState.STORED or waiter.in_session:
             self._move(waiter, Turn.DUE)
         else:
             self._move(waiter, Turn.PLACED)
@@ -206,11 +213,28 @@ class LocalQueue:
         head = self.head
         if was_head and head is not None:
             self._first_in_line(head)
+        if head is None and self.line_attempt is not None:
+            self._uncertain(*self.line_attempt)  # whatever it writes is withdrawn
 
     def on_attempt_sent(self, waiter: Waiter) -> None:
         """DUE -> ATTEMPTING: the reply says when to look next."""
         waiter.turn = Turn.ATTEMPTING
         self.look_at = None
+
+    def on_line_attempt_sent(self, place: PlaceRequest, sent_at: float) -> None:
+        """The first waiter's attempt (for ``place``, sent at ``sent_at``) belongs to the line: it
+        runs on, and its answer goes to whoever is first in line then."""
+        self.line_attempt = (place, sent_at)
+
+    def on_line_attempt_done(self) -> None:
+        """The line's attempt ended, its answer (if any) applied: a first waiter that the answer
+        did not move on (it came first meanwhile) goes on as a new first waiter."""
+        self.line_attempt = None
+        head = self.head
+        if head is not None:
+            if head.turn is Turn.ATTEMPTING:
+                self._first_in_line(head)
+            head.wake.set()  # a DUE waiter held back can go now
 
     def on_taken(self, grant: Grant, *, follower: PlaceRequest | None) -> bool:
         """The first waiter's place got the lease (its own attempt, a release, a hand-off):
@@ -226,12 +250,13 @@ class LocalQueue:
             self._first_in_line(self.waiters[0])
         return True
 
-    def on_placed(self, waiter: Waiter, place: PlaceRequest, sent_at: float, fence: int, *, covered: bool) -> None:
-        """The attempt's reply shows the lock held elsewhere and the place stored: ATTEMPTING ->
-        PLACED (scheduled by the caller), or -> DUE in a session when no change stream covers the
-        time since the write. An event that moved the waiter meanwhile stands."""
+    def on_placed(self, place: PlaceRequest, sent_at: float, fence: int, *, covered: bool) -> None:
+        """The attempt's reply shows the lock held elsewhere and the place stored: the first waiter
+        ATTEMPTING -> PLACED (scheduled by the caller), or -> DUE in a session when no change stream
+        covers the time since the write. An event that moved the waiter meanwhile stands."""
         self._placed(place, sent_at, fence)
-        if waiter.turn is not Turn.ATTEMPTING:
+        waiter = self.head
+        if waiter is None or waiter.turn is not Turn.ATTEMPTING:
             return
         waiter.in_session = not covered
         if covered:
@@ -240,9 +265,9 @@ class LocalQueue:
             self._move(waiter, Turn.DUE)
 
     def on_attempt_failed(
-        self, waiter: Waiter, place: PlaceRequest, error: Exception, now: float, *, maybe_applied: bool, outage: bool
+        self, place: PlaceRequest, error: Exception, now: float, *, maybe_applied: bool, outage: bool
     ) -> None:
-        """The attempt failed in transit: ATTEMPTING -> BACKING_OFF (scheduled by the caller), and
+        """The attempt failed in transit: the first waiter ATTEMPTING -> BACKING_OFF (scheduled by the caller), and
         with ``outage`` the outage clock runs (not for a slow answer while others came). If the
         server may have applied it, the place (and the follower it records, or queues with the
         lease) may be there: UNCERTAIN."""
@@ -252,6 +277,9 @@ class LocalQueue:
             if self.failing_since is None:
                 self.failing_since = now
             self.last_error = error
+        waiter = self.head
+        if waiter is None:
+            return
         waiter.in_session = False
         if waiter.turn is Turn.ATTEMPTING:
             waiter.attempt_at = None

@@ -115,7 +115,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             waiter.wake.clear()
             now = time.monotonic()
             _give_up_if_unreachable(queue, request, now)
-            due = waiter.turn is Turn.DUE and not queue.releases_in_flight
+            due = waiter.turn is Turn.DUE and not queue.releases_in_flight and queue.line_attempt is None
             if give_up_at is not None and now >= give_up_at and (attempted or not due):
                 _give_up_if_unreachable(queue, request, now, timed_out=give_up_at)
                 return None
@@ -174,24 +174,69 @@ async def _attempt(
     ``operationTime`` is where the stream starts. Except the first of an acquire: it most often
     takes a free lock, and a session would only slow that down; if it fails, the next attempt
     follows at once, in a session.
+
+    An attempt is bounded by the TTL and, in an outage, by when it is given up. It is also bounded
+    by the waiter's own timeout when nobody waits behind it; with waiters behind, it belongs to the
+    line instead: it runs on in the background (this returns at once, the waiter ATTEMPTING) and
+    its answer goes to whoever is first in line then. Else, on a server slower than the patience
+    each waiter has left when its turn comes, every attempt would be cut before its answer, and
+    nobody would ever learn that the lease it waits behind has expired.
     """
-    place = queue.head_place()
-    token = place.token
-    uncertain_since = queue.uncertain_since
     covered = watcher.covers_new_requests()
-    with_session = not covered and (not first or waiter.in_session)
+    attempt = _Attempt(
+        place=queue.head_place(),
+        sent_at=time.monotonic(),
+        covered=covered,
+        with_session=not covered and (not first or waiter.in_session),
+        uncertain_since=queue.uncertain_since,
+    )
     queue.on_attempt_sent(waiter)
-    sent_at = time.monotonic()
-    # Bounded by the acquire's timeout and, in an outage, by when it is given up.
-    ends = (give_up_at, _unreachable_at(queue, request))
-    left = min([request.ttl, *(moment - sent_at for moment in ends if moment is not None)])
+    unreachable_at = _unreachable_at(queue, request)
+    line_bound = request.ttl if unreachable_at is None else min(request.ttl, unreachable_at - attempt.sent_at)
+    if give_up_at is None or give_up_at - attempt.sent_at >= line_bound or len(queue.waiters) == 1:
+        bound = line_bound if give_up_at is None else min(line_bound, give_up_at - attempt.sent_at)
+        try:
+            await _send_and_apply(queue, attempt, request, watcher, backoff, bound=bound, give_up_at=give_up_at)
+        except asyncio.CancelledError:
+            # The request ran to its end, but this task is gone: what it wrote is withdrawn (or
+            # claimed by the next waiter) on the way out of wait_for_lease.
+            queue.on_attempt_abandoned(attempt.place, attempt.sent_at)
+            raise
+        return
+    queue.on_line_attempt_sent(attempt.place, attempt.sent_at)
+    task = spawn(_send_and_apply(queue, attempt, request, watcher, backoff, bound=line_bound, give_up_at=None))
+    task.add_done_callback(lambda _: queue.on_line_attempt_done())
+
+
+class _Attempt(NamedTuple):
+    """One attempt of the first waiter, as it was sent."""
+
+    place: PlaceRequest
+    sent_at: float
+    covered: bool
+    """Whether a change stream reported releases from before the send on."""
+    with_session: bool
+    uncertain_since: float | None
+    """The queue's ``uncertain_since`` at the send (see ``LocalQueue``)."""
+
+
+async def _send_and_apply(
+    queue: LocalQueue,
+    attempt: _Attempt,
+    request: AcquireRequest,
+    watcher: ReleaseWatcher,
+    backoff: Backoff,
+    *,
+    bound: float,
+    give_up_at: float | None,
+) -> None:
+    """Send ``attempt`` within ``bound`` seconds (``give_up_at``: the waiter's own timeout, where
+    that bounds it) and move the waiter first in line by its answer; nobody if all have left (the
+    withdrawal of the place then covers whatever the attempt did)."""
+    place, sent_at, covered, with_session = attempt.place, attempt.sent_at, attempt.covered, attempt.with_session
+    token = place.token
     try:
-        state, operation_time = await _send_attempt(request, place, with_session=with_session, bound=left)
-    except asyncio.CancelledError:
-        # The request ran to its end, but this task is gone: what it wrote is withdrawn (or
-        # claimed by the next waiter) on the way out of wait_for_lease.
-        queue.on_attempt_abandoned(place, sent_at)
-        raise
+        state, operation_time = await _send_attempt(request, place, with_session=with_session, bound=bound)
     except PyMongoError as error:
         if not is_transient(error):
             raise
@@ -203,20 +248,21 @@ async def _attempt(
         # so did one the acquire's own timeout cut too short to tell: the acquire timed out, as
         # under a busy lock.
         slow = isinstance(error, RequestTimeout) and (
-            request.store.answered_at > sent_at or _cut_too_short_to_tell(request, give_up_at, left)
+            request.store.answered_at > sent_at or _cut_too_short_to_tell(request, give_up_at, bound)
         )
-        queue.on_attempt_failed(waiter, place, error, sent_at, maybe_applied=sent, outage=not slow)
+        queue.on_attempt_failed(place, error, sent_at, maybe_applied=sent, outage=not slow)
         if not slow and _will_retry(queue, request, give_up_at):
             _warn_retrying(request.name, error)
         return
     queue.on_answered()
-    if waiter.turn is Turn.GRANTED or queue.slot != token:
-        return  # a release of this process handed it the lease while this was in flight
+    head = queue.head
+    if head is None or queue.slot != token:
+        return  # a release of this process handed the lease on while this was in flight, or nobody waits
     if state.holds(token):
         queue.local_streak = 0
         # A lease claimed without moving its expiry counts from the unanswered request that may
         # have set it (see PlaceRequest.keep_expiry): its expiry is later than that plus the TTL.
-        granted_at = sent_at if uncertain_since is None else min(sent_at, uncertain_since)
+        granted_at = sent_at if attempt.uncertain_since is None else min(sent_at, attempt.uncertain_since)
         queue.on_taken(Grant(token, state.fence_of(token), granted_at, place.ttl_ms), follower=place.follower)
         # The same write queued a place for the next waiter: the hand-off to it must be reported
         # too, by a stream from this write on, or else the next waiter looks again, in a session.
@@ -230,8 +276,8 @@ async def _attempt(
         return
     # Unless a stream reports releases from before this attempt on, one could go unnoticed.
     covered = covered or (with_session and watcher.cover_from(request.store, operation_time))
-    queue.on_placed(waiter, place, sent_at, state.fencing_token, covered=covered)
-    if waiter.turn is Turn.PLACED:
+    queue.on_placed(place, sent_at, state.fencing_token, covered=covered)
+    if head.turn is Turn.PLACED:
         until_change = _until_next_change(state, token, fair=request.fair)
         queue.look_at = time.monotonic() + _sleep_without_news(watcher, request, backoff, until_change)
 

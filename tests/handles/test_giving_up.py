@@ -176,6 +176,123 @@ async def test_a_waiter_cancelled_while_its_request_is_held_leaves_no_place(
         assert not blocked, f"{kind}: released, then handed to a waiter that had given up: {blocked}"
 
 
+LINE_HELD_MS, LINE_NAMES = 1000, 4
+
+
+async def test_a_line_that_gives_up_while_its_attempt_is_held_leaves_no_place(
+    mongolock_driver: str, fault_server: FaultServer, fault_collection: Any
+) -> None:
+    # The server holds each of the waiters' first two findAndModify per name for a second. The first
+    # waiter's attempt stores its place; its next attempt follows at once (no stream covered the
+    # first), with a second waiter behind it now: that attempt belongs to the line, so it runs on
+    # past both waiters' timeouts, which fall at moments swept across its flight, and lands after
+    # the line has gone and withdrawn its place. Every kind of lock at once.
+    app = f"{fault_server.app_name}-line"
+    client = fault_server.client(mongolock_driver, app_name=app)
+    names = {kind: [f"line-{kind}-{index}" for index in range(LINE_NAMES)] for kind in KINDS}
+    held = LINE_HELD_MS / 1000
+    try:
+        holders = [holder for kind in KINDS for holder in await hold_all(fault_collection, kind, names[kind])]
+        await client.admin.command("ping")
+        await set_fail_point(
+            fault_collection,
+            {"times": 2 * len(KINDS) * LINE_NAMES},
+            failCommands=["findAndModify"],
+            appName=app,
+            blockConnection=True,
+            blockTimeMS=LINE_HELD_MS,
+        )
+        collection = client[TEST_DATABASE][fault_collection.name]
+        # The first waiter gives up 0.3 to 0.7 s into the held second attempt, the second 0.1 s later.
+        delays = [held + 0.3 + index * 0.4 / (LINE_NAMES - 1) for index in range(LINE_NAMES)]
+
+        async def line(kind: str, name: str, delay: float) -> list[bool]:
+            first = asyncio.ensure_future(acquire(handle(collection, kind, name), delay))
+            await asyncio.sleep(held / 4)
+            second = await acquire(handle(collection, kind, name), delay + 0.1 - held / 4)
+            return [await first, second]
+
+        outcomes = await asyncio.gather(
+            *(line(kind, name, delays[index]) for kind in KINDS for index, name in enumerate(names[kind]))
+        )
+        assert not any(any(pair) for pair in outcomes), "a waiter took a held lock"
+        await asyncio.sleep(held)  # every held attempt has landed, after its line withdrew
+    finally:
+        await set_fail_point(fault_collection, "off")
+        await close_client(client)
+    await release_all(holders)
+    for kind in KINDS:
+        moments = [f"timeouts {delay * 1000:.0f} and {delay * 1000 + 100:.0f} ms" for delay in delays]
+        blocked = await not_taken_at_once(fault_collection, kind, names[kind], moments)
+        assert not blocked, f"{kind}: released, then handed to a line that had given up: {blocked}"
+
+
+async def test_a_semaphore_line_that_gives_up_while_its_first_attempt_is_held_leaves_no_place(
+    mongolock_driver: str, fault_server: FaultServer, fault_collection: Any
+) -> None:
+    # A semaphore's next waiter has no place yet when the first is granted (no follower is queued
+    # for it), so its attempt, which belongs to the line (a third waiter is behind), may be the one
+    # that stores the place. The server holds every findAndModify of the waiters' client 400 ms; the
+    # second and third waiters are cancelled at moments swept across that attempt's flight, so it
+    # lands after the line has gone: its place must be withdrawn all the same, or the granted
+    # waiter's release would hand the permit to it.
+    app = f"{fault_server.app_name}-sem-line"
+    client = fault_server.client(mongolock_driver, app_name=app)
+    names = [f"sem-line-{index}" for index in range(LINE_NAMES)]
+    held = 0.4
+    try:
+        holders = await hold_all(fault_collection, "semaphore", names)
+        await client.admin.command("ping")
+        await set_fail_point(
+            fault_collection,
+            "alwaysOn",
+            failCommands=["findAndModify"],
+            appName=app,
+            blockConnection=True,
+            blockTimeMS=round(held * 1000),
+        )
+        collection = client[TEST_DATABASE][fault_collection.name]
+        # Into the flight of the second waiter's attempt, sent as the first waiter is granted.
+        delays = [0.1 + index * 0.2 / (LINE_NAMES - 1) for index in range(LINE_NAMES)]
+
+        async def line(index: int, name: str) -> tuple[bool, list[bool]]:
+            first = handle(collection, "semaphore", name)
+            granted = asyncio.ensure_future(acquire(first, 10.0))
+            behind = []
+            for _ in range(2):
+                await asyncio.sleep(0.05)
+                behind.append(asyncio.ensure_future(acquire(handle(collection, "semaphore", name), 10.0)))
+            await asyncio.sleep(held + 0.2)  # the first waiter's place is stored
+            assert await holders[index].release()
+            if not await granted:
+                return False, []
+            await asyncio.sleep(delays[index])
+            outcomes = []
+            for waiter in behind:
+                waiter.cancel()
+                outcomes.append(await cancel_outcome(waiter))
+            await asyncio.sleep(held)  # the held attempt has landed, after the line withdrew
+            assert await first.release()
+            return True, outcomes
+
+        outcomes = await asyncio.gather(*(line(index, name) for index, name in enumerate(names)))
+    finally:
+        await set_fail_point(fault_collection, "off")
+        await close_client(client)
+    assert outcomes == [(True, [False, False])] * LINE_NAMES, outcomes
+    moments = [f"cancelled {delay * 1000:.0f} ms after the first was granted" for delay in delays]
+    blocked = await not_taken_at_once(fault_collection, "semaphore", names, moments)
+    assert not blocked, f"released, then handed to a line that had given up: {blocked}"
+
+
+async def cancel_outcome(task: asyncio.Future[bool]) -> bool:
+    """What a cancelled acquire came to: False if the cancellation ended it."""
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return False
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_waiter_that_times_out_then_closes_its_client_leaves_no_place(
     mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, kind: str

@@ -455,18 +455,7 @@ async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
     assert await waiter.release()
 
 
-# Waiters 0.05 s apart with 0.5 s of patience: each becomes first in line with about 0.05 s left,
-# and its attempt is bounded by that. On a server slower than that (this machine under load; a
-# distant MongoDB), every attempt is cut before its answer, whose news is lost with it, and nobody
-# takes the expired lease for as long as waiters come: an open bug (the attempt belongs to the
-# waiter, not to the process's line). With three CPU-bound processes beside 4 workers, 21 of 30
-# runs of this variant failed, every waiter answered False at the end of its patience.
-_LINE_OUTRUNS_ITS_ATTEMPTS = pytest.mark.xfail(
-    reason="open bug: each first waiter's attempt is cut by its own remaining patience", strict=False
-)
-
-
-@pytest.mark.parametrize("spacing", [pytest.param(0.05, marks=_LINE_OUTRUNS_ITS_ATTEMPTS), 0.2, 0.4])
+@pytest.mark.parametrize("spacing", [0.05, 0.2, 0.4])
 @pytest.mark.parametrize("kind", ["lock", "fair-lock", "semaphore", "rwlock", "rwlock-reader"])
 async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_lease(
     mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, kind: str, spacing: float
@@ -502,6 +491,59 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
         assert taken, f"nobody took the lease that expired {dead_ttl} s into a {line_length} s line of waiters"
         assert taken[0] >= dead_ttl - 0.05, "a waiter took the lease before it expired"
         await dead.release()
+
+
+SLOW_MS = 150
+"""How long the server holds each findAndModify of a slow line's waiters: three times their spacing."""
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_a_line_of_waiters_on_a_server_slower_than_their_patience_takes_an_expired_lease(
+    mongolock_driver: str, fault_server: FaultServer, kind: str
+) -> None:
+    # The slow-server case of the test above, made certain: the server holds every findAndModify of
+    # the waiters' client for 150 ms, and waiters come 0.05 s apart with 0.5 s of patience, so each
+    # is first in line with about 0.05 s left. An attempt bounded by that was cut every time, and
+    # nobody took the lease that expired behind the line (every waiter answered False). The attempt
+    # belongs to the line: it runs to its answer, which the waiter first in line by then acts on.
+    holder_client = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-holder")
+    waiter_client = fault_server.client(mongolock_driver)
+    name, dead_ttl, line_length, patience, spacing = f"slow-line-{kind}", 0.6, 3.0, 0.5, 0.05
+    try:
+        dead = handle(holder_client[TEST_DATABASE][fault_server.collection], kind, name, dead_ttl)
+        waiters = waiter_client[TEST_DATABASE][fault_server.collection]
+        await waiters.database.command("ping")
+        await set_fail_point(
+            waiters, "alwaysOn", failCommands=["findAndModify"], blockConnection=True, blockTimeMS=SLOW_MS
+        )
+        started = time.monotonic()
+        assert await dead.acquire()
+        taken: list[float] = []
+        outcomes: list[str] = []
+
+        async def come_and_give_up() -> None:
+            waiter = handle(waiters, kind, name)
+            try:
+                acquired = await waiter.acquire(timeout=patience)
+            except LockTimeoutError as error:
+                outcomes.append(type(error).__name__)
+                return
+            outcomes.append(str(acquired))
+            if acquired:
+                taken.append(time.monotonic() - started)
+                assert await waiter.release()
+
+        line = []
+        while time.monotonic() - started < line_length:
+            line.append(asyncio.create_task(come_and_give_up()))
+            await asyncio.sleep(spacing)
+        await asyncio.gather(*line)
+        assert taken, f"nobody took the lease that expired {dead_ttl} s into the line: {outcomes}"
+        assert taken[0] >= dead_ttl - 0.05, "a waiter took the lease before it expired"
+    finally:
+        await set_fail_point(waiter_client[TEST_DATABASE][fault_server.collection], "off")
+        await close_client(holder_client)
+        await close_client(waiter_client)
 
 
 async def test_the_stream_lingers_then_closes_without_dropping_a_connection(
