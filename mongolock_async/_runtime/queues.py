@@ -140,6 +140,8 @@ class LocalQueue:
         """The place and send time of an attempt in flight that belongs to the line, not to the
         waiter that sent it (see ``waiting``): whoever is first in line when it is answered is
         moved by the answer, and sends no attempt of its own meanwhile."""
+        self.refusal: Exception | None = None
+        """What the line's attempt raised, for the first waiter's acquire to raise."""
         self.releases_in_flight = 0
         """Releases of this process in flight that may hand the lease to the first waiter."""
         self.local_streak = 0
@@ -226,15 +228,26 @@ class LocalQueue:
         runs on, and its answer goes to whoever is first in line then."""
         self.line_attempt = (place, sent_at)
 
-    def on_line_attempt_done(self) -> None:
+    def on_line_attempt_done(self, refusal: Exception | None) -> bool:
         """The line's attempt ended, its answer (if any) applied: a first waiter that the answer
-        did not move on (it came first meanwhile) goes on as a new first waiter."""
+        did not move on (it came first meanwhile) goes on as a new first waiter. A ``refusal`` (an
+        error retrying cannot fix) is raised by the first waiter's acquire. False if nobody waits."""
         self.line_attempt = None
         head = self.head
-        if head is not None:
-            if head.turn is Turn.ATTEMPTING:
-                self._first_in_line(head)
-            head.wake.set()  # a DUE waiter held back can go now
+        if head is None:
+            return False
+        self.refusal = refusal
+        if head.turn is Turn.ATTEMPTING:
+            self._first_in_line(head)
+        head.wake.set()  # a DUE waiter held back can go now
+        return True
+
+    def raise_refusal(self, waiter: Waiter) -> None:
+        """Raise the line's attempt's refusal if ``waiter`` is first in line (the refusal is its)."""
+        refusal = self.refusal
+        if refusal is not None and waiter is self.head:
+            self.refusal = None
+            raise refusal
 
     def on_taken(self, grant: Grant, *, follower: PlaceRequest | None) -> bool:
         """The first waiter's place got the lease (its own attempt, a release, a hand-off):

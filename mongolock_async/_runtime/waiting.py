@@ -113,6 +113,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     try:
         while waiter.turn is not Turn.GRANTED:
             waiter.wake.clear()
+            queue.raise_refusal(waiter)
             now = time.monotonic()
             _give_up_if_unreachable(queue, request, now)
             due = waiter.turn is Turn.DUE and not queue.releases_in_flight and queue.line_attempt is None
@@ -204,8 +205,28 @@ async def _attempt(
             raise
         return
     queue.on_line_attempt_sent(attempt.place, attempt.sent_at)
-    task = spawn(_send_and_apply(queue, attempt, request, watcher, backoff, bound=line_bound, give_up_at=None))
-    task.add_done_callback(lambda _: queue.on_line_attempt_done())
+    spawn(_line_attempt(queue, attempt, request, watcher, backoff, bound=line_bound))
+
+
+async def _line_attempt(
+    queue: LocalQueue,
+    attempt: _Attempt,
+    request: AcquireRequest,
+    watcher: ReleaseWatcher,
+    backoff: Backoff,
+    *,
+    bound: float,
+) -> None:
+    """The line's attempt: its answer moves the waiter first in line then, and what it raises
+    (an error retrying cannot fix) is raised by that waiter's acquire."""
+    refusal = None
+    try:
+        await _send_and_apply(queue, attempt, request, watcher, backoff, bound=bound, give_up_at=None)
+    except Exception as error:
+        refusal = error
+    finally:
+        if not queue.on_line_attempt_done(refusal) and refusal is not None:
+            logger.warning("acquiring %r failed after every waiter had left (%s)", request.name, cause_of(refusal))
 
 
 class _Attempt(NamedTuple):

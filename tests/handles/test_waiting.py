@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from pymongo import MongoClient, common
+from pymongo.errors import OperationFailure
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, LockTimeoutError
@@ -494,6 +495,7 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
 
 
 SLOW_MS = 150
+_BAD_VALUE = 2
 """How long the server holds each findAndModify of a slow line's waiters: three times their spacing."""
 
 
@@ -543,6 +545,44 @@ async def test_a_line_of_waiters_on_a_server_slower_than_their_patience_takes_an
     finally:
         await set_fail_point(waiter_client[TEST_DATABASE][fault_server.collection], "off")
         await close_client(holder_client)
+        await close_client(waiter_client)
+
+
+async def test_a_refusal_of_the_lines_attempt_reaches_the_first_waiter(
+    mongolock_driver: str, fault_server: FaultServer
+) -> None:
+    # The server holds each of the waiters' findAndModify 150 ms, then refuses it with an error
+    # retrying cannot fix. Waiters come 0.05 s apart, so most attempts belong to the line, not to
+    # the waiter that sent them: the refusal must still be raised by an acquire (the one first in
+    # line when it comes), never lost in the background while the line times out or sends again.
+    waiter_client = fault_server.client(mongolock_driver)
+    waiters = waiter_client[TEST_DATABASE][fault_server.collection]
+    try:
+        await waiters.database.command("ping")
+        await set_fail_point(
+            waiters,
+            "alwaysOn",
+            failCommands=["findAndModify"],
+            blockConnection=True,
+            blockTimeMS=SLOW_MS,
+            errorCode=_BAD_VALUE,
+        )
+        outcomes: list[str] = []
+
+        async def come_and_give_up() -> None:
+            try:
+                outcomes.append(str(await handle(waiters, "lock", "refused-line").acquire(timeout=2.0)))
+            except OperationFailure as error:
+                outcomes.append(f"refused {error.code}")
+
+        line = []
+        for _ in range(12):
+            line.append(asyncio.create_task(come_and_give_up()))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*line)
+        assert outcomes == [f"refused {_BAD_VALUE}"] * 12, outcomes
+    finally:
+        await set_fail_point(waiters, "off")
         await close_client(waiter_client)
 
 
