@@ -8,6 +8,7 @@ import json
 import math
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import bson
@@ -245,11 +246,16 @@ async def test_a_hand_off_names_one_place_only_when_one_permit_went(mongolock_co
     store = LockStore(mongolock_collection, WriteConcern(w="majority"))
     permits = Permits("semaphore", 3)
     holder = {"host": "test", "pid": 1, "label": None}
-    for owner, ttl_ms in (("a", 10_000), ("b", 10_000), ("c", 300)):
-        assert (await store.try_acquire("both", owner, ttl_ms, holder, permits=permits)).holds(owner)
+    for owner in ("a", "b", "c"):
+        assert (await store.try_acquire("both", owner, 10_000, holder, permits=permits)).holds(owner)
     queued = await store.try_acquire("both", "z", 10_000, holder, enqueue=True, fair=True, permits=permits)
     assert queued.place_of("z") is not None
-    await asyncio.sleep(0.5)  # c's permit expires: b's release frees two
+    # c's permit expires (set by hand: a 0.3 s TTL ran out before z queued on a loaded machine), so
+    # b's release frees two.
+    expired = await mongolock_collection.update_one(
+        {"_id": "both"}, {"$set": {"holders.$[c].exp": datetime(2000, 1, 1)}}, array_filters=[{"c.o": "c"}]
+    )
+    assert expired.modified_count == 1
     successor = PlaceRequest("s", 10_000, holder)
     state = await store.release("both", "b", successor=successor, fair=True, permits=permits)
     assert state is not None and state.holds("z") and state.holds("s")
