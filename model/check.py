@@ -63,6 +63,8 @@ MUT = {
     "take-live": "13",
     "follower-forgotten": "14",
     "oversleep": "15",
+    "refresh-failed-gone": "16",
+    "attempt-per-waiter": "17",
 }
 # jobs.pml's mutations (MUT_*).
 JOBS_MUT = {
@@ -88,6 +90,7 @@ CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("lost", _s(tasks="1,1,0", timeouts="255,2", h=7, f_lost=1), "a reply lost (resent), or a request unapplied"),
     Run("cancel", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_cancel=1), "a caller cancelled at any await"),
     Run("held", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_hold=1), "a request held at the server past its bound"),
+    Run("held-later", _s(tasks="1,2,0", timeouts="255,2,3", h=7, f_hold=1), "a request held, waiters giving up later"),
     Run("pause", _s(tasks="1,1,0", timeouts="255,255", h=8, f_pause=1), "a process paused past its TTL"),
     Run("kill", _s(tasks="1,1,1", timeouts="255,255,255", h=7, f_kill=1, start_by=2), "a process killed"),
     Run("step", _s(tasks="1,1,0", timeouts="255,255", h=7, f_step=1), "the server's clock steps back or on"),
@@ -138,6 +141,7 @@ def _jobs_control(name: str, mutation: str, what: str, refutes: str = "P5 once",
 HELD = {"tasks": "1,2,0", "timeouts": "255,1,1", "h": 7, "f_hold": 1}
 CANCELLED = {"tasks": "2,2,0", "timeouts": "255,2,1,255", "h": 7, "f_cancel": 2}
 GAVE_UP = {"tasks": "2,1,1", "timeouts": "255,1,255", "h": 8}
+HELD_LATER = {"tasks": "1,2,0", "timeouts": "255,2,3", "h": 7, "f_hold": 1}
 STEPPED = {"tasks": "1,1,0", "timeouts": "255,255", "h": 6, "f_step": 1}
 KILLED = {"tasks": "1,1,1", "timeouts": "255,255,255", "h": 7, "f_kill": 1, "start_by": 2}
 CONTROLS: list[Run] = [
@@ -149,6 +153,8 @@ CONTROLS: list[Run] = [
     _control("follower-forgotten", "P3", "a lone waiter names no follower its place records", **CANCELLED),
     _control("take-live", "P1", "an acquire takes a live lease", tasks="1,1,0", timeouts="255,255", h=5),
     _control("fence-clock-only", "P2", "a fencing token is the server's clock alone", **STEPPED),
+    _control("refresh-failed-gone", "P3", "a place refresh that failed in transit is taken as gone", **HELD_LATER),
+    _control("attempt-per-waiter", "P3", "a first waiter's attempt is its own, bounded by its timeout", **HELD_LATER),
     _control("oversleep", "P4", "a placed waiter sleeps until news, not the lease's expiry",
              tasks="1,1,0", timeouts="255,255", h=8),
     _jobs_control("slot-number", "slot-number", "a period done by its slot number, with two schedules",

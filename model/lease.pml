@@ -81,6 +81,8 @@ hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as i
 #define MUT_FOLLOWER_FORGOTTEN 14 /* a lone waiter's attempt names no follower, though its place may record one (before issue 36) */
 #define MUT_LEAVE_NO_UPSERT 11  /* a withdrawal of a name with no document writes nothing (before issue 36) */
 #define MUT_OVERSLEEP 15        /* a placed waiter sleeps past the horizon (until its timeout) instead of looking again at the lease's expiry: only news wakes it */
+#define MUT_REFRESH_FAILED_GONE 16 /* a place refresh that failed in transit is taken as gone (before issue 40) */
+#define MUT_ATTEMPT_PER_WAITER 17 /* a first waiter's attempt is bounded by its own timeout, waiters behind it or not (before issue 40) */
 #define MUTATED(m) (MUT == (m))
 
 #define T 3             /* a TTL */
@@ -249,6 +251,7 @@ byte tpfol[NW];         /* ... its follower */
 byte tsent[NW];         /* ... when it was sent */
 bit  tcov[NW];          /* ... covered by the stream when sent */
 bit  twses[NW];         /* ... sent in a session */
+bit  tline[NW];         /* ... belongs to the line: the task may stop waiting for it (waiting._line_attempt) */
 byte gtok[NW];          /* the grant */
 byte gfen[NW];
 byte gsent[NW];
@@ -288,6 +291,8 @@ hidden byte tq_t[QN+1], tq_at[QN+1], tq_exp[QN+1], tq_n[QN+1];
 hidden byte tq_len, i_, j_, k_, x_, y_, z_, h_t, h_at, h_n, v_, u_;
 hidden byte b_, c_, e_, f_;
 hidden byte w_, g_, bd_, own_, h_exp;
+hidden byte ln_req, ln_tok, ln_fol, ln_sent;   /* line_leaves: the line's attempt handed on */
+hidden byte ln_cov, ln_ses, ln_was;
 
 /* ================================================================================================
  * The store's writes, each atomic on the server. ACTION comments name the store entry point and
@@ -945,7 +950,7 @@ inline leave_queue(p, w)
 
 inline clear_attempt(w)
 {
-	treq[w] = NONE; tptok[w] = 0; tpfol[w] = 0; tsent[w] = 0; tcov[w] = 0; twses[w] = 0
+	treq[w] = NONE; tptok[w] = 0; tpfol[w] = 0; tsent[w] = 0; tcov[w] = 0; twses[w] = 0; tline[w] = 0
 }
 
 inline clear_wait(w)
@@ -1051,11 +1056,14 @@ inline attempt(p, w)
 	tu[w] = ATTEMPTING; lq_look[p] = NONE;
 	tsent[w] = rt;
 	printf("%d/%d t%d (p%d) attempts: slot %d follower %d%d\n", rt, srv, w, p, tptok[w], tpfol[w], 0);
-	/* bounded by the TTL and the acquire's timeout */
+	/* bounded by the TTL; and by the acquire's timeout when nobody waits behind it, else it belongs
+	 * to the line (it runs on past that timeout, and its reply goes to the first waiter then) */
 	x_ = T;
+	ln_was = (tgu[w] != NONE && (tgu[w] <= rt || tgu[w] - rt < T) && lq_n[p] > 1 && !MUTATED(MUT_ATTEMPT_PER_WAITER));
 	if
-	:: tgu[w] != NONE && tgu[w] > rt && tgu[w] - rt < T -> x_ = tgu[w] - rt
-	:: tgu[w] != NONE && tgu[w] <= rt -> x_ = 0
+	:: ln_was -> tline[w] = 1
+	:: !ln_was && tgu[w] != NONE && tgu[w] > rt && tgu[w] - rt < T -> x_ = tgu[w] - rt
+	:: !ln_was && tgu[w] != NONE && tgu[w] <= rt -> x_ = 0
 	:: else
 	fi;
 	send(treq[w], p, K_ACQ, BY_TASK(w), tptok[w], tpfol[w], 1, 0, x_);
@@ -1186,12 +1194,46 @@ inline attempt_done(p, w)
 			fi
 		fi;
 		free_req(x_);
-		clear_attempt(w)
+		ln_was = tline[w];
+		clear_attempt(w);
+		if
+		:: ln_was && tu[w] == ATTEMPTING -> first_in_line(p, w)   /* on_line_attempt_done */
+		:: else
+		fi
 	fi;
 	if
 	:: ts[w] == TS_WAIT && treq[w] == NONE -> wait_turn(p, w)
 	:: else
 	fi
+}
+
+/* a task whose attempt belongs to the line stops waiting (its timeout passed, a release of its
+ * process granted it, or it was cancelled) with the attempt in flight: the attempt is the next first
+ * waiter's now (on_left: ATTEMPTING); with nobody left, what it writes is uncertain, and withdrawn */
+inline line_leaves(p, w, cancelled)
+{
+	printf("%d/%d t%d (p%d) stops waiting with the line's attempt in flight\n", rt, srv, w, p);
+	ln_req = treq[w]; ln_tok = tptok[w]; ln_fol = tpfol[w]; ln_sent = tsent[w]; ln_cov = tcov[w]; ln_ses = twses[w];
+	clear_attempt(w);
+	if
+	:: lq_n[p] == 0 || lq_n[p] == 1 && lq_w[(p)*NT] == w ->
+		lq_pl[p] = UNCERTAIN; lq_pfol[p] = (ln_fol != 0 -> ln_fol : lq_pfol[p]);
+		abandon_req(ln_req); ln_req = NONE
+	:: else
+	fi;
+	if
+	:: cancelled -> cancelled_waiting(p, w)
+	:: else -> stop_waiting(p, w)
+	fi;
+	if
+	:: ln_req != NONE ->
+		o_ = lq_w[(p)*NT];
+		printf("%d/%d   p%d: the line's attempt is t%d's now\n", rt, srv, p, o_);
+		treq[o_] = ln_req; tptok[o_] = ln_tok; tpfol[o_] = ln_fol; tsent[o_] = ln_sent; tcov[o_] = ln_cov;
+		twses[o_] = ln_ses; tline[o_] = 1; tu[o_] = ATTEMPTING; rq_by[ln_req] = BY_TASK(o_)
+	:: else
+	fi;
+	ln_req = 0; ln_tok = 0; ln_fol = 0; ln_sent = 0; ln_cov = 0; ln_ses = 0
 }
 
 /* the release's reply reaches waiting._hand_over_once */
@@ -1340,10 +1382,12 @@ inline renew_done(p, w)
 
 /* the options of one task */
 #define REPLY_READY(q) (rq_st[q] != R_PEND || rt >= rq_bound[q])
+#define LINE_LEAVES(p, w) (ts[w] == TS_WAIT && tline[w] && (WAIT_TIMED(p, w) || tu[w] == GRANTED))
 
 #define TASK_URGENT(p, w) (RUNS(p) && ( \
 	ts[w] == TS_WAIT && treq[w] == NONE && WAIT_GUARD(p, w) \
 	|| treq[w] != NONE && REPLY_READY(treq[w]) \
+	|| LINE_LEAVES(p, w) \
 	|| ts[w] == TS_LEAVE && (wd_s[(p)*NWD + twd[w]] == WD_DONE || rt >= twdend[w]) \
 	|| ts[w] == TS_HOLD && rt >= ldl[w] \
 	|| HB && ts[w] == TS_HOLD && lren[w] == NONE && rt >= lrdue[w] \
@@ -1365,6 +1409,7 @@ inline renew_done(p, w)
 	/* wait_for_lease's loop */ \
 	:: d_step { RUNS(p) && ts[w] == TS_WAIT && treq[w] == NONE && WAIT_GUARD(p, w) -> wait_turn(p, w); check() } \
 	:: d_step { RUNS(p) && ts[w] == TS_WAIT && treq[w] != NONE && REPLY_READY(treq[w]) -> attempt_done(p, w); check() } \
+	:: d_step { RUNS(p) && LINE_LEAVES(p, w) -> line_leaves(p, w, 0); check() } \
 	:: d_step { RUNS(p) && ts[w] == TS_LEAVE && (wd_s[(p)*NWD + twd[w]] == WD_DONE || rt >= twdend[w]) -> \
 		wd_by[(p)*NWD + twd[w]] = NONE; \
 		if \
@@ -1393,8 +1438,10 @@ inline renew_done(p, w)
 		wd_free(p, twd[w]); twd[w] = NONE; hand_over_returned(p, w); check() } \
 	:: d_step { RUNS(p) && ts[w] == TS_TRY && REPLY_READY(treq[w]) -> try_done(p, w); check() } \
 	/* cancelled (a fault): at an await of acquire, of the body, or of release */ \
-	:: d_step { f_cancel > 0 && RUNS(p) && (ts[w] == TS_WAIT || ts[w] == TS_REL || ts[w] == TS_TRY) && treq[w] != NONE && !tcan[w] -> \
+	:: d_step { f_cancel > 0 && RUNS(p) && (ts[w] == TS_WAIT || ts[w] == TS_REL || ts[w] == TS_TRY) && treq[w] != NONE && !tcan[w] && !tline[w] -> \
 		f_cancel--; tcan[w] = 1; printf("%d/%d t%d (p%d) CANCELLED while its request is in flight\n", rt, srv, w, p); check() } \
+	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_WAIT && tline[w] -> \
+		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED while the line's attempt is in flight\n", rt, srv, w, p); line_leaves(p, w, 1); check() } \
 	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_WAIT && treq[w] == NONE -> \
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED while it waits\n", rt, srv, w, p); cancelled_waiting(p, w); check() } \
 	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] -> \
@@ -1506,10 +1553,15 @@ inline first_event(p)
 		kp_due[p] = kp_sent[p] + 1; \
 		if \
 		:: lq_on[p] && kp_gen[p] == lq_gen[p] && lq_slot[p] == kp_slot[p] -> \
+			c_ = (rq_st[x_] == R_OK && rt < rq_bound[x_]); \
 			if \
-			:: rq_st[x_] == R_OK && rt < rq_bound[x_] && rq_r1[x_] -> \
+			:: c_ && rq_r1[x_] -> \
 				lq_pw[p] = (lq_pw[p] > kp_sent[p] -> lq_pw[p] : kp_sent[p])  /* on_place_confirmed */ \
-			:: else -> lq_pl[p] = ABSENT; on_news(p); printf("%d/%d p%d's place %d is gone\n", rt, srv, p, kp_slot[p]) /* on_place_gone */ \
+			:: c_ && !rq_r1[x_] || !c_ && MUTATED(MUT_REFRESH_FAILED_GONE) -> \
+				lq_pl[p] = ABSENT; on_news(p); printf("%d/%d p%d's place %d is gone\n", rt, srv, p, kp_slot[p]) /* on_place_gone */ \
+			:: !c_ && !MUTATED(MUT_REFRESH_FAILED_GONE) -> \
+				lq_pl[p] = (lq_pl[p] != ABSENT -> UNCERTAIN : ABSENT); on_news(p);   /* on_place_unconfirmed */ \
+				printf("%d/%d p%d's refresh of place %d failed in transit: uncertain\n", rt, srv, p, kp_slot[p]) \
 			fi \
 		:: else \
 		fi; \

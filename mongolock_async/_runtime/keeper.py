@@ -172,19 +172,22 @@ class LeaseKeeper:
         if not places:
             return
         sent_at = time.monotonic()
+        failed = False
         try:
             alive = await store.refresh_places(
                 [(queue.name, slot, ttl_ms) for queue, slot, ttl_ms in places],
                 bound=min(_place_interval(queue) for queue, _, _ in places),
             )
         except PyMongoError:
-            alive = set()  # the heads try the server themselves
+            alive, failed = set(), True
         for queue, slot, _ in places:
             if queue in self._places:
                 self._places[queue] = sent_at + _place_interval(queue)
             if queue.slot != slot:
                 continue  # the place changed meanwhile
-            if alive is None:
+            if failed:
+                queue.on_place_unconfirmed()
+            elif alive is None:
                 queue.on_place_confirmed(sent_at)
             elif slot not in alive:
                 queue.on_place_gone()

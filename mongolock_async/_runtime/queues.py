@@ -368,6 +368,16 @@ class LocalQueue:
         """The heartbeat refreshed the place (it was there when the request sent at ``sent_at`` arrived)."""
         self.place_written_at = max(self.place_written_at, sent_at)
 
+    def on_place_unconfirmed(self) -> None:
+        """The heartbeat's refresh of the place failed in transit: that says nothing of whether the
+        place is there (a refresh never writes one), so it is UNCERTAIN (withdrawn if nobody waits
+        any more), and the first waiter looks at it. Taken as gone, a waiter giving up before it
+        looked would leave it queued, withdrawn by nobody, for a release to hand the lock to (the
+        model found it: model/check.py's "line" run)."""
+        if self.place is not PlaceState.ABSENT:
+            self.place = PlaceState.UNCERTAIN
+        self.on_news()
+
     def on_place_gone(self) -> None:
         """The heartbeat found the place gone (its turn came, or it expired): it must be written again."""
         self.place = PlaceState.ABSENT

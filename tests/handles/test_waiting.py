@@ -29,6 +29,7 @@ from pymongo.errors import OperationFailure
 from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock, LockTimeoutError
+from mongolock_async._runtime import queues as queues_module
 from mongolock_async._runtime import watcher as watcher_module
 from mongolock_async._runtime.queues import PlaceState, Turn, existing_queue
 from mongolock_async._runtime.waiting import LOCAL_STREAK
@@ -857,6 +858,61 @@ async def test_a_waiter_cancelled_as_it_is_handed_the_lease_passes_it_on(mongolo
     assert await asyncio.wait_for(second_task, 10), "the lease was stranded with the cancelled waiter"
     assert first.fencing_token is None
     assert await second.release()
+
+
+async def test_a_place_refresh_that_fails_in_transit_leaves_the_place_uncertain_not_gone(
+    mongolock_driver: str, fault_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The heartbeat refreshes a waiting process's place; a refresh that fails in transit says
+    # nothing of whether the place is there (a refresh never writes one). Taken as gone, a waiter
+    # giving up before it looked again withdrew nothing, and a release could hand the lock to the
+    # place, which nobody keeps (the model found it: model/check.py's refresh-failed-gone control).
+    # The server holds one refresh past its bound; what the queue believes as it is woken is recorded.
+    holder_client = fault_server.client(mongolock_driver, app_name=f"{fault_server.app_name}-holder")
+    waiter_client = fault_server.client(mongolock_driver)
+    locks = fault_server.collection
+    seen: list[PlaceState] = []
+    on_news = queues_module.LocalQueue.on_news
+
+    def recording(queue: queues_module.LocalQueue) -> None:
+        seen.append(queue.place)
+        on_news(queue)
+
+    try:
+        holder = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "refreshed", ttl=30.0)
+        assert await holder.acquire()
+        # A TTL of 0.6 s: the place is refreshed every 0.2 s, each refresh bounded by that.
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "refreshed", ttl=0.6, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=2.0))
+        for _ in range(100):
+            queue = existing_queue(waiter._store, "refreshed", 1)
+            head = None if queue is None else queue.head
+            if queue is not None and queue.place is PlaceState.STORED and head is not None and head.turn is Turn.PLACED:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the waiter's place was never stored")
+        monkeypatch.setattr(queues_module.LocalQueue, "on_news", recording)
+        await set_fail_point(
+            waiter_client[TEST_DATABASE][locks],
+            {"times": 1},
+            failCommands=["update"],
+            blockConnection=True,
+            blockTimeMS=1000,
+        )
+        with contextlib.suppress(LockTimeoutError):  # its next attempt may meet the held server too
+            assert not await waiting
+        # (News from elsewhere wakes the waiter too: the stream's, its own attempts'.)
+        assert PlaceState.ABSENT not in seen, f"a refresh that failed in transit was taken as gone: {seen}"
+        assert PlaceState.UNCERTAIN in seen, f"the failed refresh woke nobody: {seen}"
+        assert await holder.release()
+        fresh = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "refreshed", ttl=30.0)
+        assert await fresh.acquire(blocking=False), "the release handed the lock to a place nobody keeps"
+        assert await fresh.release()
+    finally:
+        await set_fail_point(waiter_client[TEST_DATABASE][locks], "off")
+        await close_client(holder_client)
+        await close_client(waiter_client)
 
 
 async def test_a_late_report_of_an_old_hand_off_is_not_taken_as_fresh(
