@@ -373,7 +373,7 @@ class LocalQueue:
         place is there (a refresh never writes one), so it is UNCERTAIN (withdrawn if nobody waits
         any more), and the first waiter looks at it. Taken as gone, a waiter giving up before it
         looked would leave it queued, withdrawn by nobody, for a release to hand the lock to (the
-        model found it: model/check.py's "line" run)."""
+        model found it: model/check.py's refresh-failed-gone control)."""
         if self.place is not PlaceState.ABSENT:
             self.place = PlaceState.UNCERTAIN
         self.on_news()
