@@ -14,7 +14,9 @@
    per interval (``time.process_time`` over the window, less the same process's idle rate), the
    client memory per lease held (tracemalloc: handles, leases, the keeper's bookkeeping and timers,
    measured once every lease was renewed), and how late each renewal was sent after the keeper
-   had it due, how much of its local deadline was left when it was confirmed, and what was lost.
+   had it due, how much of its local deadline was left when it was confirmed, and what was lost;
+   also the client CPU per acquisition while they were taken (with tracemalloc on, so only the
+   ratio between lease counts means something).
    ``--baseline DIR`` runs another checkout of the library the same way, count by count, side by side.
 
     python benchmarks/renewal.py [--uri URI] [--part {per-lease,chunks,keeper,client}]...
@@ -286,11 +288,11 @@ async def hold_leases(uri: str, count: int, interval: float, ttl: float, interva
     gc.collect()
     tracemalloc.start()
     memory_before = tracemalloc.get_traced_memory()[0]
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     locks = HELD[:] = [AsyncMongoLock(collection, f"lease-{i}", ttl=ttl, heartbeat=interval) for i in range(count)]
     for start in range(0, count, AT_ONCE):
         assert all(await asyncio.gather(*(lock.acquire() for lock in locks[start : start + AT_ONCE])))
-    acquire_seconds = time.monotonic() - started
+    acquire_seconds, acquire_cpu = time.monotonic() - started, time.process_time() - cpu_started
     # Memory once every lease was renewed at least once: the keeper's state of a renewed lease,
     # and the timers renewals replace, are counted too.
     while schedule.renewed < count:  # noqa: ASYNC110 - polls a count the keeper's wrapper keeps
@@ -320,6 +322,7 @@ async def hold_leases(uri: str, count: int, interval: float, ttl: float, interva
         "ttl_s": ttl,
         "window_s": round(window, 1),
         "acquire_s": round(acquire_seconds, 1),
+        "acquire_cpu_us_per_lease": round(acquire_cpu / count * 1e6),
         "idle_cpu_ms_per_s": round(idle_rate * 1000, 3),
         "requests_per_lease_interval": round(commands.names["update"] / per_interval, 4),
         "statements_per_lease_interval": round(commands.statements / per_interval, 3),
@@ -380,7 +383,7 @@ def print_client_side(library: str, row: dict[str, Any]) -> None:
         f"| sent after due: p50 {row['late_p50_s']:+.3f} s, p99 {row['late_p99_s']:+.3f} s, max "
         f"{row['late_max_s']:+.3f} s, {row['late_over_1s']} over 1 s of {row['renewals']} | least deadline left "
         f"{row['headroom_min_s']:.1f} s | lost {row['lost']}, held on the server {row['held_on_server']} | acquired in "
-        f"{row['acquire_s']:.0f} s",
+        f"{row['acquire_s']:.0f} s, CPU {row['acquire_cpu_us_per_lease']} us/lease (tracemalloc on)",
         flush=True,
     )  # fmt: skip
 
