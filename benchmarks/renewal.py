@@ -261,8 +261,9 @@ class Commands(monitoring.CommandListener):
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
 
-
 IDLE_SECONDS = 10.0
+POOL = 50
+"""The client's pool: opened in full before memory is counted (a connection costs kilobytes)."""
 HELD: list[AsyncMongoLock] = []
 
 
@@ -271,13 +272,13 @@ async def hold_leases(uri: str, count: int, interval: float, ttl: float, interva
     them (see the module's part 4); the figures as a dict. The leases stay held: the handles are
     kept alive (in ``HELD``) until the process exits."""
     commands = Commands()
-    client = make_client("pymongo", uri, maxPoolSize=50, event_listeners=[commands])
+    client = make_client("pymongo", uri, maxPoolSize=POOL, event_listeners=[commands])
     collection = client["bench"][f"hold_{uuid.uuid4().hex[:6]}"]
     keeper_ = keeper.keeper_for_running_loop()
     schedule = Schedule(keeper_)
-    # Warm up: the pool opens its connections and the library's caches fill, so that neither is
-    # counted as memory per lease; then the process's CPU rate while it holds nothing.
-    warm = [AsyncMongoLock(collection, f"warm-{i}", ttl=ttl, heartbeat=interval) for i in range(AT_ONCE)]
+    # Warm up: the pool opens all its connections and the library's caches fill, so that neither
+    # is counted as memory per lease; then the process's CPU rate while it holds nothing.
+    warm = [AsyncMongoLock(collection, f"warm-{i}", ttl=ttl, heartbeat=interval) for i in range(POOL)]
     assert all(await asyncio.gather(*(lock.acquire() for lock in warm)))
     assert all(await asyncio.gather(*(lock.release() for lock in warm)))
     await collection.delete_many({})
