@@ -232,14 +232,15 @@ class Schedule:
         keeper._renew = self._renew
 
     async def _renew(self, store: Any, leases: list[Any]) -> None:
-        if self.recording:
+        recording = self.recording  # as this request was sent: it may change while it is in flight
+        if recording:
             sent_at = time.monotonic()
             due = self.keeper._leases
             self.lateness += [sent_at - due[lease] for lease in leases if lease in due]
             earliest = min(lease.deadline for lease in leases)
         await self.renew(store, leases)
         self.renewed += len(leases)
-        if self.recording:
+        if recording:
             self.headroom.append(earliest - time.monotonic())
 
 
