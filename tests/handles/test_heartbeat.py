@@ -322,11 +322,11 @@ async def test_taking_more_leases_does_not_wake_the_keeper_for_each(
         await wait_for_event(event, timeout)
 
     monkeypatch.setattr(keeper_module, "wait_for_event", counting_wait)
-    locks = [AsyncMongoLock(mongolock_collection, f"lease-{i}", ttl=90.0, heartbeat=30.0) for i in range(40)]
+    locks = [AsyncMongoLock(mongolock_collection, f"lease-{i}", ttl=180.0, heartbeat=60.0) for i in range(40)]
     for lock in locks:
         assert await lock.acquire()
     assert len(await keeper_tasks()) == 1
-    # The first lease starts the keeper, which sleeps until that lease is due (30 s from then);
+    # The first lease starts the keeper, which sleeps until that lease is due (60 s from then);
     # every later one is due later still.
     assert waits == 1, f"the keeper woke {waits - 1} times for 39 leases due after its wake-up"
     # One due earlier than that wakes it, to sleep until then instead.

@@ -101,8 +101,9 @@ async def test_renewals_do_not_reschedule_the_deadline_timer(
         return call_at(when, callback, *args, **kwargs)
 
     monkeypatch.setattr(loop, "call_at", counting_call_at)
-    # Deadline 5.4 s after each renewal's send; renewed every 0.3 s.
-    lock = AsyncMongoLock(counted_collection, "renewed-often", ttl=6.0, heartbeat=0.3)
+    # Renewed every 0.3 s; the deadline is 29 s after each renewal's send, so the timer armed at
+    # the acquire does not fire (and re-arm) while the test runs, even on a slow machine.
+    lock = AsyncMongoLock(counted_collection, "renewed-often", ttl=30.0, heartbeat=0.3)
     assert await lock.acquire()
     command_counter.names.clear()
     async with asyncio.timeout(20):
