@@ -385,11 +385,13 @@ def client_side(
 
 def save_client_side(where: str, baseline: str | None, row: dict[str, Any]) -> None:
     """Add ``row`` to benchmarks/charts/renewal_client.json, in place of an earlier row of the same
-    checkout and lease count (a run of some counts only keeps the others' rows, each with the
-    environment line of its own run)."""
+    checkout and lease count. A run of some counts keeps the other counts' rows (each with the
+    environment line of its own run); a run without ``--baseline`` drops the baseline's rows."""
     path = CHARTS / "renewal_client.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
-    runs = [run for run in runs if (run["library"], run["leases"]) != (row["library"], row["leases"])]
+    checkouts = {"this", *(["baseline"] if baseline else [])}
+    replaced = (row["library"], row["leases"])
+    runs = [run for run in runs if run["library"] in checkouts and (run["library"], run["leases"]) != replaced]
     figures = {"environment": where, "baseline": baseline, "runs": sorted([*runs, row], key=lambda run: run["leases"])}
     CHARTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(figures, indent=1) + "\n")
