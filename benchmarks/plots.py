@@ -1,6 +1,7 @@
 """The benchmarks as pictures: SVG line charts of the figures the scripts wrote into
-benchmarks/charts/ (``bench.json`` from bench.py, ``renewal.json`` from renewal.py's first part),
-drawn next to them. Nothing is measured here, and a chart whose figures are missing is skipped.
+benchmarks/charts/ (``bench.json`` from bench.py, ``renewal.json`` and ``renewal_client.json``
+from renewal.py's parts 1 and 4), drawn next to them. Nothing is measured here, and a chart whose
+figures are missing is skipped.
 
     .venv/bin/python benchmarks/plots.py        # make bench runs it last
 
@@ -9,6 +10,9 @@ drawn next to them. Nothing is measured here, and a chart whose figures are miss
 - ``handoff.svg``: the distribution of cross-process hand-off latency (one process leaves its
   critical section, the other enters its own), as the share of hand-offs faster than each latency.
 - ``renewal.svg``: the heartbeat's renewal time per lease against the leases one process holds.
+- ``renewal_client.svg``: the client's side of holding 100 to 10,000 heartbeat leases in one
+  process (renewal requests, CPU and memory per lease, CPU per acquisition), this checkout and a
+  baseline (``renewal.json`` and ``renewal_client.json``, from renewal.py's parts 1 and 4).
 - ``view_scale.svg``: the dashboard and ``mongolock list`` at 1,000 to 100,000 locks (bytes a page
   is sent, times, memory) against the raw driver reading the same documents (``view_scale.py``).
 
@@ -254,6 +258,48 @@ def renewal(figures: dict[str, Any]) -> str:
     )
 
 
+_CHECKOUTS = {"this": ("this checkout", COLOURS[0], ""), "baseline": ("baseline checkout", COLOURS[4], "6 3")}
+
+
+def renewal_client(figures: dict[str, Any]) -> str:
+    runs = figures["runs"]
+    counts = sorted({float(run["leases"]) for run in runs})
+    x = Axis("leases held by one process (log scale)", min(counts) / 1.5, max(counts) * 1.5, log=True, ticks=counts,
+             tick_text=lambda value: f"{value:,.0f}")  # fmt: skip
+
+    def panel(title: str, label: str, key: str, scale: float = 1.0, goal: float | None = None) -> Panel:
+        series = []
+        for checkout, (name, colour, dash) in _CHECKOUTS.items():
+            mine = [run for run in runs if run["library"] == checkout]
+            points = sorted((float(run["leases"]), float(run[key]) * scale) for run in mine)
+            if points:
+                series.append(Series(name, points, colour, dash))
+        if goal is not None:
+            series.append(Series(f"goal: at most {goal:g}", [(x.low, goal), (x.high, goal)], COLOURS[2], "2 3"))
+        top = _nice_top(max(point[1] for one in series for point in one.points) * 1.15)
+        return Panel(title, x, Axis(label, 0.0, top, ticks=_linear_ticks(top)), series)
+
+    intervals = sorted({f"{run['interval_s']:g} s" for run in runs})
+    by_ttl: dict[float, set[int]] = {}
+    for run in runs:
+        by_ttl.setdefault(run["ttl_s"], set()).add(run["leases"])
+    ttls = ", ".join(f"{ttl:,g} s at {' and '.join(f'{n:,}' for n in sorted(counts))} leases"
+                     for ttl, counts in sorted(by_ttl.items()))  # fmt: skip
+    return chart(
+        "The heartbeat's client side: cost per lease against leases held",
+        [f"benchmarks/renewal.py --part client: heartbeat every {' or '.join(intervals)}, TTL {ttls}; "
+         "flat lines are the goal", _machine(figures)],
+        [
+            panel("renewal requests per 100 leases", "requests per 100 leases per interval",
+                  "requests_per_lease_interval", 100),
+            panel("client CPU of renewing", "µs per lease per interval", "cpu_us_per_lease_interval"),
+            panel("client memory (tracemalloc)", "bytes per lease held", "memory_bytes_per_lease", goal=1024),
+            panel("client CPU of taking them", "µs per acquisition (tracemalloc on)", "acquire_cpu_us_per_lease"),
+        ],
+        panel_width=260,
+    )  # fmt: skip
+
+
 def _log_axis(label: str, values: Sequence[float], text: Callable[[float], str]) -> Axis:
     low = 10 ** math.floor(math.log10(max(1e-3, min(values))))
     high = 10 ** math.ceil(math.log10(max(values)))
@@ -319,6 +365,7 @@ DRAWN: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "throughput.svg": ("bench.json", throughput),
     "handoff.svg": ("bench.json", handoff),
     "renewal.svg": ("renewal.json", renewal),
+    "renewal_client.svg": ("renewal_client.json", renewal_client),
     "view_scale.svg": ("view_scale.json", view_scale),
 }
 

@@ -92,7 +92,7 @@ class LeaseOptions:
             unreachable_timeout=validation.unreachable_timeout(values["unreachable_timeout"]),
         )
         options.heartbeat_interval(ttl)  # a heartbeat that cannot fit raises now
-        return options
+        return _shared(options)
 
     def safety_margin_for(self, ttl: float) -> float:
         """How long before a lease of ``ttl`` seconds ends its holder stops believing it holds it."""
@@ -114,3 +114,25 @@ class LeaseOptions:
 
 
 _DEFAULTS = {field.name: getattr(LeaseOptions(), field.name) for field in dataclasses.fields(LeaseOptions)}
+
+
+_last_checked: list[LeaseOptions] = [LeaseOptions()]
+
+
+def _shared(options: LeaseOptions) -> LeaseOptions:
+    """The options last checked, if ``options`` are the same, else ``options`` (remembered).
+
+    Handles made in a loop (one per order, tenant or file) mostly have the same options: they share
+    one frozen object rather than hold a copy each (136 bytes a handle). The same means each field
+    of the same type and equal: ``heartbeat=True`` (a third of the TTL) is not ``heartbeat=1.0``.
+    """
+    last = _last_checked[0]
+    for field in _FIELDS:
+        mine, theirs = getattr(options, field), getattr(last, field)
+        if type(mine) is not type(theirs) or mine != theirs:
+            _last_checked[0] = options
+            return options
+    return last
+
+
+_FIELDS = tuple(field.name for field in dataclasses.fields(LeaseOptions))

@@ -55,6 +55,9 @@ class LeaseKeeper:
         self._failures: dict[Lease, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._asleep_until: float | None = None
+        """When the task, asleep, wakes next; None while it is not asleep (it is renewing, or it
+        looks at what is due next before it sleeps again)."""
 
     @property
     def running(self) -> bool:
@@ -69,8 +72,8 @@ class LeaseKeeper:
     def keep(self, lease: Lease) -> None:
         """Renew ``lease`` from now on, every ``heartbeat_interval``, until ``drop``."""
         assert lease.heartbeat_interval is not None
-        self._leases[lease] = time.monotonic() + lease.heartbeat_interval
-        self._wake()
+        due = self._leases[lease] = time.monotonic() + lease.heartbeat_interval
+        self._wake(due)
 
     def drop(self, lease: Lease) -> None:
         """Stop renewing ``lease``."""
@@ -81,19 +84,23 @@ class LeaseKeeper:
     def keep_place(self, queue: LocalQueue) -> None:
         """Keep ``queue``'s place on the server alive while it has waiters."""
         if queue not in self._places:
-            self._places[queue] = time.monotonic() + _place_interval(queue)
-            self._wake()
+            due = self._places[queue] = time.monotonic() + _place_interval(queue)
+            self._wake(due)
 
     def drop_place(self, queue: LocalQueue) -> None:
         self._places.pop(queue, None)
         self._stop_if_idle()
 
-    def _wake(self) -> None:
+    def _wake(self, due: float) -> None:
+        """Start the task, or wake it if it sleeps past ``due``. Each wake-up looks at everything
+        kept (what is due, what has ended): a wake-up per new lease would make taking the n-th
+        lease cost n, and taking 10,000 of them 50 million looks."""
         if not self.running:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name="mongolock-keeper", context=contextvars.Context()
             )
-        self._changed.set()
+        elif self._asleep_until is not None and due < self._asleep_until:
+            self._changed.set()
 
     def _stop_if_idle(self) -> None:
         # Never cancel the task: a renewal in flight completes (within its bound).
@@ -108,7 +115,11 @@ class LeaseKeeper:
                 due_at = min([*self._leases.values(), *self._places.values()], default=now)
                 if due_at > now:
                     self._changed.clear()
-                    await wait_for_event(self._changed, due_at - now)
+                    self._asleep_until = due_at
+                    try:
+                        await wait_for_event(self._changed, due_at - now)
+                    finally:
+                        self._asleep_until = None
                     continue
                 leases = [lease for lease, at in self._leases.items() if at <= now + _batching(lease)]
                 places = [queue for queue, at in self._places.items() if at <= now + _place_interval(queue) / 2]

@@ -70,7 +70,8 @@ class Lease:
     ``deadline`` is the local monotonic time until which the lease is known to be valid: the time
     the acquire or renew request was *sent*, plus the TTL, minus the safety margin. The server's
     expiry is counted from when it *received* the request, so it is always later. A loop timer
-    fires at the deadline; if no renewal moved it by then, the lease is lost.
+    fires at the deadline; if no renewal moved it by then, the lease is lost, else the timer waits
+    on for the new deadline (one timer per lease, re-armed about once a TTL, not per renewal).
     """
 
     store: LockStore
@@ -120,7 +121,11 @@ class Lease:
             self.ttl = ttl
         self.deadline = local_deadline(sent_at, self.ttl, self.safety_margin)
         self.renewal_error = None
-        self.arm()
+        # A later deadline leaves the timer as it is: at the earlier one it finds the deadline moved
+        # and re-arms for it (``_deadline_passed``). Re-arming at every renewal would cost each one
+        # a new timer, and leave the loop's heap a cancelled one per lease until it came due.
+        if self._timer is None or self._timer.when() > self.deadline:
+            self.arm()
         notify(self.hooks, "renewed", self.name, fencing_token=self.fencing_token)
 
     def end(self) -> None:

@@ -305,3 +305,40 @@ async def test_nothing_is_renewed_once_nothing_is_held(
     await asyncio.sleep(0.8)  # four intervals
     assert command_counter.count("update", "find") == 0, command_counter.names
     assert await keeper_tasks() == []
+
+
+async def test_taking_more_leases_does_not_wake_the_keeper_for_each(
+    mongolock_collection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every wake-up of the keeper looks at every lease it keeps (which are due, which have ended),
+    # so a wake-up per new lease would make taking the n-th lease cost n: 10,000 leases, 50
+    # million looks. A new lease due after the keeper's next wake-up changes nothing until then.
+    waits = 0
+    wait_for_event = keeper_module.wait_for_event
+
+    async def counting_wait(event: asyncio.Event, timeout: float | None) -> None:
+        nonlocal waits
+        waits += 1
+        await wait_for_event(event, timeout)
+
+    monkeypatch.setattr(keeper_module, "wait_for_event", counting_wait)
+    locks = [AsyncMongoLock(mongolock_collection, f"lease-{i}", ttl=180.0, heartbeat=60.0) for i in range(40)]
+    for lock in locks:
+        assert await lock.acquire()
+    assert len(await keeper_tasks()) == 1
+    # The first lease starts the keeper, which sleeps until that lease is due (60 s from then);
+    # every later one is due later still.
+    assert waits == 1, f"the keeper woke {waits - 1} times for 39 leases due after its wake-up"
+    # One due earlier than that wakes it, to sleep until then instead.
+    sooner = AsyncMongoLock(mongolock_collection, "sooner", ttl=3.0, heartbeat=0.5)
+    assert await sooner.acquire()
+    first_deadline = sooner.deadline
+    assert first_deadline is not None
+    async with asyncio.timeout(10):  # it is due in 0.5 s, its deadline passes in 2.7 s
+        while (sooner.deadline or 0.0) <= first_deadline:  # noqa: ASYNC110 - waits for a renewal
+            await asyncio.sleep(0.05)
+    assert not sooner.lost.is_set()
+    assert waits >= 2
+    for lock in [*locks, sooner]:
+        assert await lock.release()
+    assert await keeper_tasks() == []

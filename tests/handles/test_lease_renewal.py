@@ -83,3 +83,43 @@ async def test_a_lease_broken_during_a_block_without_heartbeat_raises(mongolock_
         async with lock:
             assert await operator.force_release("broken") is not None
     assert lock.fencing_token is None
+
+
+async def test_renewals_do_not_reschedule_the_deadline_timer(
+    counted_collection: Any, command_counter: CommandCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A renewal moves the deadline later: the timer armed at the acquire waits on, finds the
+    # deadline moved when it fires, and re-arms then. A new timer per renewal would leave a
+    # cancelled one per lease in the loop's heap, and cost every renewal of thousands of leases.
+    loop = asyncio.get_running_loop()
+    deadline_timers = 0
+    call_at = loop.call_at
+
+    def counting_call_at(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        nonlocal deadline_timers
+        deadline_timers += getattr(callback, "__name__", "") == "_deadline_passed"
+        return call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting_call_at)
+    # Renewed every 0.3 s; the deadline is 29 s after each renewal's send, so the timer armed at
+    # the acquire does not fire (and re-arm) while the test runs, even on a slow machine.
+    lock = AsyncMongoLock(counted_collection, "renewed-often", ttl=30.0, heartbeat=0.3)
+    assert await lock.acquire()
+    command_counter.names.clear()
+    async with asyncio.timeout(20):
+        while command_counter.count("update") < 4:  # noqa: ASYNC110 - polls a command listener
+            await asyncio.sleep(0.05)
+    assert deadline_timers == 1, f"{deadline_timers} deadline timers for 1 acquire and 4 renewals"
+    assert lock.deadline is not None and not lock.lost.is_set()
+    assert await lock.release()
+
+
+async def test_extend_to_a_shorter_ttl_moves_the_deadline_timer_earlier(mongolock_collection: Any) -> None:
+    # Without the heartbeat, nothing renews the shorter lease: it must be lost at its own deadline
+    # (0.9 s after the extend), not at the 27 s one its timer was first armed for.
+    lock = AsyncMongoLock(mongolock_collection, "shortened", ttl=30.0)
+    with pytest.raises(LockLostError, match="without renewal"):
+        async with asyncio.timeout(10), lock:
+            await lock.extend(ttl=1.0)
+            await asyncio.sleep(20)
+    assert not await lock.owned()
