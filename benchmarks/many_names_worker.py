@@ -1,0 +1,182 @@
+"""One OS process of the many-names benchmark (``many_names.py``).
+
+    python benchmarks/many_names_worker.py ROLE COLLECTION POOL TASKS KINDS BARRIER  (the URI on stdin)
+
+ROLE ``work``: TASKS tasks acquire and release names drawn uniformly from ``name:0`` ..
+``name:POOL-1``, in one phase per kind of KINDS (comma-separated): kind ``library`` is ``async with
+AsyncMongoLock(...)`` with an empty body; kind ``raw`` sends the same two ``findAndModify``s the
+library builds (``mutex.acquire_pipeline`` without queueing a place, then ``release_pipeline``), the
+second one also when the first found the name held (it then matches nothing), and never waits.
+
+The harness times the phases through the directory BARRIER: it writes ``phase-N`` holding
+``[start, measure_from, stop]`` (monotonic times, shared by every process of the machine); each
+worker starts its tasks at ``start``, stops starting acquisitions at ``stop``, and writes
+``done-N-PID`` once its tasks have finished (so that no phase's requests overlap the next one's).
+
+ROLE ``listen``: one task waits for the name ``parked`` (held elsewhere for the whole run), so that
+this process keeps a change stream open, from the first phase's start until ``stop-listening``
+appears in BARRIER.
+
+The process prints one JSON object: per phase, the acquisitions (and the raw tasks' attempts that
+found the name held), the commands it sent (command monitoring), and the change-stream events it
+was delivered (documents in the stream's batches), of them how many named no lock any task of this
+process waited for (counted by wrapping the watcher's dispatch: a test-only hook, nothing in the
+library counts), all counted between the phase's ``measure_from`` and ``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import secrets
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pymongo import AsyncMongoClient, ReturnDocument, monitoring
+from pymongo.errors import DuplicateKeyError
+
+from mongolock_async import AsyncMongoLock
+from mongolock_async._runtime import watcher
+from mongolock_async._runtime.queues import queues_on
+from mongolock_async.store import PlaceRequest
+from mongolock_async.store.mutex import acquire_pipeline, release_pipeline
+
+DATABASE = "bench"
+PARKED = "parked"
+
+
+class Tally:
+    """What happened in each phase's measured window."""
+
+    def __init__(self, phases: int) -> None:
+        self.windows: list[tuple[float, float]] = []
+        self.counts: list[Counter[str]] = [Counter() for _ in range(phases)]
+
+    def add(self, what: str, amount: int = 1) -> None:
+        now = time.monotonic()
+        for (measure_from, stop), counts in zip(self.windows, self.counts, strict=False):
+            if measure_from <= now < stop:
+                counts[what] += amount
+
+
+class Commands(monitoring.CommandListener):
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.tally.add(f"sent:{event.command_name}")
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        cursor = event.reply.get("cursor") if isinstance(event.reply, dict) else None
+        if event.command_name in ("getMore", "aggregate") and isinstance(cursor, dict):
+            batch = cursor.get("nextBatch", cursor.get("firstBatch")) or []
+            if batch and "_id" in batch[0] and "operationType" in batch[0]:
+                self.tally.add("events", len(batch))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def count_dispatches(tally: Tally) -> None:
+    """Wrap the watcher's dispatch to count the events that named no lock this process waits for
+    (benchmark only)."""
+    dispatch = watcher.ReleaseWatcher._dispatch
+
+    def counted(self: watcher.ReleaseWatcher, change: dict[str, Any]) -> None:
+        name = (change.get("documentKey") or {}).get("_id")
+        waited = {queue.name for queue in queues_on(self._client_id, self._full_name)}
+        tally.add("dispatched")
+        if name not in waited:
+            tally.add("dispatched_to_nobody")
+        dispatch(self, change)
+
+    watcher.ReleaseWatcher._dispatch = counted  # type: ignore[method-assign]
+
+
+async def sleep_until(moment: float) -> None:
+    await asyncio.sleep(max(0.0, moment - time.monotonic()))
+
+
+async def appears(path: Path) -> str:
+    """The text of ``path`` once it exists (the harness renames it into place whole). Polled: the
+    barrier is between processes, and a file is all they share."""
+    while not path.exists():  # noqa: ASYNC110, ASYNC240
+        await asyncio.sleep(0.01)
+    return path.read_text()  # noqa: ASYNC240
+
+
+async def library_task(collection: Any, pool: int, stop: float, tally: Tally) -> None:
+    while time.monotonic() < stop:
+        async with AsyncMongoLock(collection, f"name:{random.randrange(pool)}", ttl=30.0):
+            tally.add("acquisitions")
+
+
+async def raw_task(collection: Any, pool: int, stop: float, tally: Tally) -> None:
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "label": None}
+    while time.monotonic() < stop:
+        name, owner = f"name:{random.randrange(pool)}", secrets.token_hex(24)
+        try:
+            state = await collection.find_one_and_update(
+                {"_id": name},
+                acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=False, fair=False),
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        except DuplicateKeyError:
+            state = None  # two upserts of a new name raced: as if held
+        # The pair is sent whole, as bench.py's raw cycle: a release of a name someone else holds
+        # matches nothing.
+        await collection.find_one_and_update(
+            {"_id": name, "owner": owner},
+            release_pipeline(owner, None, fair=False, successor_first=True),
+            return_document=ReturnDocument.AFTER,
+        )
+        tally.add("pairs")
+        tally.add("acquisitions" if state is not None and state.get("owner") == owner else "found_held")
+
+
+async def listen(collection: Any, barrier: Path) -> None:
+    waiting = asyncio.create_task(AsyncMongoLock(collection, PARKED, ttl=30.0).acquire())
+    await appears(barrier / "stop-listening")
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+
+async def run(
+    role: str, uri: str, collection_name: str, pool: int, tasks: int, kinds: list[str], barrier: Path
+) -> None:
+    tally = Tally(len(kinds))
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, event_listeners=[Commands(tally)])
+    collection = client[DATABASE][collection_name]
+    count_dispatches(tally)
+    await client.admin.command("ping")
+    (barrier / f"ready-{os.getpid()}").write_text("")
+    for index, kind in enumerate(kinds):
+        start, measure_from, stop = json.loads(await appears(barrier / f"phase-{index}"))
+        tally.windows.append((measure_from, stop))
+        await sleep_until(start)
+        if role == "listen":
+            if index == 0:
+                listening = asyncio.create_task(listen(collection, barrier))
+            continue
+        task = library_task if kind == "library" else raw_task
+        await asyncio.gather(*(task(collection, pool, stop, tally) for _ in range(tasks)))
+        (barrier / f"done-{index}-{os.getpid()}").write_text("")
+    if role == "listen":
+        await listening
+    await client.close()
+    print(json.dumps([{"kind": kind, **counts} for kind, counts in zip(kinds, tally.counts, strict=True)]))
+
+
+if __name__ == "__main__":
+    role, collection_name, pool, tasks, kinds, barrier = sys.argv[1:7]
+    uri = sys.stdin.readline().strip()
+    asyncio.run(run(role, uri, collection_name, int(pool), int(tasks), kinds.split(","), Path(barrier)))
