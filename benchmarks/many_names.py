@@ -158,6 +158,7 @@ def pool_curve(given_uri: str | None, pool: int, seconds: float) -> dict[str, An
             ),
             "pairs_per_second": round(total["pairs"] / (seconds * len(indexes)), 1),
             "found_held_per_acquisition": round(total["found_held"] / acquisitions, 3),
+            "errors": {key[6:]: n for key, n in sorted(total.items()) if key.startswith("error:")},
             "commands_per_acquisition": {
                 key[5:]: round(n / acquisitions, 3) for key, n in sorted(total.items()) if key.startswith("sent:")
             },
@@ -237,7 +238,7 @@ def pool_row(figures: dict[str, Any]) -> str:
         f"{lib['events_per_process_per_acquisition']:.3f} (naming no waited lock "
         f"{lib['events_naming_no_waited_lock_per_process_per_acquisition']:.3f}) | server CPU ms/acq "
         f"library {cpu[0]} raw {cpu[1]} | collection at the end {figures['collection_size']} documents\n"
-        f"         library's commands per acquisition {lib['commands_per_acquisition']}"
+        f"         library's commands per acquisition {lib['commands_per_acquisition']}; errors {lib['errors']}"
     )
 
 

@@ -42,7 +42,7 @@ from typing import Any
 from pymongo import AsyncMongoClient, ReturnDocument, monitoring
 from pymongo.errors import DuplicateKeyError
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, MongoLockError
 from mongolock_async._runtime import watcher
 from mongolock_async._runtime.queues import queues_on
 from mongolock_async.store import PlaceRequest
@@ -50,6 +50,9 @@ from mongolock_async.store.mutex import acquire_pipeline, release_pipeline
 
 DATABASE = "bench"
 PARKED = "parked"
+TTL = 300.0
+"""Seconds: the embedded server can keep 256 requests queued for tens of seconds, and a release
+must arrive before its lease would expire."""
 
 
 class Tally:
@@ -114,8 +117,11 @@ async def appears(path: Path) -> str:
 
 async def library_task(collection: Any, pool: int, stop: float, tally: Tally) -> None:
     while time.monotonic() < stop:
-        async with AsyncMongoLock(collection, f"name:{random.randrange(pool)}", ttl=30.0):
-            tally.add("acquisitions")
+        try:
+            async with AsyncMongoLock(collection, f"name:{random.randrange(pool)}", ttl=TTL):
+                tally.add("acquisitions")
+        except MongoLockError as error:
+            tally.add(f"error:{type(error).__name__}")
 
 
 async def raw_task(collection: Any, pool: int, stop: float, tally: Tally) -> None:
@@ -125,7 +131,7 @@ async def raw_task(collection: Any, pool: int, stop: float, tally: Tally) -> Non
         try:
             state = await collection.find_one_and_update(
                 {"_id": name},
-                acquire_pipeline(PlaceRequest(owner, 30_000, holder), enqueue=False, fair=False),
+                acquire_pipeline(PlaceRequest(owner, int(TTL * 1000), holder), enqueue=False, fair=False),
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
