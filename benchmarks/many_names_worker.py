@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient, ReturnDocument, monitoring
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, PyMongoError
 
-from mongolock_async import AsyncMongoLock, MongoLockError
+from mongolock_async import AsyncMongoLock, LockError
 from mongolock_async._runtime import watcher
 from mongolock_async._runtime.queues import queues_on
 from mongolock_async.store import PlaceRequest
@@ -120,7 +120,7 @@ async def library_task(collection: Any, pool: int, stop: float, tally: Tally) ->
         try:
             async with AsyncMongoLock(collection, f"name:{random.randrange(pool)}", ttl=TTL):
                 tally.add("acquisitions")
-        except MongoLockError as error:
+        except (LockError, PyMongoError) as error:
             tally.add(f"error:{type(error).__name__}")
 
 
