@@ -1,11 +1,11 @@
 """Many names: what an acquisition costs when tasks take names drawn from a pool, side by side with
 the raw requests, and what the change streams cost as more processes keep one open.
 
-    .venv/bin/python benchmarks/many_names.py [--uri URI] [--pools 10 1000 100000] [--seconds 6]
-                                              [--streams 1 2 4 8 16] [--sweep-pool 1000] [--sweep-seconds 6]
+    .venv/bin/python benchmarks/many_names.py [--uri URI] [--pools 10 1000 100000] [--seconds 20] [--warmup 10]
+                                              [--streams 1 2 4 8 16] [--sweep-pool 1000] [--sweep-seconds 20]
 
 1. For each pool size K, on a fresh server and collection, PROCESSES x TASKS tasks (4 x 64) take
-   names drawn uniformly from K names, in four phases of SECONDS each (after a warm-up second):
+   names drawn uniformly from K names, in four phases of SECONDS each (after WARMUP seconds):
    the library (``async with lock:``, empty body), the raw ``findAndModify`` pair sent by the same
    processes at the same concurrency (both requests sent whatever the first one found, never
    waiting: the rate at which the server answers two requests per acquisition), raw, and the
@@ -58,13 +58,23 @@ from mongolock_async.testing import EmbeddedMongo
 WORKER = Path(__file__).resolve().with_name("many_names_worker.py")
 CHARTS = Path(__file__).resolve().with_name("charts")
 PROCESSES, TASKS = 4, 64
-WARMUP, GAP = 1.0, 0.5
-"""Seconds of each phase not counted, and from every worker's end of one phase to the next."""
+GAP = 0.5
+"""Seconds from every worker's end of one phase to the next one's start."""
+WARMUP = 10.0
+"""Seconds of each phase not counted (``--warmup``): every phase starts with no request in flight,
+and on the embedded server 256 requests in flight wait several seconds each."""
 STREAM_COMMANDS = ("getMore", "aggregate", "killCursors")
 
 
 def run_phases(
-    uri: str, pid: int | None, collection: str, pool: int, kinds: Sequence[str], seconds: float, listeners: int = 0
+    uri: str,
+    pid: int | None,
+    collection: str,
+    pool: int,
+    kinds: Sequence[str],
+    seconds: float,
+    listeners: int = 0,
+    warmup: float = WARMUP,
 ) -> tuple[list[list[Counter[str]]], list[list[Counter[str]]], list[float | None]]:
     """Run one phase per kind in PROCESSES workers (and ``listeners`` listening processes), each
     phase starting once every worker finished the last: each worker's and each listener's counts
@@ -80,7 +90,7 @@ def run_phases(
             _wait_for(barrier / f"ready-{process.pid}", process, "start")
         start = time.monotonic() + 0.5
         for index in range(len(kinds)):
-            measure_from, stop = start + WARMUP, start + WARMUP + seconds
+            measure_from, stop = start + warmup, start + warmup + seconds
             _publish(barrier / f"phase-{index}", [start, measure_from, stop])
             time.sleep(max(0.0, measure_from - time.monotonic()))
             before = cpu_seconds(pid) if pid else None
@@ -135,11 +145,11 @@ async def collection_size(uri: str, collection: str) -> int:
         await client.close()
 
 
-def pool_curve(given_uri: str | None, pool: int, seconds: float) -> dict[str, Any]:
+def pool_curve(given_uri: str | None, pool: int, seconds: float, warmup: float) -> dict[str, Any]:
     kinds = ("library", "raw", "raw", "library")
     with server(given_uri) as (uri, pid):
         collection = f"names_{uuid.uuid4().hex[:8]}"
-        workers, _, cpu = run_phases(uri, pid, collection, pool, kinds, seconds)
+        workers, _, cpu = run_phases(uri, pid, collection, pool, kinds, seconds, warmup=warmup)
         size = asyncio.run(collection_size(uri, collection))
     figures: dict[str, Any] = {"pool": pool, "collection_size": size}
     for kind in ("library", "raw"):
@@ -158,6 +168,7 @@ def pool_curve(given_uri: str | None, pool: int, seconds: float) -> dict[str, An
             ),
             "pairs_per_second": round(total["pairs"] / (seconds * len(indexes)), 1),
             "found_held_per_acquisition": round(total["found_held"] / acquisitions, 3),
+            "connections_in_use": total["most_connections_in_use"],
             "errors": {key[6:]: n for key, n in sorted(total.items()) if key.startswith("error:")},
             "commands_per_acquisition": {
                 key[5:]: round(n / acquisitions, 3) for key, n in sorted(total.items()) if key.startswith("sent:")
@@ -174,11 +185,11 @@ def pool_curve(given_uri: str | None, pool: int, seconds: float) -> dict[str, An
     return figures
 
 
-def streams_point(given_uri: str | None, listeners: int, pool: int, seconds: float) -> dict[str, Any]:
+def streams_point(given_uri: str | None, listeners: int, pool: int, seconds: float, warmup: float) -> dict[str, Any]:
     with server(given_uri) as (uri, pid):
         collection = f"names_{uuid.uuid4().hex[:8]}"
         asyncio.run(park(uri, collection))
-        workers, listening, cpu = run_phases(uri, pid, collection, pool, ("library",), seconds, listeners)
+        workers, listening, cpu = run_phases(uri, pid, collection, pool, ("library",), seconds, listeners, warmup)
     total = summed(workers, 0)
     heard = summed(listening, 0)
     acquisitions = max(1, total["acquisitions"])
@@ -255,29 +266,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"))
     parser.add_argument("--pools", type=int, nargs="*", default=[10, 1000, 100_000])
-    parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds of each phase")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds of each phase")
+    parser.add_argument("--warmup", type=float, default=WARMUP, help="seconds of each phase not counted")
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     parser.add_argument("--sweep-pool", type=int, default=1000)
-    parser.add_argument("--sweep-seconds", type=float, default=6.0)
+    parser.add_argument("--sweep-seconds", type=float, default=20.0)
     arguments = parser.parse_args()
     where = environment(arguments.uri, f"{PROCESSES} processes x {TASKS} tasks")
     print(where, flush=True)
     print(f"\n== many names: library and raw pair, phases library/raw/raw/library of {arguments.seconds:g} s ==")
     pools = []
     for pool in arguments.pools:
-        pools.append(pool_curve(arguments.uri, pool, arguments.seconds))
+        pools.append(pool_curve(arguments.uri, pool, arguments.seconds, arguments.warmup))
         print(pool_row(pools[-1]), flush=True)
     print(f"\n== processes with an open change stream; {PROCESSES} x {TASKS} tasks, {arguments.sweep_pool} names ==")
     sweep = []
     for listeners in arguments.streams:
-        sweep.append(streams_point(arguments.uri, listeners, arguments.sweep_pool, arguments.sweep_seconds))
+        point = streams_point(arguments.uri, listeners, arguments.sweep_pool, arguments.sweep_seconds, arguments.warmup)
+        sweep.append(point)
         print(streams_row(sweep[-1]), flush=True)
     cpu = [p["server_cpu_ms_per_acquisition"] for p in sweep if p["server_cpu_ms_per_acquisition"] is not None]
     if len(cpu) > 1:
         print(f"server CPU per acquisition, most / fewest listening processes: {cpu[-1] / cpu[0]:4.2f}x "
               f"(median {statistics.median(cpu):.2f} ms)")  # fmt: skip
     CHARTS.mkdir(exist_ok=True)
-    figures = {"environment": where, "seconds": arguments.seconds, "pools": pools, "streams": sweep}
+    figures = {
+        "environment": where,
+        "seconds": arguments.seconds,
+        "warmup": arguments.warmup,
+        "pools": pools,
+        "streams": sweep,
+    }
     (CHARTS / "many_names.json").write_text(json.dumps(figures, indent=1) + "\n")
     print(f"(these figures are in {CHARTS / 'many_names.json'}: benchmarks/plots.py draws them)")
 

@@ -68,10 +68,35 @@ class Tally:
             if measure_from <= now < stop:
                 counts[what] += amount
 
+    def most(self, what: str, value: int) -> None:
+        now = time.monotonic()
+        for (measure_from, stop), counts in zip(self.windows, self.counts, strict=False):
+            if measure_from <= now < stop:
+                counts[what] = max(counts[what], value)
 
-class Commands(monitoring.CommandListener):
+
+class Commands(monitoring.CommandListener, monitoring.ConnectionPoolListener):
     def __init__(self, tally: Tally) -> None:
         self.tally = tally
+        self.in_use = 0
+
+    def connection_checked_out(self, event: Any) -> None:
+        self.in_use += 1
+        self.tally.most("most_connections_in_use", self.in_use)
+
+    def connection_checked_in(self, event: Any) -> None:
+        self.in_use -= 1
+
+    # The other connection-pool events are not needed.
+    def pool_created(self, event: Any) -> None: ...
+    def pool_ready(self, event: Any) -> None: ...
+    def pool_cleared(self, event: Any) -> None: ...
+    def pool_closed(self, event: Any) -> None: ...
+    def connection_created(self, event: Any) -> None: ...
+    def connection_ready(self, event: Any) -> None: ...
+    def connection_closed(self, event: Any) -> None: ...
+    def connection_check_out_started(self, event: Any) -> None: ...
+    def connection_check_out_failed(self, event: Any) -> None: ...
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         self.tally.add(f"sent:{event.command_name}")
