@@ -176,6 +176,9 @@ def pool_curve(given_uri: str | None, pool: int, seconds: float, warmup: float) 
             "server_cpu_ms_per_acquisition": None
             if None in spent
             else round(sum(s or 0.0 for s in spent) * 1000 / acquisitions, 3),
+            "server_cpu_ms_per_pair": None
+            if None in spent or not total["pairs"]
+            else round(sum(s or 0.0 for s in spent) * 1000 / total["pairs"], 3),
         }
     # Against the pairs the raw tasks sent, whether their acquire took the name or not: the rate at
     # which the server answers two requests per acquisition at this concurrency.
@@ -239,7 +242,7 @@ class server:
 
 def pool_row(figures: dict[str, Any]) -> str:
     lib, raw = figures["library"], figures["raw"]
-    cpu = lib["server_cpu_ms_per_acquisition"], raw["server_cpu_ms_per_acquisition"]
+    cpu = lib["server_cpu_ms_per_acquisition"], raw["server_cpu_ms_per_pair"]
     return (
         f"K={figures['pool']:>6} | acq/s library {lib['acquisitions_per_second']:6.1f} "
         f"(phases {lib['per_phase']}) raw pairs {raw['pairs_per_second']:6.1f} (of which acquired "
@@ -247,8 +250,8 @@ def pool_row(figures: dict[str, Any]) -> str:
         f"{figures['library_over_raw']:4.2f}x | requests/acq library {lib['requests_per_acquisition']:.3f} "
         f"(+{lib['stream_requests_per_acquisition']:.3f} stream) | stream events per process per acq "
         f"{lib['events_per_process_per_acquisition']:.3f} (naming no waited lock "
-        f"{lib['events_naming_no_waited_lock_per_process_per_acquisition']:.3f}) | server CPU ms/acq "
-        f"library {cpu[0]} raw {cpu[1]} | collection at the end {figures['collection_size']} documents\n"
+        f"{lib['events_naming_no_waited_lock_per_process_per_acquisition']:.3f}) | server CPU ms: library "
+        f"{cpu[0]} per acquisition, raw {cpu[1]} per pair | collection at the end {figures['collection_size']} docs\n"
         f"         library's commands per acquisition {lib['commands_per_acquisition']}; errors {lib['errors']}"
     )
 
