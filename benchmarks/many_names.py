@@ -1,7 +1,7 @@
 """Many names: what an acquisition costs when tasks take names drawn from a pool, side by side with
 the raw requests, and what the change streams cost as more processes keep one open.
 
-    .venv/bin/python benchmarks/many_names.py [--uri URI] [--pools 10 1000 100000] [--seconds 20] [--warmup 10]
+    .venv/bin/python benchmarks/many_names.py [--uri URI] [--pools 10 1000 100000] [--seconds 20] [--warmup 30]
                                               [--streams 1 2 4 8 16] [--sweep-pool 1000] [--sweep-seconds 20]
 
 1. For each pool size K, on a fresh server and collection, PROCESSES x TASKS tasks (4 x 64) take
@@ -27,7 +27,8 @@ streams (matching events, sending batches, answering getMores), where counting c
 the work of matching events that no one is sent. Only with the embedded server (with ``--uri`` it
 is not printed). The embedded server's ``findAndModify`` scans the collection (see
 ``collection_size.py``), so its absolute figures fall as the collection grows; the ratios are
-measured side by side. The figures go to benchmarks/charts/many_names.json (plots.py draws them).
+measured side by side. The figures go to benchmarks/charts/many_names.json (plots.py draws them);
+a run without one part (``--streams`` or ``--pools`` given nothing) keeps that part's last figures.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ CHARTS = Path(__file__).resolve().with_name("charts")
 PROCESSES, TASKS = 4, 64
 GAP = 0.5
 """Seconds from every worker's end of one phase to the next one's start."""
-WARMUP = 10.0
+WARMUP = 30.0
 """Seconds of each phase not counted (``--warmup``): every phase starts with no request in flight,
 and on the embedded server 256 requests in flight wait several seconds each."""
 STREAM_COMMANDS = ("getMore", "aggregate", "killCursors")
@@ -168,7 +169,6 @@ def pool_curve(given_uri: str | None, pool: int, seconds: float, warmup: float) 
             ),
             "pairs_per_second": round(total["pairs"] / (seconds * len(indexes)), 1),
             "found_held_per_acquisition": round(total["found_held"] / acquisitions, 3),
-            "connections_in_use": total["most_connections_in_use"],
             "errors": {key[6:]: n for key, n in sorted(total.items()) if key.startswith("error:")},
             "commands_per_acquisition": {
                 key[5:]: round(n / acquisitions, 3) for key, n in sorted(total.items()) if key.startswith("sent:")
@@ -293,14 +293,15 @@ def main() -> None:
         print(f"server CPU per acquisition, most / fewest listening processes: {cpu[-1] / cpu[0]:4.2f}x "
               f"(median {statistics.median(cpu):.2f} ms)")  # fmt: skip
     CHARTS.mkdir(exist_ok=True)
-    figures = {
-        "environment": where,
-        "seconds": arguments.seconds,
-        "warmup": arguments.warmup,
-        "pools": pools,
-        "streams": sweep,
-    }
-    (CHARTS / "many_names.json").write_text(json.dumps(figures, indent=1) + "\n")
+    path = CHARTS / "many_names.json"
+    # A part not run (no --pools, or no --streams) keeps the figures of the last run that had it.
+    figures = json.loads(path.read_text()) if path.exists() else {}
+    run = {"environment": where, "seconds": arguments.seconds, "warmup": arguments.warmup}
+    if pools:
+        figures.update(run, pools=pools)
+    if sweep:
+        figures.update(streams=sweep, streams_run=run)
+    path.write_text(json.dumps(figures, indent=1) + "\n")
     print(f"(these figures are in {CHARTS / 'many_names.json'}: benchmarks/plots.py draws them)")
 
 

@@ -332,7 +332,7 @@ def many_names(figures: dict[str, Any]) -> str:
     top = _nice_top(max(point[1] for one in rates for point in one.points) * 1.05)
     panels = [Panel("4 x 64 tasks, names drawn uniformly", by_pool,
                     Axis("per second", 0.0, top, ticks=_linear_ticks(top)), rates)]  # fmt: skip
-    sweep = sorted(figures["streams"], key=lambda point: point["listening_processes"])
+    sweep = sorted(figures.get("streams", []), key=lambda point: point["listening_processes"])
     if sweep:
         counts = [float(point["listening_processes"]) for point in sweep]
         by_streams = Axis("processes keeping a stream open (log scale)", min(counts) / 1.5, max(counts) * 1.5,
@@ -352,7 +352,8 @@ def many_names(figures: dict[str, Any]) -> str:
     return chart(
         "Many names: throughput against the raw requests, and the streams' cost",
         [f"benchmarks/many_names.py, {figures['seconds']:g} s counted per phase; the embedded server's "
-         "findAndModify scans the collection: compare shapes, not speeds", _machine(figures)],
+         "findAndModify scans the collection: compare shapes, not speeds", _machine(figures),
+         *([f"streams: {_machine(figures['streams_run'])}"] if "streams_run" in figures else [])],
         panels,
         panel_width=300,
     )  # fmt: skip
