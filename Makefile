@@ -77,6 +77,7 @@ bench: $(STAMP)
 		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server))
 	$(PYTHON) benchmarks/bench.py
 	$(PYTHON) benchmarks/renewal.py
+	$(PYTHON) benchmarks/many_names.py
 	$(PYTHON) benchmarks/fencing.py
 	$(PYTHON) benchmarks/client_cost.py
 	$(PYTHON) benchmarks/import_cost.py

@@ -74,3 +74,11 @@ def collect_counts(workers: Sequence[subprocess.Popen[str]]) -> Counter[str]:
             raise RuntimeError(f"worker {worker.args[1]} failed (exit {worker.returncode})")
         counts.update(json.loads(out))
     return counts
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process ``pid`` so far (0 when there is none to read)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

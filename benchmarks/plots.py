@@ -13,6 +13,9 @@ figures are missing is skipped.
 - ``renewal_client.svg``: the client's side of holding 100 to 10,000 heartbeat leases in one
   process (renewal requests, CPU and memory per lease, CPU per acquisition), this checkout and a
   baseline (``renewal.json`` and ``renewal_client.json``, from renewal.py's parts 1 and 4).
+- ``many_names.svg``: 4 x 64 tasks over pools of names, the library's acquisitions per second
+  against the raw request pair's, and as more processes keep a change stream open, the server's CPU
+  per acquisition and the events each of them is sent (``many_names.py``).
 - ``view_scale.svg``: the dashboard and ``mongolock list`` at 1,000 to 100,000 locks (bytes a page
   is sent, times, memory) against the raw driver reading the same documents (``view_scale.py``).
 
@@ -361,12 +364,54 @@ def view_scale(figures: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
+def many_names(figures: dict[str, Any]) -> str:
+    pools = sorted(figures["pools"], key=lambda run: run["pool"])
+    sizes = [float(run["pool"]) for run in pools]
+    by_pool = Axis("names in the pool (log scale)", min(sizes) / 2, max(sizes) * 2, log=True, ticks=sizes,
+                   tick_text=_compact)  # fmt: skip
+    rates = [
+        Series("library: acquisitions", [(float(run["pool"]), run["library"]["acquisitions_per_second"])
+                                          for run in pools], COLOURS[0]),
+        Series("raw findAndModify pairs, same processes", [(float(run["pool"]), run["raw"]["pairs_per_second"])
+                                                          for run in pools], COLOURS[4], "6 3"),
+    ]  # fmt: skip
+    top = _nice_top(max(point[1] for one in rates for point in one.points) * 1.05)
+    panels = [Panel("4 x 64 tasks, names drawn uniformly", by_pool,
+                    Axis("per second", 0.0, top, ticks=_linear_ticks(top)), rates)]  # fmt: skip
+    sweep = sorted(figures.get("streams", []), key=lambda point: point["listening_processes"])
+    if sweep:
+        counts = [float(point["listening_processes"]) for point in sweep]
+        by_streams = Axis("processes keeping a stream open (log scale)", min(counts) / 1.5, max(counts) * 1.5,
+                          log=True, ticks=counts, tick_text=lambda value: f"{value:g}")  # fmt: skip
+        cpu = [(float(p["listening_processes"]), p["server_cpu_ms_per_acquisition"]) for p in sweep]
+        events = [(float(p["listening_processes"]), p["events_per_listener_per_acquisition"]) for p in sweep]
+        cpu_top = _nice_top(max(value for _, value in cpu) * 1.05)
+        events_top = _nice_top(max(1.0, max(value for _, value in events)) * 1.05)
+        panels += [
+            Panel("the server's CPU per acquisition", by_streams,
+                  Axis("ms", 0.0, cpu_top, ticks=_linear_ticks(cpu_top)),
+                  [Series("embedded server process, user + system", cpu, COLOURS[0])]),
+            Panel("change events sent to each of them", by_streams,
+                  Axis("events per acquisition", 0.0, events_top, ticks=_linear_ticks(events_top)),
+                  [Series("per listening process", events, COLOURS[2])]),
+        ]  # fmt: skip
+    return chart(
+        "Many names: throughput against the raw requests, and the streams' cost",
+        [f"benchmarks/many_names.py, {figures['seconds']:g} s counted per phase; the embedded server's "
+         "findAndModify scans the collection: compare shapes, not speeds", _machine(figures),
+         *([f"streams: {_machine(figures['streams_run'])}"] if "streams_run" in figures else [])],
+        panels,
+        panel_width=300,
+    )  # fmt: skip
+
+
 DRAWN: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "throughput.svg": ("bench.json", throughput),
     "handoff.svg": ("bench.json", handoff),
     "renewal.svg": ("renewal.json", renewal),
     "renewal_client.svg": ("renewal_client.json", renewal_client),
     "view_scale.svg": ("view_scale.json", view_scale),
+    "many_names.svg": ("many_names.json", many_names),
 }
 
 

@@ -43,7 +43,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
+from _common import cpu_seconds, environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from bench import ROUND_TRIPS, _percentile, medians, run_workers
 from hot_lock_worker import Requests
 from pymongo import ReturnDocument
@@ -153,9 +153,9 @@ def read_heavy(uri: str | None, seconds: float) -> None:
             for _ in range(processes)
         ]  # fmt: skip
         time.sleep(max(0.0, start_at + warmup - time.monotonic()))
-        server_cpu = _cpu_seconds(server_pid)
+        server_cpu = cpu_seconds(server_pid)
         time.sleep(seconds)
-        server_cpu = _cpu_seconds(server_pid) - server_cpu
+        server_cpu = cpu_seconds(server_pid) - server_cpu
         results = [json.loads(worker.communicate(timeout=warmup + seconds + 120)[0]) for worker in workers]
     sections = sorted((tuple(section) for result in results for section in result["sections"]), key=lambda s: s[2])
     reads = [(entered, left) for mode, _, entered, left in sections if mode == "read"]
@@ -226,10 +226,10 @@ async def queued_release(uri: str, repeats: int, server_pid: int | None) -> None
                 times, cpu = [], 0.0
                 for _ in range(repeats):
                     await collection.replace_one({"_id": name}, template)
-                    cpu_before, started = _cpu_seconds(server_pid), time.perf_counter()
+                    cpu_before, started = cpu_seconds(server_pid), time.perf_counter()
                     state = await store.release(name, "holder", permits=held)
                     times.append(time.perf_counter() - started)
-                    cpu += _cpu_seconds(server_pid) - cpu_before
+                    cpu += cpu_seconds(server_pid) - cpu_before
                     assert state is not None and len(state.queue) == (queued - 1 if held.weight == 1 else 0)
                 medians_ms[case, queued] = statistics.median(times) * 1000
                 cpu_ms[case, queued] = cpu / repeats * 1000
@@ -249,14 +249,6 @@ async def queued_release(uri: str, repeats: int, server_pid: int | None) -> None
 
 def _embedded(server: EmbeddedMongo) -> tuple[str, int | None]:
     return server.uri, server.pid
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of process ``pid`` so far (0 when there is none to read)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -397,8 +397,9 @@ inline done_with(t)
 	fi
 }
 
-/* a change event to process p's stream (watcher: the server-side filter lets through releases,
- * deletions, and hand-offs to p's places) */
+/* a change event to process p's stream (watcher: the server-side filter lets through hand-offs to
+ * p's places, deletions, and owners cleared by a forced release; not a release that clears the
+ * owner: it had no live place to hand to) */
 inline event(p, kind, tok, fen)
 {
 	if
@@ -512,8 +513,7 @@ inline hand_on(remote)
 		:: else
 		fi
 	:: else ->
-		d_own = 0; d_exp = srv;
-		event_all(E_RELEASED)
+		d_own = 0; d_exp = srv   /* no event: nobody had a live place (store/streams.py) */
 	fi;
 	d_rel = own_
 }

@@ -23,22 +23,41 @@ async def session(client: AsyncClient) -> AsyncIterator[Any]:
 
 
 async def watch(collection: AsyncCollection, *, token_prefix: str, max_await_ms: int, start_at: Any = None) -> Any:
-    """Open a change stream of the writes that can end a wait: releases (of a lock, or of a
-    semaphore's permit), deletions, and hand-offs to this process's places (whose owner tokens
-    start with ``token_prefix``).
+    """Open a change stream of the writes that can end a wait: hand-offs to this process's places
+    (whose owner tokens start with ``token_prefix``), semaphore permits freed, deletions, and
+    owners cleared by anything but a release of this library (an operator's forced release).
+
+    A release of a lock hands the lease to the first live place in its queue in the same write
+    (``mutex.release_pipeline``), and every waiter that was told the lock is held has a place there
+    (stored by the attempt that was told so). A release that clears the owner (it also records
+    ``releasedOwner``, a new token each time) therefore had no waiter of any other process to wake:
+    it is filtered out, or every process with a stream open would be sent every release in the
+    collection. The waiters it could concern see it otherwise: a place that expired unrefreshed is
+    found gone by the heartbeat, an attempt in flight reads the document, one that failed in
+    transit backs off and looks again. A forced release (``mutex.force_release_pipeline``) keeps
+    the queue and writes no ``releasedOwner``: it is let through and wakes the first waiter.
 
     Renewals, claims, queue updates, acquisitions and other processes' hand-offs are filtered out
-    on the server, so a hand-off wakes only the process it goes to. Pipeline-style updates arrive as
-    ``update`` events listing the changed fields, or as ``replace`` events where the server logs
-    full documents (mongodb/mongo jstests/change_streams/pipeline_style_updates.js); replacements
-    are all let through. Needs a replica set or a sharded cluster.
+    on the server too, so a hand-off wakes only the process it goes to. On MongoDB an event the
+    ``$match`` drops does not even end a waiting ``getMore`` early (jstests/change_streams/
+    only_wake_getmore_for_relevant_changes.js); the embedded test server ends it with an empty batch.
+    Pipeline-style updates arrive as ``update`` events listing the fields whose values changed
+    (a diff of the document before and after: ``computeDocDiff`` in
+    src/mongo/db/update/document_diff_calculator.cpp; a top-level string such as ``owner`` or
+    ``releasedOwner`` is listed whole), or as ``replace`` events where the server logs full
+    documents (mongodb/mongo jstests/change_streams/pipeline_style_updates.js); replacements are
+    all let through. Needs a replica set or a sharded cluster.
     """
     pipeline = [
         {
             "$match": {
                 "$or": [
                     {"operationType": {"$nin": ["insert", "update", "replace"]}},
-                    {"operationType": "update", "updateDescription.updatedFields.owner": {"$type": "null"}},
+                    {
+                        "operationType": "update",
+                        "updateDescription.updatedFields.owner": {"$type": "null"},
+                        "updateDescription.updatedFields.releasedOwner": {"$exists": False},
+                    },
                     # A semaphore's permit freed without a hand-off.
                     {"operationType": "update", "updateDescription.updatedFields.freed": {"$exists": True}},
                     {

@@ -184,6 +184,57 @@ async def test_a_hand_off_to_another_process_reaches_only_that_process(
         assert await other.release()
 
 
+async def delivered_until(counter: CommandCounter, name: str) -> list[Any]:
+    """The names of the documents whose changes ``counter``'s change stream delivered, once one of
+    ``name``'s has come (events arrive in the order of their writes)."""
+    for _ in range(1000):
+        names = [change.get("documentKey", {}).get("_id") for change in counter.changes]
+        if name in names:
+            return names
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no change to {name!r} was delivered within 10 s")
+
+
+async def test_a_release_nobody_waits_for_is_sent_to_no_process(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any
+) -> None:
+    """Every waiter has a place in its lock's queue, and a release hands the lease to the first
+    live place: a release that clears the owner had no place to hand to, so no waiter of another
+    process can want it. Its change event is filtered out on the server; with every process's
+    stream delivering every such release, the work of each release grows with the processes."""
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (watching, watched):
+        holder = AsyncMongoLock(mongolock_collection, "busy", ttl=30.0)
+        assert await holder.acquire()
+        waiter = AsyncMongoLock(watching, "busy", ttl=30.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        await watched.settled()  # queued, its stream open
+        watched.clear()
+        for name in ("idle", "idle", "unused"):  # released with nobody waiting
+            async with AsyncMongoLock(mongolock_collection, name, ttl=30.0):
+                pass
+        assert await holder.release()  # a hand-off to the waiting process's place: sent to it
+        assert await delivered_until(watched, "busy") == ["busy"], "releases nobody waited for were sent"
+        assert await asyncio.wait_for(waiting, 10)
+        assert await waiter.release()
+
+
+async def test_a_forced_release_still_wakes_a_waiter_of_another_process(
+    mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any
+) -> None:
+    """An operator's break-glass release clears the owner and leaves the queue as it was: its
+    event is let through, and the waiter takes the lock without waiting for the lease's expiry."""
+    async with other_process(mongolock_driver, mongolock_uri, mongolock_collection.name) as (watching, watched):
+        holder = AsyncMongoLock(mongolock_collection, "stuck", ttl=30.0)
+        assert await holder.acquire()
+        waiter = AsyncMongoLock(watching, "stuck", ttl=30.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=20))
+        await watched.settled()
+        assert await LockStore(mongolock_collection, WriteConcern(w="majority")).force_release("stuck") is not None
+        assert await asyncio.wait_for(waiting, 10), "the forced release did not wake the waiter"
+        assert await delivered_until(watched, "stuck") == ["stuck"]
+        assert await waiter.release()
+
+
 @pytest.fixture
 def server_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[datetime | None], None]]:
     """Set what every acquire and release sees as the server's time (None: its real clock). The

@@ -20,6 +20,8 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
         self.events_delivered = 0
         """``getMore`` replies that carried at least one change event (the embedded server also
         answers idle ones early with empty batches whenever anything is written; MongoDB waits)."""
+        self.changes: list[dict[str, Any]] = []
+        """Every change event those replies carried, in order."""
         self.connections_created = 0
         self.connections_closed = 0
 
@@ -31,6 +33,7 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
         self.answered.append(event.command_name)
         if event.command_name == "getMore" and event.reply.get("cursor", {}).get("nextBatch"):
             self.events_delivered += 1
+            self.changes += event.reply["cursor"]["nextBatch"]
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         self.answered.append(event.command_name)
@@ -59,6 +62,7 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
         self.names.clear()
         self.answered.clear()
         self.commands.clear()
+        self.changes.clear()
         self.events_delivered = self.connections_created = self.connections_closed = 0
 
     def connection_created(self, event: monitoring.ConnectionCreatedEvent) -> None:
