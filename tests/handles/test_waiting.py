@@ -932,10 +932,11 @@ async def test_a_place_refresh_that_fails_in_transit_leaves_the_place_uncertain_
     try:
         holder = AsyncMongoLock(holder_client[TEST_DATABASE][locks], "refreshed", ttl=30.0)
         assert await holder.acquire()
-        # A TTL of 0.6 s: the place is refreshed every 0.2 s, each refresh bounded by that.
-        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "refreshed", ttl=0.6, **PATIENT)
-        waiting = asyncio.create_task(waiter.acquire(timeout=2.0))
-        for _ in range(100):
+        # A TTL of 3 s: the place is refreshed every second, each refresh bounded by that (shorter,
+        # a loaded machine's refreshes time out by themselves, and the place is rarely seen stored).
+        waiter = AsyncMongoLock(waiter_client[TEST_DATABASE][locks], "refreshed", ttl=3.0, **PATIENT)
+        waiting = asyncio.create_task(waiter.acquire(timeout=5.0))
+        for _ in range(500):
             queue = existing_queue(waiter._store, "refreshed", 1)
             head = None if queue is None else queue.head
             if queue is not None and queue.place is PlaceState.STORED and head is not None and head.turn is Turn.PLACED:
@@ -949,7 +950,7 @@ async def test_a_place_refresh_that_fails_in_transit_leaves_the_place_uncertain_
             {"times": 1},
             failCommands=["update"],
             blockConnection=True,
-            blockTimeMS=1000,
+            blockTimeMS=2500,
         )
         with contextlib.suppress(LockTimeoutError):  # its next attempt may meet the held server too
             assert not await waiting
