@@ -508,6 +508,42 @@ async def test_a_dead_waiters_place_stops_blocking_after_it_expires(
     assert await waiter.release()
 
 
+SLOW_MS = 150
+"""How long the server holds each findAndModify of a slow line's waiters: three times their spacing."""
+_BAD_VALUE = 2  # the error code a refused request carries: one that retrying cannot fix
+
+
+async def line_of_waiters(
+    collection: Any, kind: str, name: str, started: float, *, length: float, spacing: float, patience: float
+) -> tuple[list[float], list[str]]:
+    """Waiters for ``name`` coming every ``spacing`` seconds until ``length`` seconds after
+    ``started``, each giving up after ``patience``; one that takes the lock releases it at once.
+    Returns when each taker took it (seconds since ``started``) and every waiter's outcome. A waiter
+    whose request is still unanswered when its patience ends raises ``LockTimeoutError`` (the server
+    was too slow to be counted as reached): a way of giving up too, as acquire promises."""
+    taken: list[float] = []
+    outcomes: list[str] = []
+
+    async def come_and_give_up() -> None:
+        waiter = handle(collection, kind, name)
+        try:
+            acquired = await waiter.acquire(timeout=patience)
+        except LockTimeoutError as error:
+            outcomes.append(type(error).__name__)
+            return
+        outcomes.append(str(acquired))
+        if acquired:
+            taken.append(time.monotonic() - started)
+            assert await waiter.release()
+
+    line = []
+    while time.monotonic() - started < length:
+        line.append(asyncio.create_task(come_and_give_up()))
+        await asyncio.sleep(spacing)
+    await asyncio.gather(*line)
+    return taken, outcomes
+
+
 @pytest.mark.parametrize("spacing", [0.05, 0.2, 0.4])
 @pytest.mark.parametrize("kind", ["lock", "fair-lock", "semaphore", "rwlock", "rwlock-reader"])
 async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_lease(
@@ -525,30 +561,12 @@ async def test_waiters_that_each_give_up_before_a_ttl_still_take_an_expired_leas
         dead = handle(remote, "rwlock" if kind == "rwlock-reader" else kind, name, dead_ttl)
         started = time.monotonic()  # before the lease's request: it expires dead_ttl after that, at the earliest
         assert await dead.acquire()
-        taken: list[float] = []
-
-        async def come_and_give_up() -> None:
-            waiter = handle(mongolock_collection, kind, name)
-            # A waiter whose request is still unanswered when its patience ends raises (the server
-            # was too slow to be counted as reached): a way of giving up too, as acquire promises.
-            with contextlib.suppress(LockTimeoutError):
-                if await waiter.acquire(timeout=patience):
-                    taken.append(time.monotonic() - started)
-                    assert await waiter.release()
-
-        line = []
-        while time.monotonic() - started < line_length:
-            line.append(asyncio.create_task(come_and_give_up()))
-            await asyncio.sleep(spacing)
-        await asyncio.gather(*line)
+        taken, _ = await line_of_waiters(
+            mongolock_collection, kind, name, started, length=line_length, spacing=spacing, patience=patience
+        )
         assert taken, f"nobody took the lease that expired {dead_ttl} s into a {line_length} s line of waiters"
         assert taken[0] >= dead_ttl - 0.05, "a waiter took the lease before it expired"
         await dead.release()
-
-
-SLOW_MS = 150
-_BAD_VALUE = 2
-"""How long the server holds each findAndModify of a slow line's waiters: three times their spacing."""
 
 
 @pytest.mark.parametrize("kind", ["lock", "semaphore"])
@@ -572,26 +590,9 @@ async def test_a_line_of_waiters_on_a_server_slower_than_their_patience_takes_an
         )
         started = time.monotonic()
         assert await dead.acquire()
-        taken: list[float] = []
-        outcomes: list[str] = []
-
-        async def come_and_give_up() -> None:
-            waiter = handle(waiters, kind, name)
-            try:
-                acquired = await waiter.acquire(timeout=patience)
-            except LockTimeoutError as error:
-                outcomes.append(type(error).__name__)
-                return
-            outcomes.append(str(acquired))
-            if acquired:
-                taken.append(time.monotonic() - started)
-                assert await waiter.release()
-
-        line = []
-        while time.monotonic() - started < line_length:
-            line.append(asyncio.create_task(come_and_give_up()))
-            await asyncio.sleep(spacing)
-        await asyncio.gather(*line)
+        taken, outcomes = await line_of_waiters(
+            waiters, kind, name, started, length=line_length, spacing=spacing, patience=patience
+        )
         assert taken, f"nobody took the lease that expired {dead_ttl} s into the line: {outcomes}"
         assert taken[0] >= dead_ttl - 0.05, "a waiter took the lease before it expired"
     finally:
