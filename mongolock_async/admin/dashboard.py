@@ -22,6 +22,7 @@ from .._util.backoff import Backoff
 from .._util.collection_types import AsyncCollectionLike
 from .._util.diagnosis import redacted_cause
 from .._util.inert import json_text, printable
+from .._util.shield import wait_for_event
 from .dashboard_guard import LOOPBACK_HOSTS, host_allowed, host_names, release_token, token_matches
 from .dashboard_window import NameIndex, Window, WindowSpec
 from .live import LockEvent, LockWatch, ViewUpdate, lock_dict
@@ -512,7 +513,8 @@ class Dashboard:
             yield b"retry: 2000\n\n"
             while True:
                 try:
-                    message = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                    async with asyncio.timeout(KEEPALIVE):  # not wait_for: see LockWatch's iteration
+                        message = await queue.get()
                 except TimeoutError:
                     yield b": keepalive\n\n"
                     continue
@@ -640,8 +642,7 @@ class Dashboard:
         feed = self._feed
         queue = feed.subscribe()
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(feed._ready.wait(), 10.0)
+            await wait_for_event(feed._ready, 10.0)
         finally:
             feed.unsubscribe(queue)
 

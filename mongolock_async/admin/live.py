@@ -19,6 +19,7 @@ from .._util import validation
 from .._util.backoff import Backoff
 from .._util.collection_types import AsyncCollectionLike
 from .._util.diagnosis import redacted_cause
+from .._util.shield import wait_within
 from ..errors import LockDataError
 from ..store import LockStore, change_streams_refused, change_streams_unsupported, store_for
 from ..store.documents import LockReport, LockState
@@ -201,12 +202,16 @@ class LockWatch:
         task, self._task = self._task, None
         if task is None:
             return
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(task), self._max_await_ms / 1000 + 2.0)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, PyMongoError):
-                await task
+        # wait_within raises a cancellation of the caller after the wait, where a suppressed one
+        # was lost: the dashboard's view, cancelled as it closed a watch, opened a new one.
+        try:
+            await wait_within(task, self._max_await_ms / 1000 + 2.0)
+        finally:
+            if not task.done():
+                task.cancel()
+                await wait_within(task, 2.0)
+        if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+            raise error
 
     def __aiter__(self) -> AsyncIterator[ViewUpdate]:
         return self._updates()
@@ -223,8 +228,11 @@ class LockWatch:
             if timeout == 0.0 and (self._heard_at is None or deadline is None or deadline > self._heard_at):
                 timeout = None
             items: list[tuple[str, Any]] = []
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns news that arrives as its
+            # caller is cancelled and loses the cancellation (CPython gh-86296).
             with contextlib.suppress(TimeoutError):  # the next expiry is due
-                items.append(await asyncio.wait_for(self._queue.get(), timeout))
+                async with asyncio.timeout(timeout):
+                    items.append(await self._queue.get())
             while not self._queue.empty():  # a burst of writes makes one update
                 items.append(self._queue.get_nowait())
             update = self._apply(items)

@@ -583,3 +583,26 @@ async def test_the_page_shows_escapes_bidi_overrides_and_html_as_the_command_doe
     for text in [*cells, *holders, *labels]:
         assert text.isprintable(), repr(text)
     assert dialogs == []
+
+
+async def test_a_page_stream_cancelled_as_a_message_arrives_ends(pymongo_collection: Any) -> None:
+    """A page's event stream cancelled in the same loop iteration as its next message arrives
+    ends; on Python 3.11 ``asyncio.wait_for`` returned the message and lost the cancellation
+    (CPython gh-86296), so a server shutting down waited for the page's handler."""
+    dashboard = Dashboard(pymongo_collection)
+    events = dashboard.events()
+    try:
+        assert (await anext(events)).startswith(b"retry:")
+        assert b'"snapshot"' in await asyncio.wait_for(anext(events), 30)
+        following = asyncio.ensure_future(anext(events))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not following.done()
+        (queue,) = dashboard._feed._pages
+        queue.put_nowait(b"data: {}\n\n")
+        following.cancel()
+        done, _ = await asyncio.wait({following}, timeout=5)
+        assert following in done and following.cancelled(), "the page's stream went on"
+    finally:
+        await events.aclose()
+        await dashboard.aclose()

@@ -225,3 +225,51 @@ def test_bad_arguments_are_refused_before_any_io(pymongo_collection: Any) -> Non
         from pymongo import MongoClient
 
         LockWatch(MongoClient(connect=False).db.locks)
+
+
+async def settle() -> None:
+    """Let every task that can run do so (a few loop iterations, no time passing)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.one_driver  # asyncio's behaviour, not the driver's
+async def test_a_view_cancelled_as_news_arrives_stops(mongolock_collection: Any) -> None:
+    """A cancellation in the same loop iteration as the view's news is raised, not lost. On Python
+    3.11 ``asyncio.wait_for`` returned the news and dropped the cancellation (CPython gh-86296); a
+    dashboard closing its view then waited for ever (its server's shutdown in a test, once in 28)."""
+    held = AsyncMongoLock(mongolock_collection, "held", ttl=60)  # an expiry ahead: a bounded wait
+    assert await held.acquire()
+    async with LockWatch(mongolock_collection, max_await=5.0) as watch:
+        updates = aiter(watch)
+        await anext(updates)
+        following = asyncio.create_task(anext(updates))
+        await settle()
+        assert not following.done()
+        watch._queue.put_nowait(("heard", watch.server_now()))  # news, as the stream's task puts it
+        following.cancel()
+        done, _ = await asyncio.wait({following}, timeout=5)
+        assert following in done and following.cancelled(), "the view went on waiting for news"
+    assert await held.release()
+
+
+@pytest.mark.one_driver  # asyncio's behaviour, not the driver's
+async def test_a_view_cancelled_while_it_closes_raises_the_cancellation(mongolock_collection: Any) -> None:
+    """Leaving a view waits for its change stream's ``getMore`` (up to ``max_await``); a
+    cancellation that arrives meanwhile is raised when it ends, never swallowed (the code after
+    the ``async with`` must not run)."""
+    entered, went_on = asyncio.Event(), []
+
+    async def view_and_leave() -> None:
+        async with LockWatch(mongolock_collection, max_await=3.0):
+            await asyncio.sleep(0.3)  # its stream's task sends a getMore, which waits up to 3 s
+            entered.set()
+        went_on.append(True)
+
+    task = asyncio.create_task(view_and_leave())
+    await entered.wait()
+    await asyncio.sleep(0.05)  # in the view's close, its getMore in flight for up to 3 s
+    assert not task.done()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=10)
+    assert task in done and task.cancelled() and not went_on
