@@ -83,6 +83,35 @@ def _record_newest_retryable(self, lsid, txn_number, identity, reply):
             newest[lsid] = txn_number
 TransactionRegistry.record_retryable = _record_newest_retryable
 """
+# SecantusDB checks every stage of an update or aggregation pipeline for parse-time problems
+# (secantus/aggregate.py, `expression_problem_in_pipeline`: an undefined variable, an operator's
+# arity, a literal timezone) on every request, walking every expression: a quarter of its CPU per
+# findAndModify of the library's pipelines (a sampling profile of a server answering acquire +
+# release). The check of a stage depends on the stage and the names bound (`let`) alone when no
+# `let` values are folded, and the pipeline's problem is its first stage's problem, so each stage's
+# answer is remembered by its text (at most 4,096, then forgotten at once): the same errors, for a
+# fraction of the work. A server answering acquire + release spent 22 ms of CPU per cycle without
+# this and 17 ms with it (a semaphore's: 27 and 17 ms), on a loaded machine.
+_STAGE_CHECKS_REMEMBERED = """
+import secantus.commands as _commands
+_check_pipeline = _commands.expression_problem_in_pipeline
+_stage_problems = {}
+def _check_pipeline_by_stage(pipeline, bound, fold_vars=None):
+    if fold_vars is not None or not isinstance(pipeline, list):
+        return _check_pipeline(pipeline, bound, fold_vars)
+    for stage in pipeline:
+        key = (repr(stage), bound)
+        found = _stage_problems.get(key, _stage_problems)
+        if found is _stage_problems:
+            found = _check_pipeline([stage], bound, None)
+            if len(_stage_problems) >= 4096:
+                _stage_problems.clear()
+            _stage_problems[key] = found
+        if found is not None:
+            return found
+    return None
+_commands.expression_problem_in_pipeline = _check_pipeline_by_stage
+"""
 # Reads the server's pid each time it starts; "closed" when close() cleaned up. At end of input
 # without "closed" (the starting process is gone), kills the last server (if it still runs in the
 # directory) and removes the directory.
@@ -361,7 +390,8 @@ class EmbeddedMongo:
     def _launch_code(self, *, tls: bool) -> str:
         """The Python program the server process runs: SecantusDB's command line, after the
         patches above."""
-        return (_BOUNDED_HANDSHAKE if tls else "") + _ONE_RETRYABLE_RECORD_PER_SESSION + _LAUNCH
+        patches = _ONE_RETRYABLE_RECORD_PER_SESSION + _STAGE_CHECKS_REMEMBERED
+        return (_BOUNDED_HANDSHAKE if tls else "") + patches + _LAUNCH
 
     def _tell_reaper(self, line: str) -> None:
         if self._reaper is not None and self._reaper.stdin is not None:

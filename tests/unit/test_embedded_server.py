@@ -16,10 +16,11 @@ import pytest
 from bson import Int64
 from bson.binary import UUID_SUBTYPE, Binary
 from pymongo import MongoClient
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
 from mongolock_async.testing import EmbeddedMongo, EmbeddedServerError
 from mongolock_async.testing import server as server_module
+from mongolock_async.testing.clients import TEST_DATABASE
 from tests.support.processes import ROOT
 from tests.support.run_settings import child_environment
 
@@ -308,3 +309,28 @@ def test_a_start_removes_directories_whose_server_and_reaper_are_gone() -> None:
         holder.wait()
         for directory in (in_use, just_made):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_pipelines_problem_is_found_in_any_stage_however_often_it_is_sent(mongolock_uri: str) -> None:
+    """The embedded server remembers each pipeline stage's parse-time check (EmbeddedMongo's patch):
+    a problem must still be reported wherever the stage stands and however often it is sent, and a
+    good stage must still be applied. MongoDB reports an undefined variable as 17276 when it parses
+    the pipeline, before reading a document: the bad pipelines match none, so only that check
+    can report it."""
+    good = {"$set": {"a": {"$add": ["$a", 1]}}}
+    bad = {"$set": {"b": {"$concat": ["x", "$$undefinedVariable"]}}}
+    with MongoClient(mongolock_uri) as client:
+        things = client[TEST_DATABASE][f"stages_{uuid.uuid4().hex[:8]}"]
+        try:
+            things.insert_one({"_id": 1, "a": 0})
+            for _ in range(3):
+                things.update_one({"_id": 1}, [good])
+                for pipeline in ([bad], [good, bad], [bad, good]):
+                    with pytest.raises(OperationFailure) as update:
+                        things.update_one({"_id": "absent"}, pipeline)
+                    with pytest.raises(OperationFailure) as find_and_modify:
+                        things.find_one_and_update({"_id": "absent"}, pipeline)
+                    assert update.value.code == find_and_modify.value.code == 17276, pipeline
+            assert things.find_one({"_id": 1}) == {"_id": 1, "a": 3}
+        finally:
+            things.drop()
