@@ -34,11 +34,14 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 ## and the package check). The job tests run processes under a shifted wall clock: Debian's
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
 ## browser; GitHub's runner image has one as chromium-browser). Both are installed here when missing
-## (see SUDO; without it those tests fail, saying what to install).
+## (see SUDO; without it those tests fail, saying what to install). The bytecode of the package,
+## tests and benchmarks is written first: where PYTHONDONTWRITEBYTECODE=1 (as on the development
+## machines), each of the suite's hundreds of Python processes would otherwise compile them again.
 test: $(STAMP)
 	$(call debian,faketime,the job tests that need it will fail)
 	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
-	$(PYTHON) -m pytest -n 4
+	$(PYTHON) -m compileall -q mongolock_async tests benchmarks
+	$(PYTHON) -m pytest -n 4 --dist loadgroup
 
 ## ruff, the layers' import contracts (pyproject.toml), and mypy --strict (the package and its examples, a user-style file, every example in the docs),
 ## and the real-MongoDB workflow and its compose files checked against their schemas.

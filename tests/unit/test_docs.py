@@ -179,7 +179,10 @@ def test_a_missing_extra_is_named_as_the_readme_installs_it(code: str, extra: st
     assert f"the {extra} extra (from a checkout: pip install '.[{extra}]')" in last, result.stderr
 
 
-def build_site(directory: Path) -> Path:
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site as ``make docs`` builds it, once for the tests that read it."""
+    directory = tmp_path_factory.mktemp("docs") / "site"
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(directory)],
         cwd=ROOT,
@@ -197,8 +200,9 @@ def page_text(html: str) -> str:
     return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
-def test_the_api_reference_shows_annotations_and_code_not_markup(tmp_path: Path) -> None:
-    reference = build_site(tmp_path / "site") / "reference"
+@pytest.mark.xdist_group("built-site")  # one worker, one build (make test: --dist loadgroup)
+def test_the_api_reference_shows_annotations_and_code_not_markup(built_site: Path) -> None:
+    reference = built_site / "reference"
     # The pages mkdocstrings wrote from docstrings (one per primitive, errors...), not the changelog.
     pages = [html for page in sorted(reference.glob("*/index.html")) if "doc-object" in (html := page.read_text())]
     assert len(pages) >= 10, len(pages)
@@ -216,8 +220,9 @@ def test_the_api_reference_shows_annotations_and_code_not_markup(tmp_path: Path)
         assert example in code, f"{example!r} is not shown as code"
 
 
-def test_the_design_diagrams_need_no_script_from_a_cdn(tmp_path: Path) -> None:
-    design = (build_site(tmp_path / "site") / "design" / "index.html").read_text()
+@pytest.mark.xdist_group("built-site")  # one worker, one build (make test: --dist loadgroup)
+def test_the_design_diagrams_need_no_script_from_a_cdn(built_site: Path) -> None:
+    design = (built_site / "design" / "index.html").read_text()
     # Material fetches mermaid.js from a CDN for an element of class "mermaid": none here.
     assert not re.search(r'class="[^"]*\bmermaid\b', design)
     text = page_text(design)
