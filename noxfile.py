@@ -28,6 +28,9 @@ nox.options.reuse_existing_virtualenvs = True
 def _install(session: nox.Session) -> None:
     session.env["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"  # the dashboard's tests drive Debian's chromium
     session.install("--quiet", "--disable-pip-version-check", "-e", ".[dev]")
+    # As make test: this Python's bytecode for the checkout, written once rather than compiled again
+    # in each process the tests start wherever PYTHONDONTWRITEBYTECODE=1.
+    session.run("python", "-m", "compileall", "-q", "mongolock_async", "tests")
 
 
 @nox.session(python=PYTHONS)
