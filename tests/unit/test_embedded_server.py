@@ -311,7 +311,9 @@ def test_a_start_removes_directories_whose_server_and_reaper_are_gone() -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def test_a_pipelines_problem_is_found_in_any_stage_however_often_it_is_sent(mongolock_uri: str) -> None:
+def test_a_pipelines_problem_is_found_in_any_stage_however_often_it_is_sent(
+    mongolock_admin_client: MongoClient[dict[str, object]],
+) -> None:
     """The embedded server remembers each pipeline stage's parse-time check (EmbeddedMongo's patch):
     a problem must still be reported wherever the stage stands and however often it is sent, and a
     good stage must still be applied. MongoDB reports an undefined variable as 17276 when it parses
@@ -319,18 +321,17 @@ def test_a_pipelines_problem_is_found_in_any_stage_however_often_it_is_sent(mong
     can report it."""
     good = {"$set": {"a": {"$add": ["$a", 1]}}}
     bad = {"$set": {"b": {"$concat": ["x", "$$undefinedVariable"]}}}
-    with MongoClient(mongolock_uri) as client:
-        things = client[TEST_DATABASE][f"stages_{uuid.uuid4().hex[:8]}"]
-        try:
-            things.insert_one({"_id": 1, "a": 0})
-            for _ in range(3):
-                things.update_one({"_id": 1}, [good])
-                for pipeline in ([bad], [good, bad], [bad, good]):
-                    with pytest.raises(OperationFailure) as update:
-                        things.update_one({"_id": "absent"}, pipeline)
-                    with pytest.raises(OperationFailure) as find_and_modify:
-                        things.find_one_and_update({"_id": "absent"}, pipeline)
-                    assert update.value.code == find_and_modify.value.code == 17276, pipeline
-            assert things.find_one({"_id": 1}) == {"_id": 1, "a": 3}
-        finally:
-            things.drop()
+    things = mongolock_admin_client[TEST_DATABASE][f"stages_{uuid.uuid4().hex[:8]}"]
+    try:
+        things.insert_one({"_id": 1, "a": 0})
+        for _ in range(3):
+            things.update_one({"_id": 1}, [good])
+            for pipeline in ([bad], [good, bad], [bad, good]):
+                with pytest.raises(OperationFailure) as update:
+                    things.update_one({"_id": "absent"}, pipeline)
+                with pytest.raises(OperationFailure) as find_and_modify:
+                    things.find_one_and_update({"_id": "absent"}, pipeline)
+                assert update.value.code == find_and_modify.value.code == 17276, pipeline
+        assert things.find_one({"_id": 1}) == {"_id": 1, "a": 3}
+    finally:
+        things.drop()
