@@ -206,7 +206,10 @@ async def periodic(uri: str, database_name: str, worker: str, every: float, peri
     the demo wrote into the hang marker never ends (until the demo kills its process)."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
     database = client[database_name]
-    locks = LockManager(database[LOCKS], ttl=1.0, heartbeat=True, label=worker)
+    # A TTL of 2 s: renewed every 0.67 s and believed until 1.8 s after a renewal's send, so a
+    # renewal may take about 1.1 s. With 1 s it had 0.6 s, which a loaded machine's stalls passed:
+    # a replica lost its lease mid-run and the demo failed.
+    locks = LockManager(database[LOCKS], ttl=2.0, heartbeat=True, label=worker)
 
     @locks.run_once(DIGEST, every=every)
     async def build_digest() -> None:
