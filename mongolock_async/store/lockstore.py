@@ -189,10 +189,10 @@ class LockStore:
             await self.check_server()
             if not operation_time:
                 doc = await sending.upsert(self._collection, command, self._codec_options)
-                return of_kind(LockState.from_document(doc), permits)
+                return of_kind(LockState.from_reply(doc), permits)
             async with streams.session(self.client) as session:
                 doc = await sending.upsert(self._collection, command, self._codec_options, session=session)
-                return of_kind(LockState.from_document(doc), permits), session.operation_time
+                return of_kind(LockState.from_reply(doc), permits), session.operation_time
 
         return await self.send(acquire(), bound=bound, on_cancelled=on_cancelled)
 
@@ -236,7 +236,7 @@ class LockStore:
             doc = await sending.find_and_modify(self._collection, command, self._codec_options)
             if doc is None:
                 return None
-            state = of_kind(LockState.from_document(doc), permits)
+            state = of_kind(LockState.from_reply(doc), permits)
             return None if state.holds(owner) else state  # still ours: it had expired, nothing was released
 
         return await self.send(release(), bound=bound)
