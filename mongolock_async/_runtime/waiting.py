@@ -427,7 +427,7 @@ async def hand_over(
     (monotonic: when the lease expires on the server anyway), which also bounds each request; past
     it the last error is raised. A cancellation waits for the request in flight and propagates.
     """
-    backoff = Backoff(_RETRY_BASE, _RETRY_CAP)
+    backoff = None  # made on the first failure: most releases have none
     # Any of the requests may be the one the server applied: what the lease is handed on with
     # counts from the first one's send time, the earliest it can have been applied.
     first_sent_at = time.monotonic()
@@ -437,6 +437,7 @@ async def hand_over(
                 store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at, permits=permits
             )
         except PyMongoError as error:
+            backoff = backoff or Backoff(_RETRY_BASE, _RETRY_CAP)
             delay = backoff.next_delay()
             if not is_transient(error) or time.monotonic() + delay >= until:
                 raise
