@@ -108,11 +108,12 @@ class _Cuts:
     """The cuts of one event loop's requests in flight, made by timers armed at the earliest of them.
 
     A timer per request cost each request a timer handle made, pushed on the loop's heap and
-    cancelled (some 15 % of the library's own client CPU of an acquire and release,
-    benchmarks/README.md). Here a request whose cut falls after a timer already armed arms none: a
-    timer that fires cuts every request due by then and arms the next one for the earliest cut
-    left. So a request is cut when its cut falls, as by a timer of its own. Timers are never
-    cancelled: one armed for a request that was answered fires for nothing, or for others.
+    cancelled: with the rest of the bound, about a tenth of the library's own client CPU of an
+    acquire and release, half of which sharing the timers saves (benchmarks/README.md). Here a
+    request whose cut falls after a timer already armed arms none: a timer that fires cuts every
+    request due by then and arms the next one for the earliest cut left. So a request is cut when
+    its cut falls, as by a timer of its own. Timers are never cancelled: one armed for a request
+    that was answered fires for nothing, or for others.
     """
 
     __slots__ = ("__weakref__", "_armed", "_due", "_loop")
