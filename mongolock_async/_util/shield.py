@@ -119,11 +119,15 @@ class _Cuts:
     __slots__ = ("__weakref__", "_armed", "_due", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)  # the loop's timers hold this; this must not hold the loop
+        self._loop = weakref.ref(loop)  # the loop's timers hold this: it must not hold the loop
         self._due: dict[asyncio.Task[Any], float] = {}
         """The requests in flight and when each is cut (the loop's clock)."""
         self._armed: list[float] = []
         """When the timers armed and not fired yet fire (a heap)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop()
 
     def add(self, task: asyncio.Task[Any], cut_at: float) -> None:
         self._due[task] = cut_at
@@ -157,21 +161,17 @@ class _Cuts:
                 self._arm(earliest)
 
 
-_cuts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Cuts] = weakref.WeakKeyDictionary()
-_last_cuts: tuple[weakref.ref[asyncio.AbstractEventLoop], _Cuts] | None = None
+_cuts: weakref.WeakValueDictionary[int, _Cuts] = weakref.WeakValueDictionary()
+"""Each loop's ``_Cuts``, by the loop's id. Held weakly: its timers (in the loop's heap) and the
+requests in flight hold it, and it holds their tasks, which hold the loop; held here, a loop closed
+with a request in flight would be kept for good."""
 
 
 def _cuts_of(loop: asyncio.AbstractEventLoop) -> _Cuts:
-    """``loop``'s ``_Cuts`` (the one used last is remembered: a weak dictionary's look-up makes a
-    weak reference each time)."""
-    global _last_cuts
-    last = _last_cuts
-    if last is not None and last[0]() is loop:
-        return last[1]
-    cuts = _cuts.get(loop)
-    if cuts is None:
-        cuts = _cuts[loop] = _Cuts(loop)
-    _last_cuts = (weakref.ref(loop), cuts)
+    """``loop``'s ``_Cuts`` (made again if the last one is gone: nothing was in flight)."""
+    cuts = _cuts.get(id(loop))
+    if cuts is None or cuts.loop is not loop:
+        cuts = _cuts[id(loop)] = _Cuts(loop)
     return cuts
 
 

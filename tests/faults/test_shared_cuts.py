@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -63,3 +65,33 @@ async def test_an_answered_request_is_not_cut_by_a_timer_another_one_armed() -> 
         answered = await run_shielded(asyncio.sleep(0.3, result="answer"), bound=5.0)
         assert answered == "answer"
         assert await hanging < 0.1 + SLACK
+
+
+CLOSED_WITH_A_REQUEST_IN_FLIGHT = """
+import asyncio, gc, weakref
+from mongolock_async._util.shield import run_shielded
+
+async def send_and_leave():
+    asyncio.get_running_loop().create_task(run_shielded(asyncio.sleep(3600), bound=3600.0))
+    await asyncio.sleep(0)  # the request's task has started
+
+loop = asyncio.new_event_loop()
+loop.run_until_complete(send_and_leave())
+loop.close()
+closed = weakref.ref(loop)
+del loop
+gc.collect()
+print("kept" if closed() is not None else "freed")
+"""
+
+
+def test_a_loop_closed_with_a_request_in_flight_is_not_kept_alive() -> None:
+    # The loop's requests in flight are kept with its timers, not in a module's map: a program that
+    # closes a loop with a request still in flight (it never runs again) must not keep that loop,
+    # its tasks and their frames alive for good. In a fresh interpreter: pytest's log capture
+    # keeps the "Task was destroyed but it is pending" record, and with it the loop.
+    result = subprocess.run(
+        [sys.executable, "-c", CLOSED_WITH_A_REQUEST_IN_FLIGHT], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "freed", "the closed loop is still referenced"
