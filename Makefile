@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/many_names.py
 	$(PYTHON) benchmarks/fencing.py
 	$(PYTHON) benchmarks/client_cost.py
+	$(PYTHON) benchmarks/own_cost.py
 	$(PYTHON) benchmarks/import_cost.py
 	$(PYTHON) benchmarks/semaphore.py
 	$(PYTHON) benchmarks/election.py

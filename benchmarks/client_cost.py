@@ -196,7 +196,7 @@ async def layers(
 
     steps = {
         "replay (database.command)": replay,
-        "+ a task and timer per request": shielded,
+        "+ a task per request, and its cut": shielded,
         "store methods (pipeline values, reply parsing)": store_methods,
         "store methods with their bound": sent,
         "the same, under the driver's deadline": sent_under_deadline,

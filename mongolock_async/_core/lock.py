@@ -10,7 +10,7 @@ import secrets
 import socket
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypedDict, Unpack
@@ -142,6 +142,10 @@ class AsyncMongoLock:
       Errors that retrying cannot fix (a certificate that does not verify, rejected credentials)
       are raised at once.
     """
+
+    # Slots, not a dictionary per handle: a process holding thousands of leases holds as many
+    # handles (benchmarks/client_cost.py, part 4). Subclasses with fields of their own have both.
+    __slots__ = ("__weakref__", "_acquiring", "_lease", "_lost", "_name", "_options", "_permits", "_store")
 
     _permits: Permits | None
     """What a permit of a semaphore or read-write lock is (see ``AsyncMongoSemaphore``); None for a lock."""
@@ -295,10 +299,10 @@ class AsyncMongoLock:
         )
         return await wait_for_lease(request, give_up_at)
 
-    async def _hand_over(self, owner: str, *, until: float) -> bool:
-        return await hand_over(
-            self._store, self._name, owner, fair=self._options.fair, until=until, permits=self._permits
-        )
+    def _hand_over(self, owner: str, *, until: float) -> Coroutine[Any, Any, bool]:
+        """Release ``owner``'s lease (see ``waiting.hand_over``): the coroutine itself, one level
+        fewer for every step of the request to pass through."""
+        return hand_over(self._store, self._name, owner, fair=self._options.fair, until=until, permits=self._permits)
 
     async def _try_request(
         self, owner: str, ttl_ms: int, *, on_cancelled: Callable[[LockState], Awaitable[None]]

@@ -84,10 +84,12 @@ class LeaseKeeper:
     def keep_place(self, queue: LocalQueue) -> None:
         """Keep ``queue``'s place on the server alive while it has waiters."""
         if queue not in self._places:
+            queue.kept = True
             due = self._places[queue] = time.monotonic() + _place_interval(queue)
             self._wake(due)
 
     def drop_place(self, queue: LocalQueue) -> None:
+        queue.kept = False
         self._places.pop(queue, None)
         self._stop_if_idle()
 

@@ -102,10 +102,23 @@ class LocalQueue:
     """The tasks of one event loop waiting for one lock name with one weight, and this process's
     place for them."""
 
-    def __init__(self, store: LockStore, name: str, key: QueueKey, token_prefix: str, *, followers: bool) -> None:
+    def __init__(
+        self,
+        store: LockStore,
+        name: str,
+        key: QueueKey,
+        token_prefix: str,
+        *,
+        followers: bool,
+        registry: dict[QueueKey, LocalQueue],
+    ) -> None:
         self.store = store
         self.name = name
         self.key = key
+        self.registry = registry
+        """The running loop's queues, this one among them while anyone waits in it (see ``join``)."""
+        self.kept = False
+        """Whether the heartbeat keeps this queue's place alive (see ``LeaseKeeper.keep_place``)."""
         self.token_prefix = token_prefix
         """Starts every owner token of this process's places, so hand-offs reach only its stream."""
         self.followers = followers
@@ -431,7 +444,7 @@ def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str, foll
     key = queue_key(store, name, waiter.weight)
     queue = queues.get(key)
     if queue is None:
-        queue = queues[key] = LocalQueue(store, name, key, token_prefix, followers=followers)
+        queue = queues[key] = LocalQueue(store, name, key, token_prefix, followers=followers, registry=queues)
     queue.on_joined(waiter)
     return queue
 
@@ -441,7 +454,6 @@ def leave(queue: LocalQueue, waiter: Waiter) -> bool:
     queue.on_left(waiter)
     if queue.waiters:
         return False
-    queues = _queues.get()
-    if queues.get(queue.key) is queue:
-        del queues[queue.key]
+    if queue.registry.get(queue.key) is queue:
+        del queue.registry[queue.key]
     return True

@@ -150,7 +150,8 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
         raise
     finally:
         if leave(queue, waiter):
-            keeper_for_running_loop().drop_place(queue)
+            if queue.kept:  # most acquires never wait: their queue never had a place to keep
+                keeper_for_running_loop().drop_place(queue)
             if queue.place is not PlaceState.ABSENT:
                 # Nobody here wants the places any more: withdraw them (a lease handed to one
                 # meanwhile is passed on) before giving up returns, so that no release can hand
@@ -257,7 +258,21 @@ async def _send_and_apply(
     place, sent_at, covered, with_session = attempt.place, attempt.sent_at, attempt.covered, attempt.with_session
     token = place.token
     try:
-        state, operation_time = await _send_attempt(request, place, with_session=with_session, bound=bound)
+        # Sent in a session where the change stream must start at the request's ``operationTime``.
+        store = request.store
+        arguments = (request.name, token, place.ttl_ms, place.holder)
+        follower, keep_expiry, fair, permits = place.follower, place.keep_expiry, request.fair, request.permits
+        if with_session:
+            state, operation_time = await store.try_acquire(
+                *arguments, enqueue=True, fair=fair, follower=follower, keep_expiry=keep_expiry, permits=permits,
+                operation_time=True, bound=bound,
+            )
+        else:
+            operation_time = None
+            state = await store.try_acquire(
+                *arguments, enqueue=True, fair=fair, follower=follower, keep_expiry=keep_expiry, permits=permits,
+                bound=bound,
+            )
     except PyMongoError as error:
         if not is_transient(error):
             raise
@@ -381,26 +396,6 @@ def _warn_retrying(name: str, error: Exception) -> None:
     _last_warning, _retries_unreported = now, 0
 
 
-async def _send_attempt(
-    request: AcquireRequest, place: PlaceRequest, *, with_session: bool, bound: float
-) -> tuple[LockState, Any]:
-    """One acquire request, and its ``operationTime`` when it is sent in a session (where the change
-    stream must start at it); None without."""
-    store = request.store
-    arguments = (request.name, place.token, place.ttl_ms, place.holder)
-    options: dict[str, Any] = {
-        "enqueue": True,
-        "fair": request.fair,
-        "follower": place.follower,
-        "keep_expiry": place.keep_expiry,
-    }
-    if with_session:
-        return await store.try_acquire(
-            *arguments, **options, permits=request.permits, operation_time=True, bound=bound
-        )
-    return await store.try_acquire(*arguments, **options, permits=request.permits, bound=bound), None
-
-
 def _sleep_without_news(
     watcher: ReleaseWatcher, request: AcquireRequest, backoff: Backoff, until_change: float | None = None
 ) -> float:
@@ -432,7 +427,7 @@ async def hand_over(
     (monotonic: when the lease expires on the server anyway), which also bounds each request; past
     it the last error is raised. A cancellation waits for the request in flight and propagates.
     """
-    backoff = Backoff(_RETRY_BASE, _RETRY_CAP)
+    backoff = None  # made on the first failure: most releases have none
     # Any of the requests may be the one the server applied: what the lease is handed on with
     # counts from the first one's send time, the earliest it can have been applied.
     first_sent_at = time.monotonic()
@@ -442,6 +437,7 @@ async def hand_over(
                 store, name, owner, fair=fair, until=until, first_sent_at=first_sent_at, permits=permits
             )
         except PyMongoError as error:
+            backoff = backoff or Backoff(_RETRY_BASE, _RETRY_CAP)
             delay = backoff.next_delay()
             if not is_transient(error) or time.monotonic() + delay >= until:
                 raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..errors import LockDataError
@@ -186,6 +187,24 @@ class LockState(NamedTuple):
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> LockState:
         """Parse a stored lock document; ``LockDataError`` if a field the lock relies on is corrupt."""
+        state = cls.from_reply(doc)
+        name = state.name
+        ttl_ms = doc.get("ttlMs")
+        return state._replace(
+            ttl_ms=ttl_ms if isinstance(ttl_ms, int) and not isinstance(ttl_ms, bool) else None,
+            holder=_mapping(doc.get("holder")),
+            acquired_at=_date_or_none(doc.get("acquiredAt"), name, "acquiredAt"),
+            renewed_at=_date_or_none(doc.get("renewedAt"), name, "renewedAt"),
+            released_at=_date_or_none(doc.get("releasedAt"), name, "releasedAt"),
+            handed_off_at=_date_or_none(doc.get("handedOffAt"), name, "handedOffAt"),
+            forced_release_at=_date_or_none(_mapping(doc.get("forcedRelease")).get("at"), name, "forcedRelease.at"),
+        )
+
+    @classmethod
+    def from_reply(cls, doc: Mapping[str, Any]) -> LockState:
+        """Parse the fields an acquire or a release reads back (``sending.DECIDING_FIELDS``), checked
+        as strictly as ``from_document`` checks them; the fields kept for operators are left unset
+        (the reply does not carry them). ``LockDataError`` if one of them is corrupt."""
         name = doc.get("_id")
         if not isinstance(name, str):
             raise LockDataError(name, "_id", f"holds {_type_name(name)}, expected a string lock name")
@@ -197,11 +216,12 @@ class LockState(NamedTuple):
         if owner is not None and not isinstance(owner, str):
             raise LockDataError(name, "owner", f"holds {_type_name(owner)}, expected a string or null")
         expires_at = _date_or_none(doc.get("expiresAt"), name, "expiresAt", strict=True)
-        if owner is not None and expires_at is None:
-            raise LockDataError(name, "expiresAt", "is missing although the lock has an owner")
+        if expires_at is None:
+            if owner is not None:
+                raise LockDataError(name, "expiresAt", "is missing although the lock has an owner")
         # The store's pipelines refuse the same on the server's clock; a year of slack makes the
         # local clock good enough to say why.
-        if expires_at is not None and expires_at > datetime.now(UTC) + EXPIRY_HORIZON:
+        elif expires_at > datetime.now(UTC) + EXPIRY_HORIZON:
             detail = f"is {expires_at:%Y-%m-%d}, more than a year ahead: never written here"
             raise LockDataError(name, "expiresAt", detail)
         fence = doc.get("fence")
@@ -214,7 +234,9 @@ class LockState(NamedTuple):
         queue = doc.get("queue")
         if queue is not None and not isinstance(queue, list):
             raise LockDataError(name, "queue", f"holds {_type_name(queue)}, expected an array")
-        ttl_ms = doc.get("ttlMs")
+        places = tuple(place for place in map(_place, queue) if place is not None) if queue else ()
+        if kind is None:  # a lock's document: most replies
+            return cls(name, owner, expires_at, fence, None, _NO_HOLDER, places)
         limit: int | None = None
         permits: tuple[Permit, ...] = ()
         if kind in PERMIT_KINDS:
@@ -222,21 +244,16 @@ class LockState(NamedTuple):
                 raise LockDataError(name, "owner", f"is set in a {kind}, which has holders instead")
             limit, permits = _limit(doc.get("limit"), name), _permits(doc.get("holders"), name)
         return cls(
-            name=name,
-            owner=owner,
-            expires_at=expires_at,
-            fencing_token=fence,
-            ttl_ms=ttl_ms if isinstance(ttl_ms, int) and not isinstance(ttl_ms, bool) else None,
-            holder=_mapping(doc.get("holder")),
-            queue=tuple(place for place in map(_place, queue or ()) if place is not None),
-            acquired_at=_date_or_none(doc.get("acquiredAt"), name, "acquiredAt"),
-            renewed_at=_date_or_none(doc.get("renewedAt"), name, "renewedAt"),
-            released_at=_date_or_none(doc.get("releasedAt"), name, "releasedAt"),
-            handed_off_at=_date_or_none(doc.get("handedOffAt"), name, "handedOffAt"),
-            forced_release_at=_date_or_none(_mapping(doc.get("forcedRelease")).get("at"), name, "forcedRelease.at"),
+            name,
+            owner,
+            expires_at,
+            fence,
+            None,
+            _NO_HOLDER,
+            places,
             limit=limit,
             permits=permits,
-            kind=kind or "lock",
+            kind=kind,
             job=_job(doc.get("job"), name) if kind == JOB_KIND else None,
         )
 
@@ -442,7 +459,14 @@ def _date_or_none(value: object, name: object, field_name: str, *, strict: bool 
 
 
 def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    tzinfo = value.tzinfo
+    if tzinfo is UTC:  # what the store decodes (tz_aware, in UTC)
+        return value
+    return value.replace(tzinfo=UTC) if tzinfo is None else value.astimezone(UTC)
+
+
+_NO_HOLDER: Mapping[str, Any] = MappingProxyType({})
+"""What a state parsed without the operators' fields (``LockState.from_reply``) holds as ``holder``."""
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

@@ -80,6 +80,8 @@ class LockStore:
         self.write_concern = write_concern
         self.answered_at = 0.0
         """Monotonic time at which a request of this store last got an answer (see ``send``)."""
+        self._driver_waits = sending.driver_waits(self.client.options)
+        self._server_checked = False
 
     @functools.cached_property
     def _majority_reads(self) -> Any:
@@ -100,7 +102,9 @@ class LockStore:
         answer sets ``answered_at``. Without ``bound``, ``request`` is awaited as it is."""
         if bound is None:
             return await request
-        result = await sending.send(self.client, request, bound=bound, on_cancelled=on_cancelled)
+        result = await sending.send(
+            self.client, request, bound=bound, waits=self._driver_waits, on_cancelled=on_cancelled
+        )
         self.answered_at = time.monotonic()
         return result
 
@@ -108,7 +112,9 @@ class LockStore:
 
     async def check_server(self) -> None:
         """Refuse a server older than MongoDB 5.0, once per client, with a clear error."""
-        await sending.check_server(self.client, self.full_name)
+        if not self._server_checked:  # most often: the acquires' requests skip a look-up per client
+            await sending.check_server(self.client, self.full_name)
+            self._server_checked = True
 
     @overload
     async def try_acquire(
@@ -186,13 +192,14 @@ class LockStore:
         )
 
         async def acquire() -> LockState | tuple[LockState, Any]:
-            await self.check_server()
+            if not self._server_checked:
+                await self.check_server()
             if not operation_time:
                 doc = await sending.upsert(self._collection, command, self._codec_options)
-                return of_kind(LockState.from_document(doc), permits)
+                return of_kind(LockState.from_reply(doc), permits)
             async with streams.session(self.client) as session:
                 doc = await sending.upsert(self._collection, command, self._codec_options, session=session)
-                return of_kind(LockState.from_document(doc), permits), session.operation_time
+                return of_kind(LockState.from_reply(doc), permits), session.operation_time
 
         return await self.send(acquire(), bound=bound, on_cancelled=on_cancelled)
 
@@ -236,7 +243,7 @@ class LockStore:
             doc = await sending.find_and_modify(self._collection, command, self._codec_options)
             if doc is None:
                 return None
-            state = of_kind(LockState.from_document(doc), permits)
+            state = of_kind(LockState.from_reply(doc), permits)
             return None if state.holds(owner) else state  # still ours: it had expired, nothing was released
 
         return await self.send(release(), bound=bound)

@@ -62,10 +62,11 @@ async def send(
     request: Coroutine[Any, Any, T],
     *,
     bound: float,
+    waits: DriverWaits,
     on_cancelled: Callable[[T], Awaitable[None]] | None = None,
 ) -> T:
-    """Run ``request`` (a request of ``client``) to completion within ``bound`` seconds, whatever
-    happens to the caller (see ``run_shielded``); past the bound it
+    """Run ``request`` (a request of ``client``, whose ``driver_waits`` are ``waits``) to completion
+    within ``bound`` seconds, whatever happens to the caller (see ``run_shielded``); past the bound it
     raises ``RequestTimeout``, or a ``ServerSelectionTimeoutError`` while no server is known."""
     warning = None
     known = _writable_server_known(client)
@@ -73,7 +74,6 @@ async def send(
         loop = asyncio.get_running_loop()
         warning = loop.call_later(NO_SERVER_WARNING_AFTER, _warn_no_server, client, bound)
     # The driver's own deadline where a cut can be lost and the driver would wait on past the bound.
-    waits = _waits_past_a_lost_cut.setdefault(client, lambda: _driver_waits(client.options))
     driver_deadline = bound + DRIVER_DEADLINE_AFTER_CUT < (waits.server_known if known else waits.no_server)
     try:
         return await run_shielded(request, bound=bound, on_cancelled=on_cancelled, driver_deadline=driver_deadline)
@@ -95,7 +95,7 @@ async def send(
             warning.cancel()
 
 
-class _DriverWaits(NamedTuple):
+class DriverWaits(NamedTuple):
     """The longest the driver itself waits where a cut can be lost, in seconds: for a server (while
     none is known), and for a pooled connection (while one is; 0 where that wait is a plain await,
     which loses nothing). A request bounded shorter gets the driver's deadline, which replaces these
@@ -105,11 +105,9 @@ class _DriverWaits(NamedTuple):
     server_known: float
 
 
-_waits_past_a_lost_cut: WeakIdentityMap[Any, _DriverWaits] = WeakIdentityMap()
-
-
-def _driver_waits(options: Any) -> _DriverWaits:
-    """The ``_DriverWaits`` of a client's ``options`` (a client's options never change).
+def driver_waits(options: Any) -> DriverWaits:
+    """The ``DriverWaits`` of a client's ``options`` (a client's options never change: a store
+    reckons them once).
 
     ``timeoutMS`` is the driver's deadline for every operation, its wait for a server included
     (``get_server_selection_timeout``, pymongo/topology_shared.py). Without it, a server is waited
@@ -117,11 +115,11 @@ def _driver_waits(options: Any) -> _DriverWaits:
     in a plain await (``_get_conn``, pymongo/asynchronous/pool.py: no deadline, no timeout).
     """
     if options.timeout:  # 0 means none, as in the driver
-        return _DriverWaits(options.timeout, options.timeout)
+        return DriverWaits(options.timeout, options.timeout)
     selection = options.server_selection_timeout
     queue = options.pool_options.wait_queue_timeout
     # The deadline replaces serverSelectionTimeoutMS too, should the server be lost meanwhile.
-    return _DriverWaits(selection, 0.0 if queue is None else min(queue, selection))
+    return DriverWaits(selection, 0.0 if queue is None else min(queue, selection))
 
 
 async def check_server(client: AsyncClient, full_name: str) -> None:
@@ -268,7 +266,7 @@ def _writable_server_known(client: AsyncClient) -> bool:
     """Whether the client's monitoring knows a server it can write to (cached per description: the
     driver replaces the immutable description object whenever something changes)."""
     description = client.topology_description
-    seen = _last_seen.setdefault(client, lambda: [None, False])
+    seen = _last_seen.get(client) or _last_seen.setdefault(client, lambda: [None, False])
     if seen[0] is not description:
         servers = description.server_descriptions().values()
         seen[:] = [description, any(server.server_type in _WRITABLE_OR_BALANCED for server in servers)]

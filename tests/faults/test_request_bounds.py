@@ -173,7 +173,7 @@ async def test_a_request_keeps_the_clients_shorter_timeout_ms_while_no_server_is
     try:
         started = time.monotonic()
         with pytest.raises(ServerSelectionTimeoutError):
-            await sending.send(client, ping(), bound=3.0)
+            await sending.send(client, ping(), bound=3.0, waits=sending.driver_waits(client.options))
         took = time.monotonic() - started
     finally:
         await close_client(client)

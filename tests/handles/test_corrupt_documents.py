@@ -5,7 +5,7 @@ queue places are ignored."""
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import bson
@@ -68,6 +68,32 @@ def test_a_date_beyond_pythons_range_is_reported_as_corrupt() -> None:
     # (The embedded server cannot hold such a document itself; MongoDB can.)
     with pytest.raises(LockDataError, match="expiresAt"):
         LockState.from_document({"_id": "edited", "owner": "someone", "expiresAt": DatetimeMS(2**62)})
+
+
+@pytest.mark.parametrize(("fields", "field"), CORRUPT, ids=[f"{field}-{i}" for i, (_, field) in enumerate(CORRUPT)])
+def test_a_reply_is_checked_as_strictly_as_a_stored_document(fields: dict[str, Any], field: str) -> None:
+    # Acquires and releases parse their reply with from_reply, which skips the operators' fields.
+    for parse in (LockState.from_document, LockState.from_reply):
+        with pytest.raises(LockDataError) as raised:
+            parse({"_id": "edited", **fields})
+        assert raised.value.field == field, parse
+
+
+def test_a_reply_reads_every_deciding_field_as_a_stored_document_does() -> None:
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    place = {"t": "p", "ttlMs": 5000, "exp": soon, "at": soon, "holder": {"host": "h"}}
+    permit = {"o": "a", "fence": 3, "exp": soon, "ttlMs": 5000, "at": soon}
+    documents = [
+        {"_id": "lock", "owner": "me", "expiresAt": soon, "fence": 7, "queue": [place, "junk"]},
+        {"_id": "free", "owner": None, "fence": 2, "queue": []},
+        {"_id": "sem", "kind": "semaphore", "limit": 2, "holders": [permit], "fence": 3, "queue": [place]},
+        {"_id": "job", "fence": 1, "kind": "job", "job": {"lastSuccess": soon}},
+    ]
+    for document in documents:
+        stored = LockState.from_document({**document, "holder": {"host": "h"}, "ttlMs": 5000, "acquiredAt": soon})
+        reply = LockState.from_reply(document)
+        assert stored.holder and stored.ttl_ms == 5000 and stored.acquired_at == soon
+        assert reply == stored._replace(holder={}, ttl_ms=None, acquired_at=None), document["_id"]
 
 
 async def test_malformed_queue_places_are_ignored(mongolock_collection: Any) -> None:
