@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from mongolock_async._util.shield import RequestTimeout, run_shielded
+from tests.support.run_settings import child_environment
 
 SLACK = 2.0
 """How late past its bound a cut may come on a loaded machine (seconds): far below the 30 s bound
@@ -91,7 +92,11 @@ def test_a_loop_closed_with_a_request_in_flight_is_not_kept_alive() -> None:
     # its tasks and their frames alive for good. In a fresh interpreter: pytest's log capture
     # keeps the "Task was destroyed but it is pending" record, and with it the loop.
     result = subprocess.run(
-        [sys.executable, "-c", CLOSED_WITH_A_REQUEST_IN_FLIGHT], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", CLOSED_WITH_A_REQUEST_IN_FLIGHT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_environment(),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "freed", "the closed loop is still referenced"
