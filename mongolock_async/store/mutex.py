@@ -56,14 +56,16 @@ _LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "strin
 
 
 def _follow_up(handee: str) -> dict[str, Any]:
-    """The place for the follower recorded in ``handee`` (a place expression), as a 0- or 1-element array."""
+    """The place for the follower recorded in ``handee`` (a place expression), as a 0- or 1-element
+    array: empty when the follower is done with (see ``_follower_joins``)."""
     ttl = f"{handee}.nttl"
-    well_formed = {
+    joins = {
         "$and": [
             {"$eq": [{"$type": f"{handee}.n"}, "string"]},
             {"$in": [{"$type": ttl}, ["int", "long"]]},
             {"$gte": [ttl, 1]},
             {"$lte": [ttl, MAX_TTL_MS]},
+            {"$not": [done_with(f"{handee}.n", _RELEASED_TOKENS)]},
         ]
     }
     # The follower's place counts as written when the handee's was (the hand-off's $$NOW can be older).
@@ -74,7 +76,7 @@ def _follow_up(handee: str) -> dict[str, Any]:
         "at": not_before(f"{handee}.at", NOW),
         "exp": server_plus(NOW, ttl),
     }
-    return {"$cond": [well_formed, [place], {"$literal": []}]}
+    return {"$cond": [joins, [place], {"$literal": []}]}
 
 
 # Releases of a lock a document remembers at most (see ``LockStore.release``): each is forgotten
@@ -135,7 +137,10 @@ def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[Stage
     taken_queue: Any = places_without("$_queue", me)
     if follower:
         follower_place = new_place("$_request.next", "$_request.nextTtl", "$_request.nextHolder")
-        taken_queue = {"$concatArrays": [places_without(taken_queue, "$_request.next"), [follower_place]]}
+        # A follower that is done with (withdrawn: its process stopped waiting while this request
+        # was on its way) does not join: it would be a place nobody keeps, handed the lock next.
+        joins = {"$cond": [done_with("$_request.next", _RELEASED_TOKENS), {"$literal": []}, [follower_place]]}
+        taken_queue = {"$concatArrays": [places_without(taken_queue, "$_request.next"), joins]}
     return (
         {"$set": {"_now": expressions.SERVER_NOW}},
         {"$set": {"_sane": _SANE, "_queue": unexpired_places()}},

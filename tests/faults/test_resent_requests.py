@@ -1,6 +1,7 @@
 """Copies of requests that arrive late, replayed on the store: a release sent again is recognised
 while its lease would have lasted (the document remembers a bounded number of releases), and an
-attempt applied after its waiter withdrew queues nothing and takes nothing."""
+attempt applied after its waiter withdrew queues nothing and takes nothing, nor does any request
+queue a follower that was withdrawn."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from pymongo.write_concern import WriteConcern
 
-from mongolock_async.store import LockStore, Permits
+from mongolock_async.store import LockStore, Permits, PlaceRequest
 from mongolock_async.store.mutex import LOCK_RELEASES_REMEMBERED
 
 
@@ -78,3 +79,40 @@ async def test_an_attempt_applied_after_its_withdrawal_queues_nothing_and_takes_
     state = await store.try_acquire("late", "gave-up", 30_000, {}, enqueue=True, permits=permits)
     assert not state.holds("gave-up") and state.place_of("gave-up") is None
     assert (await store.try_acquire("late", "someone-else", 30_000, {}, permits=permits)).holds("someone-else")
+
+
+async def test_a_late_claim_naming_a_withdrawn_follower_does_not_queue_it(mongolock_collection: Any) -> None:
+    # The trace of docs/model.md (issue 40, 5): a waiter's claim, naming the next waiter's place as
+    # its follower, is held on its way; meanwhile that claim's work is done again by the next first
+    # waiter of the process, which then withdraws the follower (nobody waits behind it any more).
+    # The held claim lands: it must not queue the withdrawn follower, or the holder's release hands
+    # the lock to a place nobody keeps, held by nobody for a TTL.
+    store = LockStore(mongolock_collection, WriteConcern(w="majority"))
+    follower = PlaceRequest("follower", 30_000, {})
+    assert (await store.try_acquire("gap", "holder", 30_000, {})).holds("holder")
+    assert (await store.try_acquire("gap", "place", 30_000, {}, enqueue=True)).place_of("place") is not None
+    handed = await store.release("gap", "holder")
+    assert handed is not None and handed.holds("place")
+    state = await store.try_acquire("gap", "place", 30_000, {}, enqueue=True, follower=follower)
+    assert state.holds("place") and state.place_of("follower") is not None, "a claim queues its follower"
+    await store.leave("gap", ["follower"], fair=False)
+    state = await store.try_acquire("gap", "place", 30_000, {}, enqueue=True, follower=follower)  # the late copy
+    assert state.holds("place") and state.place_of("follower") is None, "the withdrawn follower was queued again"
+    released = await store.release("gap", "place")
+    assert released is not None and released.owner is None, "the release handed the lock to the withdrawn follower"
+
+
+async def test_a_hand_off_to_a_place_recording_a_withdrawn_follower_does_not_queue_it(
+    mongolock_collection: Any
+) -> None:
+    # A place records the follower its hand-off queues. If that follower was withdrawn meanwhile,
+    # the hand-off gives the lease to the place and queues nobody behind it.
+    store = LockStore(mongolock_collection, WriteConcern(w="majority"))
+    follower = PlaceRequest("follower", 30_000, {})
+    assert (await store.try_acquire("recorded", "holder", 30_000, {})).holds("holder")
+    state = await store.try_acquire("recorded", "place", 30_000, {}, enqueue=True, follower=follower)
+    assert state.place_of("place") is not None and state.place_of("follower") is None
+    await store.leave("recorded", ["follower"], fair=False)
+    handed = await store.release("recorded", "holder")
+    assert handed is not None and handed.holds("place")
+    assert handed.place_of("follower") is None, "the hand-off queued the withdrawn follower"
