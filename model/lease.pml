@@ -64,6 +64,7 @@ hidden byte TASKS[NP];  /* tasks per process that acquire (at most NT) */
 #define TO_TRY 0
 #define TO_NONE 255
 hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as it is */
+hidden byte MUT2;       /* a second mutation in force with it (a control whose trace needs two old rules), or 0 */
 
 /* the controls: each a mutation the checker must refute */
 #define MUT_NO_WITHDRAWAL 1     /* a waiter that gives up withdraws nothing */
@@ -83,7 +84,8 @@ hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as i
 #define MUT_OVERSLEEP 15        /* a placed waiter sleeps past the horizon (until its timeout) instead of looking again at the lease's expiry: only news wakes it */
 #define MUT_REFRESH_FAILED_GONE 16 /* a place refresh that failed in transit is taken as gone (before issue 40) */
 #define MUT_ATTEMPT_PER_WAITER 17 /* a first waiter's attempt is bounded by its own timeout, waiters behind it or not (before issue 40) */
-#define MUTATED(m) (MUT == (m))
+#define MUT_FOLLOWER_REQUEUED 18 /* a follower that is done with still joins the queue (before issue 40's store fix) */
+#define MUTATED(m) (MUT == (m) || MUT2 == (m))
 
 #define T 3             /* a TTL */
 #define M 1             /* the safety margin */
@@ -427,7 +429,8 @@ inline event_all(kind)
 /* ACTION acquire: LockStore.try_acquire (mutex.acquire_pipeline), an upserting findAndModify.
  * WRITES owner expiresAt fence ttlMs holder acquiredAt renewedAt queue
  * Takes the lock if it is free or expired (fair: and no live place is ahead), claims a lease handed
- * to the token, else (enqueue) stores or refreshes the token's place; a withdrawn token does neither. */
+ * to the token, else (enqueue) stores or refreshes the token's place; a withdrawn token does neither,
+ * and a follower that is done with does not join the queue. */
 inline srv_acquire(r)
 {
 	x_ = rq_tok[r]; y_ = rq_a[r];
@@ -452,8 +455,13 @@ inline srv_acquire(r)
 		:: else
 		fi;
 		tq_without(x_);
+		/* the follower joins, unless it is done with (a late request naming a withdrawn follower) */
 		if
-		:: y_ != 0 -> tq_without(y_); tq_append(y_, srv, 0)
+		:: y_ != 0 -> tq_without(y_); done_with(y_);
+			if
+			:: !dw_ || MUTATED(MUT_FOLLOWER_REQUEUED) -> tq_append(y_, srv, 0)
+			:: else
+			fi
 		:: else
 		fi;
 		tq_store()
@@ -506,10 +514,14 @@ inline hand_on(remote)
 		:: remote -> event((h_t - 1) / TPP, E_HANDED, h_t, d_fence)   /* handedOffTo */
 		:: else
 		fi;
-		/* the handee leaves the queue; its follower joins it last */
+		/* the handee leaves the queue; its follower joins it last, unless it is done with */
 		tq_without(h_t);
 		if
-		:: h_n != 0 -> tq_without(h_n); u_ = (h_at > srv -> h_at : srv); tq_append(h_n, u_, 0)
+		:: h_n != 0 -> tq_without(h_n); done_with(h_n);
+			if
+			:: !dw_ || MUTATED(MUT_FOLLOWER_REQUEUED) -> u_ = (h_at > srv -> h_at : srv); tq_append(h_n, u_, 0)
+			:: else
+			fi
 		:: else
 		fi
 	:: else ->
@@ -1797,7 +1809,7 @@ proctype World()
 init {
 	c_code {
 		H = model_setting("H", 6); ACQS = model_setting("ACQS", 1); START_BY = model_setting("START_BY", 255); FAIR = model_setting("FAIR", 0);
-		HB = model_setting("HB", 0); STREAK = model_setting("STREAK", 8); MUT = model_setting("MUT", 0);
+		HB = model_setting("HB", 0); STREAK = model_setting("STREAK", 8); MUT = model_setting("MUT", 0); MUT2 = model_setting("MUT2", 0);
 		{ int i; for (i = 0; i < NW; i++) TTO[i] = model_list("TIMEOUTS", i, 1);
 		  for (i = 0; i < NP; i++) TASKS[i] = model_list("TASKS", i, NT); }
 		now.f_hold = model_setting("F_HOLD", 0); now.f_lost = model_setting("F_LOST", 0);
