@@ -28,6 +28,7 @@ from mongolock_async.operations import inspect_lock
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard_blocking
 from tests.support.commands import CommandCounter
 from tests.support.event_streams import next_message
+from tests.support.loop import settle
 from tests.support.run_settings import SHARDED, child_environment
 
 if TYPE_CHECKING:
@@ -595,8 +596,7 @@ async def test_a_page_stream_cancelled_as_a_message_arrives_ends(pymongo_collect
         assert (await anext(events)).startswith(b"retry:")
         assert b'"snapshot"' in await asyncio.wait_for(anext(events), 30)
         following = asyncio.ensure_future(anext(events))
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await settle()
         assert not following.done()
         (queue,) = dashboard._feed._pages
         queue.put_nowait(b"data: {}\n\n")

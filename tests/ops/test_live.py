@@ -20,6 +20,7 @@ from mongolock_async.store.documents import LockState
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.support.commands import CommandCounter
+from tests.support.loop import settle
 
 WRITES = {"insert", "update", "delete", "findAndModify", "create", "createIndexes", "drop"}
 
@@ -225,12 +226,6 @@ def test_bad_arguments_are_refused_before_any_io(pymongo_collection: Any) -> Non
         from pymongo import MongoClient
 
         LockWatch(MongoClient(connect=False).db.locks)
-
-
-async def settle() -> None:
-    """Let every task that can run do so (a few loop iterations, no time passing)."""
-    for _ in range(10):
-        await asyncio.sleep(0)
 
 
 @pytest.mark.one_driver  # asyncio's behaviour, not the driver's
