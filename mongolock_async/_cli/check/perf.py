@@ -307,7 +307,7 @@ STOP_BOUND = 2 * HAND_OFF_BOUND
 STALL_BOUND = 1.0
 """Seconds without a hot-lock turn taken after which a ``ping`` asks whether the server is
 still there (it is, however slow: one request; it is not: the driver's error, after the
-client's server selection timeout)."""
+client's server selection timeout; it does not answer: ``TimeoutError`` after ``STOP_BOUND``)."""
 
 
 async def _watched(
@@ -325,8 +325,18 @@ async def _watched(
         if not running:
             return
         if turns() == taken and loop.time() < ends_at:
-            await probe.ping()
+            await _ping(probe)
         taken = turns()
+
+
+async def _ping(probe: DeploymentProbe) -> None:
+    """A ``ping``, for at most ``STOP_BOUND`` seconds: a server that is there but stopped answering
+    (paused, not gone) would hold it up for ever (the client has no socket timeout by default)."""
+    try:
+        async with asyncio.timeout(STOP_BOUND):
+            await probe.ping()
+    except TimeoutError as error:
+        raise TimeoutError(f"MongoDB did not answer a ping within {STOP_BOUND:g} s, no lock taken meanwhile") from error
 
 
 async def _cancelled(workers: list[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
