@@ -27,6 +27,7 @@ from mongolock_async._cli.check.verdicts import (
     PASS,
     SKIP,
     WARN,
+    Check,
     ClockReading,
     as_payload,
     clock_reading,
@@ -454,6 +455,87 @@ def test_a_server_lost_during_perf_reports_both_errors_and_the_scratch_prefix(tm
     prefix = re.search(r"the scratch documents (mongolock-check-[0-9a-f]+:)\* could not be removed", err)
     assert prefix is not None, err
     assert f'deleteMany({{_id: /^{prefix.group(1)}/}})' in err, "the command that removes them by hand"
+
+
+async def test_a_server_lost_in_a_hot_lock_window_ends_it_and_the_clean_up_is_tried_once_under_a_short_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pymongo import _csot
+
+    from mongolock_async._cli.check import perf as _perf
+    from mongolock_async._cli.commandline import UserError
+
+    windows: list[tuple[float, BaseException | None]] = []  # when each hot-lock window ended, and its error
+    hot_lock_rate = _perf.hot_lock_rate
+
+    async def recorded_window(*args: Any) -> float:
+        try:
+            rate = await hot_lock_rate(*args)
+        except Exception as error:
+            windows.append((time.monotonic(), error))
+            raise
+        windows.append((time.monotonic(), None))
+        return rate
+
+    deadlines: list[float | None] = []  # the driver's deadline of each clean-up tried
+    remove_scratch = _check_run._remove_scratch
+
+    async def recorded_clean_up(probe: DeploymentProbe, scratch: Scratch) -> None:
+        deadlines.append(_csot.get_timeout())
+        await remove_scratch(probe, scratch)
+
+    monkeypatch.setattr(_perf, "hot_lock_rate", recorded_window)
+    monkeypatch.setattr(_check_run, "_remove_scratch", recorded_clean_up)
+    with EmbeddedMongo() as server:
+        arguments = [*PERF, "--perf-seconds", "5", "--db", TEST_DATABASE, "--collection", "lost"]
+        options = options_from(cli.build_parser().parse_args(["check", "--uri", server.uri, *arguments]))
+        checking = asyncio.create_task(run_checks(options, Scratch()))
+        try:
+            async with AsyncMongoClient(server.uri) as client:
+                give_up_at = time.monotonic() + 60
+                # Stopped in the hot-lock windows: scratch documents written, tasks at work.
+                hot = {"_id": re.compile("^mongolock-check-[0-9a-f]+:hot-")}
+                while not await client[TEST_DATABASE]["lost"].find_one(hot):
+                    assert not checking.done() and time.monotonic() < give_up_at
+                    await asyncio.sleep(0.02)
+            await asyncio.to_thread(server.stop)
+            stopped_at = time.monotonic()
+            with pytest.raises(UserError) as raised:
+                await checking
+            took = time.monotonic() - stopped_at
+        finally:
+            checking.cancel()
+    assert raised.value.exit_code == 3 and str(raised.value).startswith("cannot reach MongoDB at "), raised.value
+    # The window under way ended with the driver's error (a release retries until its lease
+    # expires: its tasks did not say so for 20 s, and the window then reported a rate).
+    assert windows and all(error is not None for ended_at, error in windows if ended_at > stopped_at), windows
+    # The clean-up was tried once, under the driver's short deadline (it waited for a server again).
+    assert deadlines == [_check_run.LOST_SERVER_BOUND], deadlines
+    # Generous: 8 to 12 s at load averages up to 19 (43 to 64 s before, when each request waited
+    # out the client's 5 s server selection timeout).
+    assert took < 40, took
+
+
+async def test_an_acquire_timed_out_for_want_of_a_server_ends_the_check_with_the_drivers_error() -> None:
+    from pymongo.errors import ServerSelectionTimeoutError
+
+    from mongolock_async.errors import LockTimeoutError
+
+    driver_error = ServerSelectionTimeoutError("127.0.0.1:1: connection refused")
+
+    async def unreachable() -> None:
+        raise LockTimeoutError("hot", 10.0, unreachable="connection refused") from driver_error
+
+    async def held() -> None:
+        raise LockTimeoutError("hot", 10.0)
+
+    checks: list[Check] = []
+    with pytest.raises(ServerSelectionTimeoutError) as raised:
+        await _check_run._guarded(checks, "perf", "measurements", unreachable())
+    assert raised.value is driver_error and not checks
+    # A lock held too long is a measurement that failed, as before.
+    await _check_run._guarded(checks, "perf", "measurements", held())
+    assert [check.verdict for check in checks] == [FAIL], checks
 
 
 async def test_a_clean_up_that_fails_after_the_checks_is_a_failure_naming_what_to_remove(

@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,8 +126,24 @@ async def sustained_load(
             await probe.raw_acquire_release(f"{prefix}load-raw-{task}", holder, ttl_ms)
             raw.append(time.perf_counter() - started)
 
-    await asyncio.gather(*(load(task) for task in range(tasks)))
+    await _together([load(task) for task in range(tasks)])
     return library, raw
+
+
+async def _together(work: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` as tasks at once until all are done; the first failure cancels the others
+    (a lost server: they would each ride out their own server selection timeout) and is raised
+    once they have ended, as ``hot_lock_rate``'s tasks end."""
+    tasks = [asyncio.create_task(each) for each in work]
+    if not tasks:
+        return
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        _raise_if_failed(tasks)
+    finally:
+        running = await _cancelled(tasks)
+    if running:
+        raise _still_running(running, tasks)
 
 
 async def uncontended_cycles(probe: DeploymentProbe, prefix: str, ttl: float, cycles: int) -> tuple[Check, float]:
@@ -241,20 +257,27 @@ async def hot_lock_rate(probe: DeploymentProbe, name: str, ttl: float, tasks: in
     (empty critical sections), counted over ``seconds`` after a warm-up.
 
     When the window closes the tasks stop by themselves, each after its current turn (an acquire
-    is bounded by ``HAND_OFF_BOUND``); one still running ``STOP_BOUND`` seconds later is cancelled,
-    and one that outlives its cancellation by as long is reported (RuntimeError), not waited for."""
+    is bounded by ``HAND_OFF_BOUND``); those still running ``STOP_BOUND`` seconds later are
+    cancelled, and one that outlives its cancellation by as long is reported (RuntimeError), not
+    waited for. A lost server ends the window at once, with the driver's error: a task's first
+    failure is raised, and whenever ``STALL_BOUND`` seconds pass without a turn taken a ``ping``
+    asks whether the server is still there (a release retries until its lease expires, a TTL
+    later: waiting for the tasks to say so is waiting that long). The others are cancelled then."""
     counting = stopping = False
-    count = 0
+    count = turns = 0
 
     async def take_turns(lock: AsyncMongoLock) -> None:
-        nonlocal count
+        nonlocal count, turns
         while not stopping:
             try:
                 async with lock:
                     if counting:
                         count += 1
-            except LockTimeoutError:
+            except LockTimeoutError as error:
+                if error.unreachable is not None:
+                    raise  # not a long queue: MongoDB could not be reached
                 continue  # a long queue under a slow server: take the next turn, or stop
+            turns += 1
 
     workers = [
         asyncio.create_task(
@@ -263,47 +286,79 @@ async def hot_lock_rate(probe: DeploymentProbe, name: str, ttl: float, tasks: in
         for _ in range(tasks)
     ]
     try:
-        await asyncio.sleep(min(0.5, seconds / 4))
-        _raise_if_failed(workers)
+        await _watched(probe, workers, min(0.5, seconds / 4), lambda: turns)
         counting = True
         started = time.perf_counter()
-        await asyncio.sleep(seconds)
+        await _watched(probe, workers, seconds, lambda: turns)
         counting = False
         elapsed = time.perf_counter() - started
-        _raise_if_failed(workers)
+        stopping = True
+        await _watched(probe, workers, STOP_BOUND, lambda: turns)
     finally:
         stopping = True
-        await _stop(workers)
+        running = await _cancelled(workers)
+    if running:
+        raise _still_running(running, workers)
     return count / elapsed
 
 
 STOP_BOUND = 2 * HAND_OFF_BOUND
 """Seconds the hot-lock tasks get to stop after their window, and again after a cancellation."""
+STALL_BOUND = 1.0
+"""Seconds without a hot-lock turn taken after which a ``ping`` asks whether the server is
+still there (it is, however slow: one request; it is not: the driver's error, after the
+client's server selection timeout; it does not answer: ``TimeoutError`` after ``STOP_BOUND``)."""
 
 
-async def _stop(workers: list[asyncio.Task[None]]) -> None:
+async def _watched(
+    probe: DeploymentProbe, workers: list[asyncio.Task[None]], seconds: float, turns: Callable[[], int]
+) -> None:
+    """Wait ``seconds``, or until every worker has ended; raise a worker's failure as soon as
+    there is one, and the driver's error if a ``ping`` sent after ``STALL_BOUND`` seconds without
+    a turn taken finds the server unreachable."""
+    loop = asyncio.get_running_loop()
+    ends_at = loop.time() + seconds
+    taken = turns()
+    while (left := ends_at - loop.time()) > 0:
+        _, running = await asyncio.wait(workers, timeout=min(left, STALL_BOUND), return_when=asyncio.FIRST_EXCEPTION)
+        _raise_if_failed(workers)
+        if not running:
+            return
+        if turns() == taken and loop.time() < ends_at:
+            await _ping(probe)
+        taken = turns()
+
+
+async def _ping(probe: DeploymentProbe) -> None:
+    """A ``ping``, for at most ``STOP_BOUND`` seconds: a server that is there but stopped answering
+    (paused, not gone) would hold it up for ever (the client has no socket timeout by default)."""
     try:
-        await _stopped(workers)
-    finally:
-        # Read: the first failure is raised by the window's check, the others tell the same story
-        # (a server gone); unread, asyncio would print each with its traceback when it is collected.
-        for worker in workers:
-            if worker.done() and not worker.cancelled():
-                worker.exception()
+        async with asyncio.timeout(STOP_BOUND):
+            await probe.ping()
+    except TimeoutError as error:
+        raise TimeoutError(f"MongoDB did not answer a ping within {STOP_BOUND:g} s, no lock taken meanwhile") from error
 
 
-async def _stopped(workers: list[asyncio.Task[None]]) -> None:
-    _, running = await asyncio.wait(workers, timeout=STOP_BOUND)
-    if not running:
-        return
+async def _cancelled(workers: list[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+    """Cancel the workers still running and wait up to ``STOP_BOUND`` for them to end (a request
+    in flight finishes first, within its bound); those still running then. The failures are read:
+    the first one is raised by the caller, the others tell the same story (a server gone); unread,
+    asyncio would print each with its traceback when it is collected."""
+    running = {worker for worker in workers if not worker.done()}
     for worker in running:
         worker.cancel()
-    _, running = await asyncio.wait(running, timeout=STOP_BOUND)
     if running:
-        raise RuntimeError(
-            f"{len(running)} of {len(workers)} hot-lock tasks were still running {STOP_BOUND:g} s after they were "
-            "cancelled"
-        )
+        _, running = await asyncio.wait(running, timeout=STOP_BOUND)
+    for worker in workers:
+        if worker.done() and not worker.cancelled():
+            worker.exception()
+    return running
+
+
+def _still_running(running: set[asyncio.Task[None]], workers: list[asyncio.Task[None]]) -> RuntimeError:
+    return RuntimeError(
+        f"{len(running)} of {len(workers)} tasks were still running {STOP_BOUND:g} s after they were cancelled"
+    )
 
 
 def _raise_if_failed(workers: list[asyncio.Task[None]]) -> None:
@@ -334,7 +389,7 @@ async def renewal_times(
         if seeded % 100 == 0:
             step(f"perf: heartbeat renewal, {seeded} of {leases} leases taken")
 
-    await asyncio.gather(*(take(name, owner) for name, owner in owned))
+    await _together([take(name, owner) for name, owner in owned])
     chunks = [owned[start : start + RENEWAL_CHUNK] for start in range(0, leases, RENEWAL_CHUNK)]
 
     async def library() -> None:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from typing import Any
 
+import pymongo
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.uri_parser import parse_uri
 from pymongo.errors import ConfigurationError, ConnectionFailure, OperationFailure, PyMongoError
@@ -38,7 +39,7 @@ from ..._util.collection_types import AsyncClient
 from ..._util.diagnosis import cause_of
 from ..._util.shield import RequestTimeout
 from ..._version import __version__
-from ...errors import ServerUnreachableError
+from ...errors import LockTimeoutError, ServerUnreachableError
 from ...store import LockStore, replication
 from ...store.probe import DeploymentProbe, is_refusal, new_scratch_prefix
 from ..commandline import (
@@ -98,6 +99,11 @@ _REQUIRES_API_VERSION = 498870  # "The apiVersion parameter is required" (requir
 _API_STRICT_ERROR = 323
 _NOT_FOR_ONE_HOST = ("replicaset", "directconnection", "loadbalanced", "srvservicename", "srvmaxhosts")
 _CLEAN_UP_BOUND = 20.0
+LOST_SERVER_BOUND = 2.0
+"""Seconds the clean-up (tried once) and the closing of the clients get together once MongoDB
+was found unreachable: the driver's deadline (``pymongo.timeout``) for all their requests. The
+server was waited for a whole server selection timeout already; waiting as long again for each
+request would only delay the report."""
 _NOT_SUPPORTED = (59, 26, 115)  # CommandNotFound, NamespaceNotFound, CommandNotSupported
 EXIT_CHECK_FAILED = 2
 """``mongolock check``'s exit code when a check failed (or the check could not go on)."""
@@ -247,6 +253,7 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
     client = connect(options.uri)
     clients = [client]
     probe: DeploymentProbe | None = None
+    unreachable = False
     try:
         try:
             progress.step("connecting")
@@ -291,20 +298,18 @@ async def run_checks(options: CheckOptions, scratch: Scratch, progress: Progress
             # the server (--perf's) says so with the driver's error as its cause.
             driver_error = error if isinstance(error, PyMongoError) else error.__cause__
             if not isinstance(driver_error, PyMongoError):
+                unreachable = True
                 raise UserError(f"cannot reach MongoDB: {error}", EXIT_UNREACHABLE) from None
             explained = await explain(driver_error, options.uri, client)
+            unreachable = explained.exit_code == EXIT_UNREACHABLE
             if explained.exit_code == EXIT_FAILED:
                 explained.exit_code = EXIT_CHECK_FAILED
             raise explained from None
     finally:
         progress.step("removing the scratch documents")
         try:
-            if probe is not None and scratch.written:
-                await _clean_up(probe, scratch)
+            await _clean_up_and_close(probe if scratch.written else None, scratch, clients, server_lost=unreachable)
         finally:
-            for each in clients:
-                with contextlib.suppress(Exception):
-                    await each.close()
             progress.clear()
     header = {
         "uri": redact_uri(options.uri),
@@ -380,6 +385,10 @@ async def _guarded(checks: list[Check], section: str, name: str, work: Awaitable
     except (ConnectionFailure, ConfigurationError):
         raise
     except (PyMongoError, RequestTimeout, TimeoutError, RuntimeError) as error:
+        if isinstance(error, LockTimeoutError) and isinstance(error.__cause__, PyMongoError) and error.unreachable:
+            # Not a slow lock: MongoDB could not be reached (--perf's locks), which ends the check
+            # with the driver's error, as any other request of it that could not reach the server.
+            raise error.__cause__ from None
         message = str((getattr(error, "details", None) or {}).get("errmsg") or error) or type(error).__name__
         checks.append(
             Check(
@@ -954,12 +963,32 @@ async def _direct_client(uri: str, host: str, facts: _Facts) -> Any:
 # -- clean-up --------------------------------------------------------------------------------------
 
 
-async def _clean_up(probe: DeploymentProbe, scratch: Scratch) -> None:
-    """Remove the scratch documents; if that fails (the server went away), record why in
-    ``scratch`` rather than raise: an error here must not replace the one that ended the check,
-    and the report names the prefix to remove by hand."""
+async def _clean_up_and_close(
+    probe: DeploymentProbe | None, scratch: Scratch, clients: list[Any], *, server_lost: bool
+) -> None:
+    """Remove the scratch documents (with ``probe``; None: nothing was written), then close the
+    clients. Once MongoDB was found unreachable (``server_lost``), both together get
+    ``LOST_SERVER_BOUND`` seconds: the clean-up is tried once, and its failure reported as any
+    other; closing (which ends the clients' sessions on the server, waiting for a server as any
+    request does, and ignores that request's failure) gets what is left of it, or the bound if
+    the clean-up itself found the server gone."""
+    with pymongo.timeout(LOST_SERVER_BOUND) if server_lost else contextlib.nullcontext():
+        try:
+            if probe is not None:
+                await _clean_up(probe, scratch, bound=None if server_lost else _CLEAN_UP_BOUND)
+        finally:
+            with pymongo.timeout(LOST_SERVER_BOUND) if scratch.clean_up_unreachable else contextlib.nullcontext():
+                await asyncio.gather(*(each.close() for each in clients), return_exceptions=True)
+
+
+async def _clean_up(probe: DeploymentProbe, scratch: Scratch, *, bound: float | None) -> None:
+    """Remove the scratch documents, within ``bound`` seconds (None: the caller's driver deadline
+    bounds it); if that fails (the server went away), record why in ``scratch`` rather than
+    raise: an error here must not replace the one that ended the check, and the report names the
+    prefix to remove by hand."""
     try:
-        await _remove_scratch(probe, scratch)
+        async with asyncio.timeout(bound):
+            await _remove_scratch(probe, scratch)
     except (PyMongoError, TimeoutError) as error:
         scratch.clean_up_error = f"{type(error).__name__}: {cause_of(error)}"
         scratch.clean_up_unreachable = isinstance(error, ConnectionFailure | TimeoutError)
@@ -1000,13 +1029,12 @@ async def _remove_scratch(probe: DeploymentProbe, scratch: Scratch) -> None:
     """Remove the scratch documents, and look again: a request of the library still on its way
     (a waiter's withdrawal) could write one after the removal, never create one (only acquires
     upsert, and they are all done)."""
-    async with asyncio.timeout(_CLEAN_UP_BOUND):
-        for attempt in range(3):
-            scratch.removed += await probe.remove_scratch(scratch.prefix)
-            await asyncio.sleep(0.2 * attempt)
-            scratch.left = await probe.scratch_count(scratch.prefix)
-            if not scratch.left:
-                return
+    for attempt in range(3):
+        scratch.removed += await probe.remove_scratch(scratch.prefix)
+        await asyncio.sleep(0.2 * attempt)
+        scratch.left = await probe.scratch_count(scratch.prefix)
+        if not scratch.left:
+            return
 
 
 # -- the command -----------------------------------------------------------------------------------
