@@ -271,7 +271,7 @@ class AsyncMongoLock:
                         notify(self._options.hooks, "acquired", self._name, fencing_token=token, waited=waited)
                     return True
                 # The answer came too late to leave any time under the lease: pass it on, go on waiting.
-                await self._hand_over(grant.owner, until=deadline_in(self._options.ttl))
+                await self._pass_on(grant.owner)
                 if not blocking:
                     return False
         finally:
@@ -303,6 +303,18 @@ class AsyncMongoLock:
         """Release ``owner``'s lease (see ``waiting.hand_over``): the coroutine itself, one level
         fewer for every step of the request to pass through."""
         return hand_over(self._store, self._name, owner, fair=self._options.fair, until=until, permits=self._permits)
+
+    async def _pass_on(self, owner: str) -> None:
+        """Release ``owner``'s lease, granted too late to hold (its local deadline had passed).
+        Nobody holds it: if MongoDB does not answer in time (a server slower than the TTL), what is
+        left of it expires on its own, and the acquire goes on (as ``release`` of a lost lease does
+        not raise). Errors retrying cannot fix propagate."""
+        try:
+            await self._hand_over(owner, until=deadline_in(self._options.ttl))
+        except PyMongoError as error:
+            if not is_transient(error):
+                raise
+            logger.debug("could not pass on %r, granted too late to hold (%s)", self._name, cause_of(error))
 
     async def _try_request(
         self, owner: str, ttl_ms: int, *, on_cancelled: Callable[[LockState], Awaitable[None]]
