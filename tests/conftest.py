@@ -176,12 +176,9 @@ _SHARDED_FIXTURES = {"mongolock_collection", "counted_collection", "fault_server
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``long`` first (the others in their order): pytest-xdist hands out the first
-    tests round robin, so each long one starts early on a worker of its own, and the run does not
-    end with three workers idle behind one soak. With MONGOLOCK_TEST_WITHOUT_MONGOS=1
-    (.ci/rehearse.py runs the sharded job against a stand-in mongos, an embedded server, which
-    cannot shard), leave out the tests that need a sharded collection."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the rest keep their order
+    """With MONGOLOCK_TEST_WITHOUT_MONGOS=1 (.ci/rehearse.py runs the sharded job against a stand-in
+    mongos, an embedded server, which cannot shard), leave out the tests that need a sharded
+    collection."""
     if not (SHARDED and os.environ.get("MONGOLOCK_TEST_WITHOUT_MONGOS") == "1"):
         return
     kept, left_out = [], []

@@ -217,7 +217,6 @@ async def test_unreachable_timeout_is_checked_before_any_io(
     assert command_counter.names == []
 
 
-@pytest.mark.long
 async def test_a_wait_for_an_unreachable_server_is_never_silent(
     mongolock_driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture
 ) -> None:

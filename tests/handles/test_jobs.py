@@ -102,7 +102,6 @@ def test_the_detector_counts_runs_per_period() -> None:
     assert one_run_per_called_period(runs[2:], [(9, "running")]) == {}
 
 
-@pytest.mark.long
 async def test_four_processes_run_a_periodic_job_once_per_period(mongolock_uri: str, pymongo_collection: Any) -> None:
     # 4 processes fire the same job (every 1 s) at jittered moments of each period for 22 s.
     lock_collection = pymongo_collection
@@ -128,7 +127,6 @@ async def test_the_control_without_periods_runs_several_times_per_period(
 FAKETIME_MISSING = "this test runs processes under faketime (Debian's faketime package; `make test` installs it)"
 
 
-@pytest.mark.long
 async def test_client_clocks_that_disagree_do_not_matter(mongolock_uri: str, pymongo_collection: Any) -> None:
     # Three processes whose wall clocks read 40.3 s ahead, 35.6 s behind, and right.
     lock_collection = pymongo_collection
@@ -455,7 +453,6 @@ async def test_a_server_clock_stepped_back_leaves_a_periods_attempts_counted(tmp
             await client.close()
 
 
-@pytest.mark.long
 async def test_a_server_clock_stepped_back_across_a_boundary_runs_no_period_twice(tmp_path: Path) -> None:
     # A failover to a member whose clock is behind: the server's clock goes back across the hour
     # it has just entered. The hour it left is done (its run was before, and the next hour's run

@@ -429,7 +429,6 @@ def test_an_interrupted_check_removes_what_it_wrote(mongolock_uri: str, sent: si
     assert "Traceback" not in err and left == 0
 
 
-@pytest.mark.long
 def test_a_server_lost_during_perf_reports_both_errors_and_the_scratch_prefix(tmp_path: Path) -> None:
     with EmbeddedMongo() as server:
         arguments = [*PERF, "--perf-seconds", "5", "--db", TEST_DATABASE, "--collection", "lost"]
@@ -458,7 +457,6 @@ def test_a_server_lost_during_perf_reports_both_errors_and_the_scratch_prefix(tm
     assert f'deleteMany({{_id: /^{prefix.group(1)}/}})' in err, "the command that removes them by hand"
 
 
-@pytest.mark.long
 async def test_a_server_lost_in_a_hot_lock_window_ends_it_and_the_clean_up_is_tried_once_under_a_short_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -70,7 +70,6 @@ def held_locks(mongolock_uri: str) -> Iterator[tuple[str, str, dict[str, int]]]:
     yield database, collection, tokens
 
 
-@pytest.mark.long
 def test_demo_on_the_embedded_server_passes_its_checks() -> None:
     result = mongolock(
         "demo", "--workers", "2", "--tasks", "3", "--items", "2", "--stock", "8",
