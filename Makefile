@@ -90,6 +90,7 @@ bench: $(STAMP)
 	$(PYTHON) benchmarks/dead_places.py
 	$(PYTHON) benchmarks/view_cost.py
 	$(PYTHON) benchmarks/view_scale.py
+	$(PYTHON) benchmarks/idle_cleanup.py
 	$(PYTHON) benchmarks/plots.py
 
 ## The lease protocol's model (model/lease.pml) and a job's periods' (model/jobs.pml) checked by
