@@ -57,7 +57,7 @@ _LIVE: dict[str, Any] = {"$and": ["$_sane", {"$eq": [{"$type": "$owner"}, "strin
 
 def _follow_up(handee: str) -> dict[str, Any]:
     """The place for the follower recorded in ``handee`` (a place expression), as a 0- or 1-element
-    array: empty when the follower is done with (see ``_follower_joins``)."""
+    array: empty when the follower is done with (withdrawn, or its lease released: see ``done_with``)."""
     ttl = f"{handee}.nttl"
     joins = {
         "$and": [
