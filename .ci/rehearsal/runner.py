@@ -46,12 +46,18 @@ def ensure_runner() -> None:
 
 def as_on_the_runner_image() -> list[str]:
     """Make the system packages the jobs use look as on GitHub's ubuntu-24.04 image, and say what
-    changed: it has no faketime (a job that needs it installs it, with sudo), and it has a
-    chromium."""
+    changed: it has no faketime and no libfaketime (a job that needs them installs faketime, with
+    sudo, and gets both), and it has a chromium."""
     changes = []
-    if shutil.which("faketime") is not None:
-        subprocess.run(["apt-get", "remove", "-y", "-q", "faketime"], check=True, stdout=subprocess.DEVNULL)
-        changes.append("faketime removed (the runner image has none; make test installs it)")
+    installed = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${db:Status-Status} ", "faketime", "libfaketime"],
+        capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    if "installed" in installed:
+        subprocess.run(
+            ["apt-get", "remove", "-y", "-q", "faketime", "libfaketime"], check=True, stdout=subprocess.DEVNULL
+        )
+        changes.append("faketime and libfaketime removed (the runner image has neither; make test installs them)")
     if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
         _apt_install("chromium")
         changes.append("chromium installed (the runner image has one)")

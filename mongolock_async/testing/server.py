@@ -114,7 +114,9 @@ _commands.expression_problem_in_pipeline = _check_pipeline_by_stage
 """
 # Reads the server's pid each time it starts; "closed" when close() cleaned up. At end of input
 # without "closed" (the starting process is gone), kills the last server (if it still runs in the
-# directory) and removes the directory.
+# directory), removes its libfaketime objects once no live process has its pid (gone, or a zombie
+# not yet reaped: the server may have died with its owner; see _remove_libfaketime_objects), and
+# removes the directory.
 _REAPER = """
 last=''
 while read -r line; do
@@ -123,8 +125,23 @@ while read -r line; do
 done
 if [ -n "$last" ] && [ "$(readlink "/proc/$last/cwd" 2>/dev/null)" = "$1" ]; then kill -9 "$last" 2>/dev/null; fi
 sleep 0.5
+state=$( [ -n "$last" ] && sed 's/.*) //' "/proc/$last/stat" 2>/dev/null | cut -c1)
+if [ -n "$last" ] && { [ -z "$state" ] || [ "$state" = Z ]; }; then
+  rm -f "/dev/shm/sem.faketime_sem_$last" "/dev/shm/faketime_shm_$last"
+fi
 rm -rf "$1"
 """
+
+
+def _remove_libfaketime_objects(pid: int) -> None:
+    """Remove the POSIX semaphore and shared memory that libfaketime, when ``environment`` preloads
+    it, creates for the server and names after its pid. libfaketime removes them only at a normal
+    exit (``ft_cleanup``, src/libfaketime.c), and the server is stopped by a signal. Left in
+    /dev/shm, they make a later ``faketime`` command that gets the same pid fail with ``sem_open:
+    File exists``. Called while the pid is still the server's (before the process is reaped)."""
+    for name in (f"sem.faketime_sem_{pid}", f"faketime_shm_{pid}"):
+        with contextlib.suppress(OSError):
+            os.unlink(Path("/dev/shm") / name)
 
 
 class EmbeddedServerError(RuntimeError):
@@ -231,6 +248,7 @@ class EmbeddedMongo:
         if self._paused:
             self.resume()
         if process.poll() is None:
+            _remove_libfaketime_objects(process.pid)
             process.terminate()
             try:
                 process.wait(timeout=10)
@@ -244,6 +262,7 @@ class EmbeddedMongo:
         process = self._process
         if process is None:
             return
+        _remove_libfaketime_objects(process.pid)
         process.kill()
         process.wait()
         self._process = None

@@ -8,7 +8,6 @@ import asyncio
 import itertools
 import json
 import logging
-import shutil
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from mongolock_async.jobs import DerivedJobNameWarning, Period, current_run, run
 from mongolock_async.store import LockStore
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.support.commands import CommandCounter
+from tests.support.libfaketime import preloaded
 from tests.support.processes import WORKERS
 from tests.support.run_settings import child_environment
 from tests.support.server_clock import SteppedServerClock
@@ -48,19 +48,23 @@ Run = tuple[int, float, float, int]  # period (its start, ms since the epoch), s
 
 
 def run_job_workers(
-    uri: str, collection: Any, commands: list[tuple[list[str], list[str]]], skipped: list[tuple[int, str]] | None = None
+    uri: str,
+    collection: Any,
+    commands: list[tuple[dict[str, str], list[str]]],
+    skipped: list[tuple[int, str]] | None = None,
 ) -> list[Run]:
-    """Run the job workers ``(prefix, arguments)`` at once (``prefix``: a command to run the worker
-    under, such as faketime); every run they completed (and in ``skipped``, the calls that did not run)."""
+    """Run the job workers ``(variables, arguments)`` at once (``variables``: set in the worker's
+    environment, libfaketime's say); every run they completed (and in ``skipped``, the calls that
+    did not run)."""
     processes = [
         subprocess.Popen(
-            [*prefix, sys.executable, str(WORKER), uri, TEST_DATABASE, collection.name, *arguments],
+            [sys.executable, str(WORKER), uri, TEST_DATABASE, collection.name, *arguments],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=child_environment(FAKETIME_DONT_FAKE_MONOTONIC="1"),
+            env=child_environment(**variables),
         )
-        for prefix, arguments in commands
+        for variables, arguments in commands
     ]
     runs: list[Run] = []
     for process in processes:
@@ -105,7 +109,7 @@ def test_the_detector_counts_runs_per_period() -> None:
 async def test_four_processes_run_a_periodic_job_once_per_period(mongolock_uri: str, pymongo_collection: Any) -> None:
     # 4 processes fire the same job (every 1 s) at jittered moments of each period for 22 s.
     lock_collection = pymongo_collection
-    commands = [([], ["fire", "periodic", "1", "22"]) for _ in range(4)]
+    commands = [({}, ["fire", "periodic", "1", "22"]) for _ in range(4)]
     skipped: list[tuple[int, str]] = []
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands, skipped)
     assert not one_run_per_called_period(runs, skipped), one_run_per_called_period(runs, skipped)
@@ -119,22 +123,18 @@ async def test_the_control_without_periods_runs_several_times_per_period(
 ) -> None:
     lock_collection = pymongo_collection
     # The same firing with a plain run_once (one run at a time, but nothing per period).
-    commands = [([], ["control", "control", "1", "6"]) for _ in range(4)]
+    commands = [({}, ["control", "control", "1", "6"]) for _ in range(4)]
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands)
     assert max(runs_per_period(runs).values()) > 1, "the detector would miss a second run in a period"
-
-
-FAKETIME_MISSING = "this test runs processes under faketime (Debian's faketime package; `make test` installs it)"
 
 
 async def test_client_clocks_that_disagree_do_not_matter(mongolock_uri: str, pymongo_collection: Any) -> None:
     # Three processes whose wall clocks read 40.3 s ahead, 35.6 s behind, and right.
     lock_collection = pymongo_collection
-    assert shutil.which("faketime"), FAKETIME_MISSING
     commands = [
-        (["faketime", "-f", "+40.3s"], ["fire", "skewed", "1", "12"]),
-        (["faketime", "-f", "-35.6s"], ["fire", "skewed", "1", "12"]),
-        ([], ["fire", "skewed", "1", "12"]),
+        (preloaded(FAKETIME="+40.3s"), ["fire", "skewed", "1", "12"]),
+        (preloaded(FAKETIME="-35.6s"), ["fire", "skewed", "1", "12"]),
+        ({}, ["fire", "skewed", "1", "12"]),
     ]
     skipped: list[tuple[int, str]] = []
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands, skipped)
@@ -143,13 +143,13 @@ async def test_client_clocks_that_disagree_do_not_matter(mongolock_uri: str, pym
     assert len({pid for *_, pid in runs}) > 1, "the skewed processes ran the job too"
 
 
-@pytest.mark.environment  # faketime is what the environment provides (make test installs it)
-def test_faketime_shifts_a_processs_wall_clock() -> None:
+@pytest.mark.environment  # libfaketime is what the environment provides (make test installs it)
+def test_libfaketime_shifts_a_processs_wall_clock() -> None:
     # What the test above relies on: the worker's time.time() is off by the given amount.
-    assert shutil.which("faketime"), FAKETIME_MISSING
     script = "import time; print(time.time())"
-    command = ["faketime", "-f", "+40s", sys.executable, "-c", script]
-    shifted = subprocess.run(command, capture_output=True, text=True, check=True, env=child_environment())
+    command = [sys.executable, "-c", script]
+    environment = child_environment(**preloaded(FAKETIME="+40s"))
+    shifted = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
     assert 39 < float(shifted.stdout) - time.time() < 45
 
 
@@ -271,7 +271,7 @@ async def test_min_interval_keeps_fixed_delay_runs_of_three_processes_apart(
     mongolock_uri: str, pymongo_collection: Any
 ) -> None:
     lock_collection = pymongo_collection
-    commands = [([], ["delay", "spaced", "1.0", "6"]) for _ in range(3)]
+    commands = [({}, ["delay", "spaced", "1.0", "6"]) for _ in range(3)]
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands)
     runs.sort(key=lambda run: run[1])
     gaps = [later[1] - earlier[2] for earlier, later in itertools.pairwise(runs)]
@@ -283,7 +283,7 @@ async def test_min_interval_keeps_fixed_delay_runs_of_three_processes_apart(
 
 async def test_the_control_without_min_interval_runs_closer(mongolock_uri: str, pymongo_collection: Any) -> None:
     lock_collection = pymongo_collection
-    commands = [([], ["delay", "unspaced", "0", "3"]) for _ in range(3)]
+    commands = [({}, ["delay", "unspaced", "0", "3"]) for _ in range(3)]
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands)
     runs.sort(key=lambda run: run[1])
     gaps = [later[1] - earlier[2] for earlier, later in itertools.pairwise(runs)]

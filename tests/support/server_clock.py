@@ -8,7 +8,6 @@ failover to a member whose clock is behind, or a mongos behind another.
 from __future__ import annotations
 
 import asyncio
-import glob
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,13 +16,8 @@ from types import TracebackType
 from pymongo import AsyncMongoClient
 
 from mongolock_async.testing import EmbeddedMongo
+from tests.support.libfaketime import preloaded
 
-LIBFAKETIME = next(
-    (path for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
-     for path in sorted(glob.glob(pattern))),
-    None,
-)  # fmt: skip
-LIBFAKETIME_MISSING = "this test sets the server's clock with libfaketime (Debian's faketime; `make test` installs it)"
 _SETTLED = timedelta(seconds=0.25)
 """How close the server's clock must come to the time set for it."""
 
@@ -33,15 +27,9 @@ class SteppedServerClock:
     libfaketime (its clock right at first), ``clock.uri``, and ``await clock.set(moment)``."""
 
     def __init__(self, directory: Path) -> None:
-        assert LIBFAKETIME is not None, LIBFAKETIME_MISSING
         self._offset_file = directory / "faketime-offset"
         self._offset_file.write_text("+0s\n")
-        environment = {
-            "LD_PRELOAD": LIBFAKETIME,
-            "FAKETIME_TIMESTAMP_FILE": str(self._offset_file),
-            "FAKETIME_CACHE_DURATION": "1",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        }
+        environment = preloaded(FAKETIME_TIMESTAMP_FILE=str(self._offset_file), FAKETIME_CACHE_DURATION="1")
         self.server = EmbeddedMongo(environment=environment)
         self.client: AsyncMongoClient[dict[str, object]] | None = None
 
