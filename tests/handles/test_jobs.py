@@ -146,10 +146,9 @@ async def test_client_clocks_that_disagree_do_not_matter(mongolock_uri: str, pym
 @pytest.mark.environment  # libfaketime is what the environment provides (make test installs it)
 def test_libfaketime_shifts_a_processs_wall_clock() -> None:
     # What the test above relies on: the worker's time.time() is off by the given amount.
-    script = "import time; print(time.time())"
-    command = [sys.executable, "-c", script]
-    environment = child_environment(**preloaded(FAKETIME="+40s"))
-    shifted = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
+    command = [sys.executable, "-c", "import time; print(time.time())"]
+    environment = preloaded(FAKETIME="+40s")
+    shifted = subprocess.run(command, capture_output=True, text=True, check=True, env=child_environment(**environment))
     assert 39 < float(shifted.stdout) - time.time() < 45
 
 
