@@ -125,9 +125,9 @@ while read -r line; do
 done
 if [ -n "$last" ] && [ "$(readlink "/proc/$last/cwd" 2>/dev/null)" = "$1" ]; then kill -9 "$last" 2>/dev/null; fi
 sleep 0.5
-state=$( [ -n "$last" ] && sed 's/.*) //' "/proc/$last/stat" 2>/dev/null | cut -c1)
-if [ -n "$last" ] && { [ -z "$state" ] || [ "$state" = Z ]; }; then
-  rm -f "/dev/shm/sem.faketime_sem_$last" "/dev/shm/faketime_shm_$last"
+if [ -n "$last" ]; then
+  state=$(sed 's/.*) //' "/proc/$last/stat" 2>/dev/null | cut -c1)
+  if [ -z "$state" ] || [ "$state" = Z ]; then rm -f "/dev/shm/sem.faketime_sem_$last" "/dev/shm/faketime_shm_$last"; fi
 fi
 rm -rf "$1"
 """
