@@ -174,7 +174,8 @@ class EmbeddedMongo:
     - ``oplog_entries``: the oplog's cap (default ``OPLOG_ENTRIES``); each change stream's opening
       costs the server about 30 us an entry kept.
     - ``environment``: variables set for the server process, over this process's environment
-      (libfaketime's ``LD_PRELOAD`` and ``FAKETIME_TIMESTAMP_FILE``, say, to set the server's clock).
+      (libfaketime's ``LD_PRELOAD`` and ``FAKETIME_TIMESTAMP_FILE``, say, to set the server's clock;
+      the semaphore and shared memory libfaketime makes for the server go with it).
     """
 
     def __init__(
