@@ -18,6 +18,8 @@ figures are missing is skipped.
   per acquisition and the events each of them is sent (``many_names.py``).
 - ``view_scale.svg``: the dashboard and ``mongolock list`` at 1,000 to 100,000 locks (bytes a page
   is sent, times, memory) against the raw driver reading the same documents (``view_scale.py``).
+- ``idle_cleanup.svg``: a collection's size over time while released names are written and the
+  idle-cleanup index sweeps them, beside the names written so far (``idle_cleanup.py``).
 
 No plotting library: a few SVG elements written as text, the same figures giving the same file.
 """
@@ -405,6 +407,29 @@ def many_names(figures: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
+def idle_cleanup(figures: dict[str, Any]) -> str:
+    panels = []
+    for size, run in sorted(figures["runs"].items(), key=lambda item: int(item[0])):
+        curve = run["curve"]
+        end = _nice_top(max(point[0] for point in curve))
+        top = _nice_top(max(point[1] for point in curve) * 1.05)
+        panels.append(Panel(
+            f"{int(size):,} idle names, seeded in {run['seeded_in']:g} s",
+            Axis("seconds since the seeding started", 0.0, end, ticks=_linear_ticks(end)),
+            Axis("documents", 0.0, top, ticks=_linear_ticks(top), tick_text=_compact),
+            [Series("lock names written so far", [(p[0], float(p[1])) for p in curve], COLOURS[4], "6 3"),
+             Series("documents in the collection", [(p[0], float(p[2])) for p in curve], COLOURS[0])],
+        ))  # fmt: skip
+    return chart(
+        "Released names swept by the idle-cleanup index as they are written",
+        ["benchmarks/idle_cleanup.py: the collection's size read every 5 s; names idle for 2 h, an index of 1 h",
+         "the embedded server's TTL monitor wakes every 60 s as MongoDB's; its sweeps' speed says nothing of MongoDB's",
+         _machine(figures)],
+        panels,
+        panel_width=360,
+    )  # fmt: skip
+
+
 DRAWN: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "throughput.svg": ("bench.json", throughput),
     "handoff.svg": ("bench.json", handoff),
@@ -412,6 +437,7 @@ DRAWN: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "renewal_client.svg": ("renewal_client.json", renewal_client),
     "view_scale.svg": ("view_scale.json", view_scale),
     "many_names.svg": ("many_names.json", many_names),
+    "idle_cleanup.svg": ("idle_cleanup.json", idle_cleanup),
 }
 
 
