@@ -78,16 +78,9 @@ async def seed(collection: Any, idle: int, written: list[int]) -> None:
     written[0] += len(batch)
 
 
-async def sample(collection: Any, written: list[int], started: float, curve: list[list[float]]) -> None:
-    """Every ``_EVERY`` s until cancelled: [seconds since ``started``, names written, documents]."""
-    while True:
-        documents = await collection.count_documents({})
-        curve.append([round(time.monotonic() - started, 1), written[0], documents])
-        await asyncio.sleep(_EVERY)
-
-
 async def measure(size: int, give_up: float) -> dict[str, Any]:
-    """Seed ``size`` idle names and wait for them to go; the run's figures (see ``sample``)."""
+    """Seed ``size`` idle names and wait for them to go; the run's figures: the size read every
+    ``_EVERY`` s from the seeding's start (``curve``)."""
     with EmbeddedMongo() as server:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(server.uri)
         try:
@@ -95,25 +88,36 @@ async def measure(size: int, give_up: float) -> dict[str, Any]:
             await ensure_idle_cleanup_index(collection, 3600)
             started = time.monotonic()
             written = [0]
-            curve: list[list[float]] = []
-            sampler = asyncio.create_task(sample(collection, written, started, curve))
+            curve: list[list[float]] = []  # [seconds since the seeding's start, names written, documents]
+
+            async def reading() -> int:
+                documents: int = await collection.count_documents({})
+                curve.append([round(time.monotonic() - started, 1), written[0], documents])
+                return documents
+
+            async def sample() -> None:
+                while True:
+                    await reading()
+                    await asyncio.sleep(_EVERY)
+
+            sampler = asyncio.create_task(sample())
             try:
                 await seed(collection, size, written)
-                seeded_in = time.monotonic() - started
-                total = await collection.count_documents({})
-                # The monitor sweeps while a long seeding goes on: the collection then holds fewer.
-                print(f"{size:>9,} idle names: seeded in {seeded_in:6.1f} s, {total:,} documents then", flush=True)
-                while (left := await collection.count_documents({})) > 2 * KEPT:
-                    if time.monotonic() - started - seeded_in > give_up:
-                        print(f"  gave up after {give_up:g} s: {left:,} documents left")
-                        return {"seeded_in": round(seeded_in, 1), "gave_up_after": give_up, "curve": curve}
-                    await asyncio.sleep(_EVERY)
             finally:
                 sampler.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
+            seeded_in = time.monotonic() - started
+            left = await reading()
+            # The monitor sweeps while a long seeding goes on: the collection then holds fewer.
+            print(f"{size:>9,} idle names: seeded in {seeded_in:6.1f} s, {left:,} documents then", flush=True)
+            while left > 2 * KEPT:
+                if time.monotonic() - started - seeded_in > give_up:
+                    print(f"  gave up after {give_up:g} s: {left:,} documents left")
+                    return {"seeded_in": round(seeded_in, 1), "gave_up_after": give_up, "curve": curve}
+                await asyncio.sleep(_EVERY)
+                left = await reading()
             swept_in = time.monotonic() - started - seeded_in
-            curve.append([round(time.monotonic() - started, 1), written[0], left])
             recent = await collection.count_documents({"_id": {"$regex": "^recent:"}})
             held = await collection.count_documents({"_id": {"$regex": "^held:"}})
             peak = max(documents for _, _, documents in curve)
