@@ -2,8 +2,10 @@
 
 1. Uncontended acquire + release against a raw replay of the very two commands it sends (recorded
    by command monitoring, then sent with ``database.command`` through the same client, each cycle
-   with an owner token of its own, as the library's cycles have), interleaved cycle by cycle:
-   client CPU (``time.process_time``) and wall time per cycle, and their ratios.
+   with an owner token of its own, as the library's cycles have), and against the same two
+   requests sent as ``find_one_and_update`` through the driver's collection helpers (what a program
+   without the library would call), interleaved cycle by cycle: client CPU (``time.process_time``)
+   and wall time per cycle, and their ratios.
 2. Where the extra goes: Python calls and event-loop iterations per cycle, library against
    replay, a cProfile of the library's own modules (``--profile N`` cycles), and client CPU per
    cycle adding one layer of the library at a time (needs the library's internals: skipped for a
@@ -41,7 +43,8 @@ from typing import Any
 import pymongo
 from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from bson import SON
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import AsyncMongoClient, ReturnDocument, monitoring
+from pymongo.write_concern import WriteConcern
 
 from mongolock_async import AsyncMongoLock
 
@@ -117,34 +120,54 @@ async def uncontended(uri: str, rounds: int, profile: int) -> float:
         commands = [SON(command) for command in recorder.commands]
         for command in commands:  # the replay takes a lock of its own name
             command["query"] = SON((("_id", "replayed"), *((k, v) for k, v in command["query"].items() if k != "_id")))
-        # The warm-up below, part 1's cycles, part 2's profile, and its layers (the replay and the
-        # replay in tasks) each send the replay.
-        replays = Replays(commands, cycles=1 + rounds + profile + 2 * rounds)
+        # The warm-ups below, part 1's cycles (the replay and the helpers), part 2's profile, and its
+        # layers (the replay and the replay in tasks) each take a cycle's commands.
+        replays = Replays(commands, cycles=2 + 2 * rounds + profile + 2 * rounds)
+        helper_collections = {
+            id(command): collection.database.get_collection(
+                command["findAndModify"], write_concern=WriteConcern(**command["writeConcern"])
+            )
+            for command in commands
+        }
 
         async def replay() -> None:
             for command in replays.next():
                 await database.command(command)
 
+        async def helpers() -> None:
+            for recorded, command in zip(commands, replays.next(), strict=True):
+                await helper_collections[id(recorded)].find_one_and_update(
+                    command["query"],
+                    command["update"],
+                    projection=command["fields"],
+                    upsert=command["upsert"],
+                    return_document=ReturnDocument.AFTER if command["new"] else ReturnDocument.BEFORE,
+                )
+
         await replay()
-        cpu: dict[str, list[float]] = {"library": [], "replay": []}
-        wall: dict[str, list[float]] = {"library": [], "replay": []}
+        await helpers()
+        cpu: dict[str, list[float]] = {"library": [], "replay": [], "helpers": []}
+        wall: dict[str, list[float]] = {"library": [], "replay": [], "helpers": []}
         for _ in range(rounds):
-            for name, action in (("library", library), ("replay", replay)):
+            for name, action in (("library", library), ("replay", replay), ("helpers", helpers)):
                 started_cpu, started = time.process_time(), time.perf_counter()
                 await action()
                 wall[name].append(time.perf_counter() - started)
                 cpu[name].append(time.process_time() - started_cpu)
         # CPU per cycle is a few hundred microseconds against a clock tick of about a millisecond
         # on some kernels: the mean over all cycles is exact, a median of ticks is not.
-        cpu_library, cpu_replay = statistics.fmean(cpu["library"]), statistics.fmean(cpu["replay"])
-        wall_library, wall_replay = statistics.median(wall["library"]), statistics.median(wall["replay"])
+        names = ("library", "replay", "helpers")
+        cpu_library, cpu_replay, cpu_helpers = (statistics.fmean(cpu[name]) for name in names)
+        wall_library, wall_replay, wall_helpers = (statistics.median(wall[name]) for name in names)
         print(
             f"uncontended acquire+release ({len(commands)} commands: {', '.join(next(iter(c)) for c in commands)}), "
             f"{rounds} cycles interleaved:\n"
             f"  client CPU per cycle  library {cpu_library * 1000:6.3f} ms | replay {cpu_replay * 1000:6.3f} ms | "
-            f"library/replay {cpu_library / cpu_replay:4.2f}x (means)\n"
+            f"helpers {cpu_helpers * 1000:6.3f} ms | library/replay {cpu_library / cpu_replay:4.2f}x | "
+            f"library/helpers {cpu_library / cpu_helpers:4.2f}x (means)\n"
             f"  wall time per cycle   library {wall_library * 1000:6.3f} ms | replay {wall_replay * 1000:6.3f} ms | "
-            f"library/replay {wall_library / wall_replay:4.2f}x (medians)"
+            f"helpers {wall_helpers * 1000:6.3f} ms | library/replay {wall_library / wall_replay:4.2f}x | "
+            f"library/helpers {wall_library / wall_helpers:4.2f}x (medians)"
         )
         if profile:
             await explain(library, replay, profile)
@@ -203,7 +226,6 @@ async def layers(
     except ImportError:
         print("  (layers: this version of the library has no run_shielded or store_for)")
         return
-    from pymongo.write_concern import WriteConcern
 
     store = store_for(collection, WriteConcern(w="majority"))
     holder = {"host": platform.node(), "pid": 0, "label": None}
