@@ -251,10 +251,13 @@ async def test_a_run_that_loses_its_lease_says_so_in_its_record_and_log_and_is_r
 
 
 async def test_a_jobs_runs_are_renewed_by_default_and_a_locks_lease_is_not(mongolock_collection: Any) -> None:
-    job = AsyncMongoJob(mongolock_collection, "long", ttl=0.6)
+    # A 2 s TTL: its heartbeat (every ttl / 3) has over a second for each renewal's round trip,
+    # which a loaded machine's embedded server can take (at 0.6 s, 1 run in 80 lost the lease
+    # at a load of 9 to 14).
+    job = AsyncMongoJob(mongolock_collection, "long", ttl=2.0)
 
     async def three_ttls() -> str:
-        await asyncio.sleep(1.8)
+        await asyncio.sleep(6.0)
         return "finished"
 
     result = await job.run(three_ttls)
