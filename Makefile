@@ -31,9 +31,8 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 	touch $(DEMO_STAMP)
 
 ## The test suite, in 8 worker processes with an embedded server each (CI runs it after lint, docs
-## and the package check). Eight on 2 cores: the suite mostly waits (leases running out, deadlines,
-## Python processes starting) rather than computes; with 4 workers it kept about one core busy
-## (pytest 384 s, 364 s of CPU), with 8 about one and a half (271 to 275 s). The job tests run processes under a shifted wall clock: Debian's
+## and the package check). Eight on 2 cores: the suite mostly waits rather than computes
+## (CONTRIBUTING.md, "Running it"). The job tests run processes under a shifted wall clock: Debian's
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
 ## browser; GitHub's runner image has one as chromium-browser). Both are installed here when missing
 ## (see SUDO; without it those tests fail, saying what to install). The bytecode of the package,
