@@ -123,20 +123,18 @@ async def uncontended(uri: str, rounds: int, profile: int) -> float:
         # The warm-ups below, part 1's cycles (the replay and the helpers), part 2's profile, and its
         # layers (the replay and the replay in tasks) each take a cycle's commands.
         replays = Replays(commands, cycles=2 + 2 * rounds + profile + 2 * rounds)
-        helper_collections = {
-            id(command): collection.database.get_collection(
-                command["findAndModify"], write_concern=WriteConcern(**command["writeConcern"])
-            )
+        helper_collections = [  # one per recorded command, made before any clock starts
+            database.get_collection(command["findAndModify"], write_concern=WriteConcern(**command["writeConcern"]))
             for command in commands
-        }
+        ]
 
         async def replay() -> None:
             for command in replays.next():
                 await database.command(command)
 
         async def helpers() -> None:
-            for recorded, command in zip(commands, replays.next(), strict=True):
-                await helper_collections[id(recorded)].find_one_and_update(
+            for helper_collection, command in zip(helper_collections, replays.next(), strict=True):
+                await helper_collection.find_one_and_update(
                     command["query"],
                     command["update"],
                     projection=command["fields"],
