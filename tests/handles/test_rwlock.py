@@ -150,9 +150,11 @@ async def test_a_stream_of_writers_does_not_starve_a_reader(mongolock_collection
 
 
 async def test_the_heartbeat_keeps_a_write_and_its_loss_cancels_the_block(mongolock_collection: Any) -> None:
-    rw = AsyncMongoRWLock(mongolock_collection, "kept", ttl=1.0, heartbeat=0.3)
+    # A 3 s TTL renewed every 0.5 s: over 2 s for a renewal's round trip (as the semaphore's test:
+    # 0.6 s was not always enough on a loaded machine).
+    rw = AsyncMongoRWLock(mongolock_collection, "kept", ttl=3.0, heartbeat=0.5)
     async with rw.write() as writer:
-        await asyncio.sleep(2.0)  # two TTLs
+        await asyncio.sleep(6.0)  # two TTLs
         assert await writer.owned()
     with pytest.raises(LockLostError):
         async with rw.read():

@@ -98,9 +98,11 @@ async def test_a_dead_holders_permit_is_taken_after_its_ttl(mongolock_collection
 
 
 async def test_the_heartbeat_keeps_a_permit_and_its_loss_cancels_the_block(mongolock_collection: Any) -> None:
-    semaphore = AsyncMongoSemaphore(mongolock_collection, "kept", 2, ttl=1.0, heartbeat=0.3)
+    # A 3 s TTL renewed every 0.5 s: over 2 s for a renewal's round trip. At 1 s and 0.3 s (0.6 s
+    # for it), a fresh clone's make test in 8 workers lost the permit on a loaded machine.
+    semaphore = AsyncMongoSemaphore(mongolock_collection, "kept", 2, ttl=3.0, heartbeat=0.5)
     async with semaphore:
-        await asyncio.sleep(2.0)  # two TTLs
+        await asyncio.sleep(6.0)  # two TTLs
         assert await semaphore.owned()
     with pytest.raises(LockLostError):
         async with semaphore:
