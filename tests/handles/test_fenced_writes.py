@@ -109,7 +109,8 @@ async def test_a_takeover_waits_for_the_guarded_commit(mongolock_collection: Any
     waits until the commit, so the stale holder's writes are ordered before the new holder's."""
     database = mongolock_collection.database
     client, orders = database.client, database[mongolock_collection.name + "_orders"]
-    lock = AsyncMongoLock(mongolock_collection, "checkout", ttl=1.0)
+    # 2 s: the acquire, the guard and the first write have 1.8 s on a loaded machine.
+    lock = AsyncMongoLock(mongolock_collection, "checkout", ttl=2.0)
     assert await lock.acquire()
     token = lock.fencing_token
     successor = AsyncMongoLock(mongolock_collection, "checkout", ttl=30.0)
@@ -117,7 +118,7 @@ async def test_a_takeover_waits_for_the_guarded_commit(mongolock_collection: Any
     async with transaction(client) as session:
         await lock.guard_transaction(session)
         await orders.insert_one({"_id": "before-takeover", "token": token}, session=session)
-        await asyncio.sleep(1.2)  # the lease has expired on the server; the transaction is open
+        await asyncio.sleep(2.2)  # the lease has expired on the server; the transaction is open
         takeover = asyncio.create_task(successor.acquire(timeout=20.0))
         await asyncio.sleep(0.5)
         assert not takeover.done(), "the takeover did not wait for the guarded transaction"

@@ -31,9 +31,10 @@ async def keeper_tasks() -> list[asyncio.Task[Any]]:
 
 
 async def test_heartbeat_keeps_a_job_of_five_ttls(mongolock_collection: Any) -> None:
-    # 1.5 s: a renewal every 0.5 s, so only a request stalled for about 0.85 s loses the lease. With
-    # 0.6 s, one stalled for 0.35 s did, in a fresh clone's .ci/run (the lease was lost, as promised).
-    ttl = 1.5
+    # 2.5 s: a renewal every 0.83 s, so only a request stalled for about 1.4 s loses the lease. With
+    # 0.6 s, one stalled for 0.35 s did, in a fresh clone's .ci/run (the lease was lost, as promised);
+    # 8 workers' embedded servers on 2 cores have taken close to a second to answer one.
+    ttl = 2.5
     lock = AsyncMongoLock(mongolock_collection, "long-job", ttl=ttl, heartbeat=True)
     # The contender's own TTL is long: a stall of a loaded machine between its acquire and its
     # release must not end its lease (what is tested is the holder's).
@@ -289,8 +290,10 @@ async def test_the_earliest_deadlines_are_renewed_first(
 async def test_extend_to_a_shorter_ttl_renews_at_the_shorter_interval(mongolock_collection: Any) -> None:
     lock = AsyncMongoLock(mongolock_collection, "shrunk", ttl=30.0, heartbeat=True)  # renews every 10 s
     async with lock:
-        await lock.extend(ttl=1.5)  # now every 0.5 s, or the lease would be lost after about 1.35 s
-        await asyncio.sleep(3.0)
+        # Now every second (each renewal has 1.7 s for its round trip), or the lease would be lost
+        # after about 2.7 s.
+        await lock.extend(ttl=3.0)
+        await asyncio.sleep(6.0)
         assert not lock.lost.is_set(), lock.lost_error
         assert await lock.owned()
 
@@ -298,8 +301,9 @@ async def test_extend_to_a_shorter_ttl_renews_at_the_shorter_interval(mongolock_
 async def test_nothing_is_renewed_once_nothing_is_held(
     counted_collection: Any, command_counter: CommandCounter
 ) -> None:
-    released = AsyncMongoLock(counted_collection, "released", ttl=1.5, heartbeat=0.2)
-    stolen = AsyncMongoLock(counted_collection, "stolen", ttl=1.5, heartbeat=0.2)
+    # A 3 s TTL: a renewal may take over 2 s before "released" is lost before its release.
+    released = AsyncMongoLock(counted_collection, "released", ttl=3.0, heartbeat=0.2)
+    stolen = AsyncMongoLock(counted_collection, "stolen", ttl=3.0, heartbeat=0.2)
     assert await released.acquire() and await stolen.acquire()
     await asyncio.sleep(0.5)
     assert command_counter.count("update") >= 2, "the heartbeat was renewing"

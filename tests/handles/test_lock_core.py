@@ -128,15 +128,16 @@ async def test_release_after_expiry_returns_false(mongolock_collection: Any) -> 
 
 
 async def test_extend_starts_a_new_lease_from_now(mongolock_collection: Any) -> None:
-    lock = AsyncMongoLock(mongolock_collection, "extended", ttl=1.0)
-    other = AsyncMongoLock(mongolock_collection, "extended", ttl=1.0)
+    # 2 s: the acquire, the read and the extend have 1.8 s on a loaded machine before the lease ends.
+    lock = AsyncMongoLock(mongolock_collection, "extended", ttl=2.0)
+    other = AsyncMongoLock(mongolock_collection, "extended", ttl=2.0)
     assert await lock.acquire()
     before = (await mongolock_collection.find_one({"_id": "extended"}))["expiresAt"]
-    await lock.extend(ttl=4.0)
+    await lock.extend(ttl=6.0)
     doc = await mongolock_collection.find_one({"_id": "extended"})
-    assert doc["expiresAt"] > before and doc["ttlMs"] == 4000
-    assert lock.ttl == 4.0
-    await asyncio.sleep(1.3)  # past the original TTL
+    assert doc["expiresAt"] > before and doc["ttlMs"] == 6000
+    assert lock.ttl == 6.0
+    await asyncio.sleep(2.3)  # past the original TTL
     assert not await other.acquire(blocking=False)
     assert await lock.owned()
     assert await lock.release()

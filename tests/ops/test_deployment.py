@@ -477,7 +477,7 @@ async def test_the_documented_roles_grant_what_is_sent_and_no_more(
         other = make_client(mongolock_driver, f"mongodb://app:app-pw@{address}", event_listeners=[app_counter])
         try:
             locks = app[database][collection]
-            holder = AsyncMongoLock(locks, "job", ttl=2.0, heartbeat=0.5)
+            holder = AsyncMongoLock(locks, "job", ttl=3.0, heartbeat=0.5)  # over 2 s per renewal
             async with holder:
                 waiter = AsyncMongoLock(other[database][collection], "job", ttl=30.0)
                 waiting = asyncio.create_task(waiter.acquire(timeout=20))

@@ -84,7 +84,8 @@ async def viewer_and_holder(server: EmbeddedMongo) -> AsyncIterator[tuple[Cuttab
 async def cut_for_a_while(proxy: CuttableProxy, locks: Any) -> AsyncMongoLock:
     """Cut the viewer off for ``OUTAGE`` seconds while "ledger" is renewed by its holder and
     "crashed" expires for real (its holder died before the cut); return the held lock's handle."""
-    ledger = AsyncMongoLock(locks, "ledger", ttl=TTL, heartbeat=True, label="keeper")
+    # Renewed every 0.25 s, not every TTL / 3: each renewal has 1.5 s for its round trip.
+    ledger = AsyncMongoLock(locks, "ledger", ttl=TTL, heartbeat=0.25, label="keeper")
     assert await ledger.acquire()
     crashed = AsyncMongoLock(locks, "crashed", ttl=TTL, label="died")
     assert await crashed.acquire()
