@@ -30,8 +30,9 @@ $(DEMO_STAMP): pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[embedded,rich]'
 	touch $(DEMO_STAMP)
 
-## The test suite, in 4 worker processes with an embedded server each (CI runs it after lint, docs
-## and the package check). The job tests run processes under a shifted wall clock: Debian's
+## The test suite, in 8 worker processes with an embedded server each (CI runs it after lint, docs
+## and the package check). Eight on 2 cores: the suite mostly waits rather than computes
+## (CONTRIBUTING.md, "Running it"). The job tests run processes under a shifted wall clock: Debian's
 ## faketime; the dashboard's tests drive Debian's chromium headless (Playwright never downloads a
 ## browser; GitHub's runner image has one as chromium-browser). Both are installed here when missing
 ## (see SUDO; without it those tests fail, saying what to install). The bytecode of the package,
@@ -41,7 +42,7 @@ test: $(STAMP)
 	$(call debian,faketime,the job tests that need it will fail)
 	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
 	$(PYTHON) -m compileall -q mongolock_async tests benchmarks
-	$(PYTHON) -m pytest -n 4 --dist loadgroup
+	$(PYTHON) -m pytest -n 8 --dist loadgroup
 
 ## ruff, the layers' import contracts (pyproject.toml), and mypy --strict (the package and its examples, a user-style file, every example in the docs),
 ## and the real-MongoDB workflow and its compose files checked against their schemas.

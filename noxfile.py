@@ -1,6 +1,6 @@
 """The test suite on each Python the package claims (pyproject.toml: 3.11, 3.12, 3.13).
 
-    nox -s tests-3.13            the whole suite on Python 3.13 (pytest -n 4, as make test)
+    nox -s tests-3.13            the whole suite on Python 3.13 (pytest -n 8, as make test)
     nox -s core-3.12 core-3.13   the core, cancellation, waiting and outage tests (what .ci/run runs)
     nox -s tests-3.12 -- tests/handles/test_fencing.py -k restart    pytest arguments after --
 
@@ -37,7 +37,7 @@ def _install(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite, or the pytest arguments given after --."""
     _install(session)
-    session.run("python", "-m", "pytest", "-n", "4", *session.posargs)
+    session.run("python", "-m", "pytest", "-n", "8", *session.posargs)
 
 
 @nox.session(python=PYTHONS)
