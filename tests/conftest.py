@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -100,6 +101,18 @@ async def unsharded_counted_collection(
     counted = _counted(mongolock_driver, mongolock_uri, mongolock_admin_client, command_counter, sharded=False)
     async with counted as collection:
         yield collection
+
+
+@pytest.fixture
+def refused_uri() -> Iterator[str]:
+    """The URI of an address where nothing listens for the whole test, so that every connection is
+    refused: a port held bound and never listened on. Bound without ``SO_REUSEADDR``, it cannot be
+    bound by anyone else meanwhile (Linux's ``inet_bind_conflict``: sharing a port takes the option
+    on both sockets). A stopped server's port would not do: the OS may give it to another test's
+    server, and the test would then talk to that."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"mongodb://127.0.0.1:{held.getsockname()[1]}/?directConnection=true"
 
 
 @pytest.fixture

@@ -21,22 +21,15 @@ from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_cl
 from tests.support.commands import CommandCounter
 
 
-def stopped(server: EmbeddedMongo) -> str:
-    """The URI of ``server`` once it is stopped: nothing listens at its port any more."""
-    uri = server.uri
-    server.stop()
-    return uri
-
-
 async def test_a_blocking_acquire_without_timeout_raises_once_the_server_stays_unreachable(
     mongolock_driver: str,
-    private_server: EmbeddedMongo,
+    refused_uri: str,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="mongolock_async")
     monkeypatch.setattr(waiting, "_last_warning", 0.0)  # the retry warning is rate-limited per process
-    client = make_client(mongolock_driver, stopped(private_server), serverSelectionTimeoutMS=1500)
+    client = make_client(mongolock_driver, refused_uri, serverSelectionTimeoutMS=1500)
     try:
         started = time.monotonic()
         with pytest.raises(ServerUnreachableError) as raised:
@@ -57,10 +50,10 @@ async def test_a_blocking_acquire_without_timeout_raises_once_the_server_stays_u
 
 
 async def test_an_outage_error_shows_the_drivers_cause_not_the_librarys_inner_timeout(
-    mongolock_driver: str, private_server: EmbeddedMongo
+    mongolock_driver: str, refused_uri: str
 ) -> None:
     # The client would wait 10 s for a server; each attempt is cut at the lease's TTL (1 s) first.
-    client = make_client(mongolock_driver, stopped(private_server))
+    client = make_client(mongolock_driver, refused_uri)
     try:
         lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=1.0, unreachable_timeout=2.5)
         with pytest.raises(ServerUnreachableError, match=r"could not be reached for 2\.\d s") as raised:
@@ -76,12 +69,12 @@ async def test_an_outage_error_shows_the_drivers_cause_not_the_librarys_inner_ti
 
 
 async def test_a_request_whose_cut_is_lost_still_ends_near_its_bound_while_no_server_is_known(
-    mongolock_driver: str, private_server: EmbeddedMongo
+    mongolock_driver: str, refused_uri: str
 ) -> None:
     # On Python 3.11 the cancellation that cuts a request at its bound can be lost inside the
     # driver's wait for a server (asyncio.wait_for, CPython gh-86296), and server selection goes on.
     # This request loses its cut the same way, then asks the driver for a server.
-    client = make_client(mongolock_driver, stopped(private_server))  # serverSelectionTimeoutMS 10 s
+    client = make_client(mongolock_driver, refused_uri)  # serverSelectionTimeoutMS 10 s
     try:
 
         async def loses_its_cut() -> object:
@@ -101,14 +94,14 @@ async def test_a_request_whose_cut_is_lost_still_ends_near_its_bound_while_no_se
 
 async def test_a_retried_acquire_says_so_once_at_warning_level(
     mongolock_driver: str,
-    private_server: EmbeddedMongo,
+    refused_uri: str,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="mongolock_async")
     monkeypatch.setattr(waiting, "_last_warning", 0.0)
     monkeypatch.setattr(waiting, "_retries_unreported", 0)
-    client = make_client(mongolock_driver, stopped(private_server), serverSelectionTimeoutMS=1000)
+    client = make_client(mongolock_driver, refused_uri, serverSelectionTimeoutMS=1000)
     try:
         lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0, unreachable_timeout=3.5)
         with pytest.raises(ServerUnreachableError, match=r"could not be reached for 3\.\d s"):
@@ -121,9 +114,9 @@ async def test_a_retried_acquire_says_so_once_at_warning_level(
 
 
 async def test_a_timeout_that_passes_while_unreachable_says_so(
-    mongolock_driver: str, private_server: EmbeddedMongo
+    mongolock_driver: str, refused_uri: str
 ) -> None:
-    client = make_client(mongolock_driver, stopped(private_server))  # serverSelectionTimeoutMS 10 s
+    client = make_client(mongolock_driver, refused_uri)  # serverSelectionTimeoutMS 10 s
     try:
         lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0)
         started = time.monotonic()
@@ -138,9 +131,9 @@ async def test_a_timeout_that_passes_while_unreachable_says_so(
 
 
 async def test_a_non_blocking_acquire_honours_the_uris_server_selection_timeout(
-    mongolock_driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture
+    mongolock_driver: str, refused_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    uri = stopped(private_server)
+    uri = refused_uri
     client = make_client(mongolock_driver, uri, serverSelectionTimeoutMS=1500)  # what the URI would say
     try:
         lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0)
@@ -190,10 +183,10 @@ async def test_unreachable_timeout_none_waits_through_any_outage(
         await close_client(client)
 
 
-async def test_every_waiting_task_gives_up_together(mongolock_driver: str, private_server: EmbeddedMongo) -> None:
+async def test_every_waiting_task_gives_up_together(mongolock_driver: str, refused_uri: str) -> None:
     # Only the first waiter of a process talks to the server; the others must not wait their turn
     # to find out, one server selection timeout each.
-    client = make_client(mongolock_driver, stopped(private_server), serverSelectionTimeoutMS=1000)
+    client = make_client(mongolock_driver, refused_uri, serverSelectionTimeoutMS=1000)
     try:
         collection = client[TEST_DATABASE]["locks"]
         started = time.monotonic()
@@ -218,12 +211,12 @@ async def test_unreachable_timeout_is_checked_before_any_io(
 
 
 async def test_a_wait_for_an_unreachable_server_is_never_silent(
-    mongolock_driver: str, private_server: EmbeddedMongo, caplog: pytest.LogCaptureFixture
+    mongolock_driver: str, refused_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # README's first example with the server down: a warning within seconds, not once the
     # client's serverSelectionTimeoutMS (30 s by default; 6 s here) has passed in silence.
     caplog.set_level(logging.WARNING, logger="mongolock_async")
-    client = make_client(mongolock_driver, stopped(private_server), serverSelectionTimeoutMS=6_000)
+    client = make_client(mongolock_driver, refused_uri, serverSelectionTimeoutMS=6_000)
     try:
         acquiring = asyncio.create_task(AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0).acquire())
         await asyncio.sleep(3.0)

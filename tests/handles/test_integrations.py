@@ -307,12 +307,10 @@ async def test_aiohttp_maps_a_held_lock_to_423(mongolock_collection: Any) -> Non
             assert locked.status == 423 and locked.headers["Retry-After"] == "1"
 
 
-async def test_an_unreachable_server_is_503_not_423(private_server: EmbeddedMongo) -> None:
+async def test_an_unreachable_server_is_503_not_423(refused_uri: str) -> None:
     from mongolock_async.aiohttp import hold_lock as aiohttp_hold_lock
 
-    uri = private_server.uri
-    private_server.stop()
-    client = make_client("pymongo", uri, serverSelectionTimeoutMS=500)
+    client = make_client("pymongo", refused_uri, serverSelectionTimeoutMS=500)
     try:
         locks = LockManager(client[TEST_DATABASE]["locks"], ttl=5.0, timeout=0.3)
         app = FastAPI()
