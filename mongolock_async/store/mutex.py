@@ -19,7 +19,6 @@ race. Every pipeline first checks that the fields it relies on have the types th
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +47,7 @@ from .expressions import (
     unexpired_places,
     with_place,
 )
-from .requests import Pipeline, PlaceRequest, Stage
+from .requests import Pipeline, PlaceRequest, Stage, encoded_once
 
 _SANE: dict[str, Any] = {"$and": [LEASE_FIELDS_SANE, type_in("$kind", "missing", "null")]}
 """A lock's document (a job's has the same lease fields: see ``_JOB_SANE``)."""
@@ -124,7 +123,7 @@ def acquire_pipeline(place: PlaceRequest, *, enqueue: bool, fair: bool) -> Pipel
     return [request_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair, follower=place.follower is not None)]
 
 
-@functools.cache
+@encoded_once
 def _acquire_stages(*, enqueue: bool, fair: bool, follower: bool) -> tuple[Stage, ...]:
     me = "$_request.me"
     my_follower = ("$_request.next", "$_request.nextTtl") if follower else None
@@ -215,7 +214,7 @@ def release_pipeline(
     return [request_values(**values), *_release_stages(**shape)]
 
 
-@functools.cache
+@encoded_once
 def _release_stages(
     *, successor: bool, follower: bool, fair: bool, successor_first: bool, leaving: bool
 ) -> tuple[Stage, ...]:

@@ -8,7 +8,6 @@ Work per release is linear in the places queued: the places that fit are counted
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -41,7 +40,7 @@ from .permits import (
     permits_sane,
     weight_of,
 )
-from .requests import Expression, Permits, Pipeline, PlaceRequest, Stage
+from .requests import Expression, Permits, Pipeline, PlaceRequest, Stage, encoded_once
 
 
 def release_pipeline(
@@ -244,7 +243,7 @@ _HANDED_PERMITS = {
 }
 
 
-@functools.cache
+@encoded_once
 def _release_stages(*, successor: bool, fair: bool, successor_first: bool, leaving: bool) -> tuple[Stage, ...]:
     """The stages after the request's values (see ``release_pipeline``)."""
     gone: Any = {"$in": ["$$this.o", "$_request.leaving"]} if leaving else {"$eq": ["$$this.o", "$_request.me"]}

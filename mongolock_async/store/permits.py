@@ -16,7 +16,6 @@ turn.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from . import expressions
@@ -39,7 +38,7 @@ from .expressions import (
     unexpired_places,
     with_place,
 )
-from .requests import Filter, Permits, Pipeline, PlaceRequest, Stage
+from .requests import Filter, Permits, Pipeline, PlaceRequest, Stage, encoded_once
 
 _HOLDER_WELL_FORMED: dict[str, Any] = {
     "$and": [
@@ -177,7 +176,7 @@ def acquire_pipeline(place: PlaceRequest, permits: Permits, *, enqueue: bool, fa
     return [request_values(**values), *_acquire_stages(enqueue=enqueue, fair=fair)]
 
 
-@functools.cache
+@encoded_once
 def _acquire_stages(*, enqueue: bool, fair: bool) -> tuple[Stage, ...]:
     me = "$_request.me"
     my_place = {**new_place(me, "$_request.ttl", "$_request.holder"), "w": "$_request.weight"}

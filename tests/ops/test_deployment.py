@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +79,7 @@ STABLE_API_V1_OPERATORS = {
 def operators_in(value: Any, *, top: bool = True) -> set[str]:
     """Every ``$``-operator in a command (its top-level ``$db``, ``$clusterTime`` and kin are fields)."""
     found: set[str] = set()
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # a pipeline's fixed stages are sent encoded (RawBSONDocument)
         for key, item in value.items():
             if key.startswith("$") and not top:
                 found.add(key)
