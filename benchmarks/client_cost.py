@@ -40,9 +40,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import bson
 import pymongo
 from _common import environment, mongodb  # benchmarks/ is on sys.path when this runs as a script
 from bson import SON
+from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, ReturnDocument, monitoring
 from pymongo.write_concern import WriteConcern
 
@@ -59,13 +61,24 @@ class Recorder(monitoring.CommandListener):
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if self.on:
-            self.commands.append(SON((key, value) for key, value in event.command.items() if key not in DRIVER_FIELDS))
+            command = ((key, _plain(value)) for key, value in event.command.items() if key not in DRIVER_FIELDS)
+            self.commands.append(SON(command))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every document the library encoded once (its pipelines' fixed stages:
+    ``RawBSONDocument``) decoded: what a program would send, whose driver encodes every request."""
+    if isinstance(value, RawBSONDocument):
+        return bson.decode(value.raw)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 class Replays:
