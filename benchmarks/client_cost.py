@@ -1,11 +1,11 @@
 """The library's own client-side cost: CPU, wall time and memory in the client process.
 
 1. Uncontended acquire + release against a raw replay of the very two commands it sends (recorded
-   by command monitoring, then sent with ``database.command`` through the same client, each cycle
-   with an owner token of its own, as the library's cycles have), and against the same two
-   requests sent as ``find_one_and_update`` through the driver's collection helpers (what a program
-   without the library would call), interleaved cycle by cycle: client CPU (``time.process_time``)
-   and wall time per cycle, and their ratios.
+   by command monitoring as plain documents, then sent with ``database.command`` through the same
+   client, each cycle with an owner token of its own, as the library's cycles have), and against
+   the same two requests sent as ``find_one_and_update`` through the driver's collection helpers
+   (what a program without the library would call), interleaved cycle by cycle: client CPU
+   (``time.process_time``) and wall time per cycle, and their ratios.
 2. Where the extra goes: Python calls and event-loop iterations per cycle, library against
    replay, a cProfile of the library's own modules (``--profile N`` cycles), and client CPU per
    cycle adding one layer of the library at a time (needs the library's internals: skipped for a
