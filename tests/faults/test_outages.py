@@ -133,8 +133,7 @@ async def test_a_timeout_that_passes_while_unreachable_says_so(
 async def test_a_non_blocking_acquire_honours_the_uris_server_selection_timeout(
     mongolock_driver: str, refused_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    uri = refused_uri
-    client = make_client(mongolock_driver, uri, serverSelectionTimeoutMS=1500)  # what the URI would say
+    client = make_client(mongolock_driver, refused_uri, serverSelectionTimeoutMS=1500)  # what the URI would say
     try:
         lock = AsyncMongoLock(client[TEST_DATABASE]["locks"], "report", ttl=30.0)
         started = time.monotonic()

@@ -33,7 +33,7 @@ async def keeper_tasks() -> list[asyncio.Task[Any]]:
 async def test_heartbeat_keeps_a_job_of_five_ttls(mongolock_collection: Any) -> None:
     # 2.5 s: a renewal every 0.83 s, so only a request stalled for about 1.4 s loses the lease. With
     # 0.6 s, one stalled for 0.35 s did, in a fresh clone's .ci/run (the lease was lost, as promised);
-    # 8 workers' embedded servers on 2 cores have taken close to a second to answer one.
+    # 8 workers' embedded servers on 2 cores have taken more than half a second to answer one.
     ttl = 2.5
     lock = AsyncMongoLock(mongolock_collection, "long-job", ttl=ttl, heartbeat=True)
     # The contender's own TTL is long: a stall of a loaded machine between its acquire and its
