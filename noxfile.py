@@ -19,6 +19,7 @@ CORE = [
     "tests/handles/test_cancellation.py",
     "tests/handles/test_waiting.py",
     "tests/faults/test_outages.py",
+    "tests/faults/test_shielded_requests.py",
 ]
 
 nox.options.default_venv_backend = "venv"

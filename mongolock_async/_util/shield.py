@@ -1,13 +1,17 @@
 """Send a request that runs to completion, within a bound, whatever happens to its caller.
 
 A request cut off mid-flight leaves its outcome unknown: an acquire may have taken the lock for a
-task that is gone. So each lock request runs in a task of its own, and a cancellation of the caller
-that arrives meanwhile is held back until the outcome is known and cleaned up, then re-raised as
-itself. This works for plain ``Task.cancel()`` (``asyncio.timeout``, ``wait_for``, a web server
-dropping a request) as well as anyio cancel scopes; anyio's own shielding does not stop the former.
+task that is gone. So a cancellation of the caller that arrives while a lock request is in flight
+is held back until the outcome is known and cleaned up, then re-raised as itself. This works for
+plain ``Task.cancel()`` (``asyncio.timeout``, ``wait_for``, a web server dropping a request) as well
+as anyio cancel scopes; anyio's own shielding does not stop the former. The request runs in its
+caller's task (``_Shielded``), which waits on a stand-in for each future the request waits on that
+refuses to be cancelled; ``Task.cancel`` then only marks the task, and the cancellation raised at
+the task's next step is kept from the request. A task of its own per request did the same at the
+price of a task and two event-loop iterations per request (benchmarks/README.md).
 
-The request itself is bounded by a timer that cancels its task (one timer for the loop's requests
-in flight, armed at the earliest cut: ``_Cuts``): the driver then closes the
+The request itself is bounded by a timer that cancels the future it waits on (one timer for the
+loop's requests in flight, armed at the earliest cut: ``_Cuts``): the driver then closes the
 connection (PyMongo closes a connection on any exception during an operation,
 pymongo/asynchronous/pool.py) and the caller gets ``RequestTimeout``, which, like any error in
 transit, means the request may or may not have been applied. A timer costs a fraction of the
@@ -35,8 +39,9 @@ import contextlib
 import contextvars
 import heapq
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from asyncio.tasks import _enter_task, _leave_task
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
 
 import pymongo
 from pymongo.errors import NetworkTimeout
@@ -53,13 +58,139 @@ class RequestTimeout(NetworkTimeout):
 
 
 class _Request(asyncio.Task[T]):
-    """The task of one request. Only its bound may cancel it: the cancellation of a task awaiting
-    it then does not reach it (``cancel`` says no), and asyncio delivers that cancellation to the
-    awaiting task once the request has finished (``Task.cancel`` marks a task whose awaited future
-    refuses to be cancelled, and raises in it when it next runs)."""
+    """The task of a request started in the background (``start_shielded``). Only its bound may
+    cancel it: ``cancel`` says no to anything else."""
 
     def cancel(self, msg: Any = None) -> bool:
         return msg is _BOUND and super().cancel(msg)
+
+
+class _Refusing:
+    """What the caller's task waits on while a shielded request waits on ``future``: the task's
+    callback is put on ``future``, but a cancellation is refused. ``Task.cancel`` then only marks
+    the task (``_must_cancel``), which raises the cancellation in its coroutine at its next step,
+    once ``future`` is done; ``_Shielded`` holds it back there. A task waits on any object with
+    ``_asyncio_future_blocking`` set and these methods (``Task.cancel`` and ``Task.__step`` in
+    Lib/asyncio/tasks.py, and their C twins in Modules/_asynciomodule.c)."""
+
+    __slots__ = ("_asyncio_future_blocking", "_shield", "future")
+
+    def __init__(self, future: Any, shield: _Shielded[Any]) -> None:
+        self.future = future
+        self._shield = shield
+        self._asyncio_future_blocking = True
+
+    def cancel(self, msg: Any = None) -> bool:
+        self._shield.cancel_requested(msg)
+        return False
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop = self.future.get_loop()
+        return loop
+
+    def add_done_callback(
+        self, callback: Callable[[Any], object], *, context: contextvars.Context | None = None
+    ) -> None:
+        self.future.add_done_callback(callback, context=context)
+
+    def done(self) -> bool:  # anyio asks it of a task's waiter
+        return bool(self.future.done())
+
+    def __repr__(self) -> str:
+        return f"<shielded {self.future!r}>"
+
+
+class _Shielded(Generic[T]):
+    """Runs one request in its caller's task as if in a task of its own, to its end whatever happens
+    to the caller (see the module's doc): ``await`` it for the request's outcome.
+
+    Each time the request waits, the caller waits on a ``_Refusing`` in its place. A cancellation of
+    the caller is then raised in it once the future the request waits on is done; it is held back
+    (``caller_cancellation`` gives it) and the request resumes as if nothing had happened.
+
+    While the request runs, this is the loop's current task: what cancels "the current task" from
+    inside the request (its own timeouts: ``asyncio.timeout``, and ``asyncio.wait_for`` from Python
+    3.12 on, which the driver uses around socket writes and its waits for a server or a connection)
+    cancels the request, not its caller; so does the bound's cut (``cancel(_BOUND)``). A cancellation
+    cancels the future the request waits on, or, when there is none to cancel, is raised in the
+    request when it next runs, as ``Task.cancel`` does.
+    """
+
+    __slots__ = ("_cancel_message", "_cancelled", "_cancels", "_must_cancel", "_request", "_waiting_on")
+
+    def __init__(self, request: Coroutine[Any, Any, T]) -> None:
+        self._request = request
+        self._waiting_on: Any = None
+        self._cancels = 0
+        self._must_cancel = False
+        self._cancel_message: Any = None
+        self._cancelled: asyncio.CancelledError | None = None
+
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel the request (a timeout of its own, or its bound), as ``Task.cancel`` would."""
+        self._cancels += 1
+        waiting_on = self._waiting_on
+        if waiting_on is None or not waiting_on.cancel(msg):
+            self._must_cancel, self._cancel_message = True, msg
+        return True
+
+    def cancelling(self) -> int:
+        return self._cancels
+
+    def uncancel(self) -> int:
+        if self._cancels > 0:
+            self._cancels -= 1
+        return self._cancels
+
+    def cancel_requested(self, msg: Any) -> None:
+        """The caller's task was cancelled (``msg``: the cancellation's message) while it waited."""
+        if self._cancelled is None:
+            self._cancelled = asyncio.CancelledError() if msg is None else asyncio.CancelledError(msg)
+
+    def caller_cancellation(self) -> asyncio.CancelledError | None:
+        """The cancellation of the caller held back while the request ran, if any."""
+        return self._cancelled
+
+    def __await__(self) -> Generator[Any, None, T]:
+        request = self._request
+        loop = asyncio.get_running_loop()
+        caller = asyncio.current_task(loop)
+        stand_in: Any = self  # the loop's current task while the request runs (typed as a Task)
+        error: BaseException | None = None
+        while True:
+            if self._must_cancel:
+                self._must_cancel = False
+                if not isinstance(error, asyncio.CancelledError):
+                    error = asyncio.CancelledError(self._cancel_message)
+            if caller is not None:
+                _leave_task(loop, caller)
+            _enter_task(loop, stand_in)
+            try:
+                yielded = request.send(None) if error is None else request.throw(error)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            finally:
+                _leave_task(loop, stand_in)
+                if caller is not None:
+                    _enter_task(loop, caller)
+                self._waiting_on = error = None
+            if getattr(yielded, "_asyncio_future_blocking", False):
+                self._waiting_on = yielded
+                yielded._asyncio_future_blocking = False
+                if self._must_cancel and yielded.cancel(self._cancel_message):
+                    self._must_cancel = False
+                yielded = _Refusing(yielded, self)
+            try:
+                yield yielded
+            except asyncio.CancelledError as cancelled:
+                waited_on = self._waiting_on
+                if waited_on is not None and waited_on.cancelled():
+                    error = cancelled  # the future the request waited on was cancelled: its own matter
+                else:
+                    self._cancelled = cancelled  # the caller's (the one it carries, for anyio's scopes)
+            except BaseException as other:  # GeneratorExit too: the request is closed with its caller
+                error = other
 
 
 async def run_shielded(
@@ -83,25 +214,27 @@ async def run_shielded(
     cut_at = loop.time() + bound
     if driver_deadline:
         request = _under_driver_deadline(cut_at + DRIVER_DEADLINE_AFTER_CUT, request)
-    # A caller already handling a cancellation (cleaning up in an ``except CancelledError``) has
-    # one counted: only a new one is the caller's, the rest is the bound's.
-    cancellations_before = _cancellations()
-    task = _Request(request, loop=loop)
+    shield = _Shielded(request)
     cuts = _cuts_of(loop)
-    cuts.add(task, cut_at)
+    cuts.add(shield, cut_at)
     try:
-        return await task
-    except asyncio.CancelledError:
-        if task.cancelled() and _cancellations() == cancellations_before:
+        result = await shield
+    except BaseException as error:
+        cancellation = shield.caller_cancellation()
+        if cancellation is not None:
+            raise cancellation from None  # the caller's, held back until the request ended
+        if isinstance(error, asyncio.CancelledError):  # nobody cancelled the caller: the bound passed
             raise RequestTimeout(f"MongoDB did not answer within {bound:.3g} s") from None
-        # The caller was cancelled: the request has finished; clean up after it, then let the
-        # cancellation go on.
-        await _finish(task)
-        if not task.cancelled() and task.exception() is None and on_cancelled is not None:
-            await _finish(asyncio.ensure_future(on_cancelled(task.result())))
         raise
     finally:
-        cuts.discard(task)
+        cuts.discard(shield)
+    cancellation = shield.caller_cancellation()
+    if cancellation is not None:
+        # The caller was cancelled: clean up after the request, then let the cancellation go on.
+        if on_cancelled is not None:
+            await _finish(asyncio.ensure_future(on_cancelled(result)))
+        raise cancellation
+    return result
 
 
 class _Cuts:
@@ -120,7 +253,7 @@ class _Cuts:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the loop's timers hold this: it must not hold the loop
-        self._due: dict[asyncio.Task[Any], float] = {}
+        self._due: dict[_Shielded[Any], float] = {}
         """The requests in flight and when each is cut (the loop's clock)."""
         self._armed: list[float] = []
         """When the timers armed and not fired yet fire (a heap)."""
@@ -129,15 +262,15 @@ class _Cuts:
     def loop(self) -> asyncio.AbstractEventLoop | None:
         return self._loop()
 
-    def add(self, task: asyncio.Task[Any], cut_at: float) -> None:
-        self._due[task] = cut_at
+    def add(self, request: _Shielded[Any], cut_at: float) -> None:
+        self._due[request] = cut_at
         armed = self._armed
         if not armed or cut_at < armed[0]:
             self._arm(cut_at)
 
-    def discard(self, task: asyncio.Task[Any]) -> None:
-        """``task`` has ended: cut it no more."""
-        self._due.pop(task, None)
+    def discard(self, request: _Shielded[Any]) -> None:
+        """``request`` has ended: cut it no more."""
+        self._due.pop(request, None)
 
     def _arm(self, when: float) -> None:
         loop = self._loop()
@@ -152,9 +285,9 @@ class _Cuts:
             return
         now = loop.time()
         due = self._due
-        for task in [task for task, cut_at in due.items() if cut_at <= now]:
-            del due[task]
-            task.cancel(_BOUND)
+        for request in [request for request, cut_at in due.items() if cut_at <= now]:
+            del due[request]
+            request.cancel(_BOUND)
         if due:
             earliest = min(due.values())
             if not self._armed or earliest < self._armed[0]:
@@ -225,12 +358,6 @@ async def _under_driver_deadline(deadline: float, request: Coroutine[Any, Any, T
     Motor copies the context of a call made inside ``request`` into the thread that runs it."""
     with pymongo.timeout(max(deadline - asyncio.get_running_loop().time(), 0.001)):
         return await request
-
-
-def _cancellations() -> int:
-    """How many cancellations of the running task are pending (``Task.cancelling``)."""
-    current = asyncio.current_task()
-    return 0 if current is None else current.cancelling()
 
 
 async def _finish(task: asyncio.Future[Any]) -> None:

@@ -35,8 +35,8 @@ _stores: WeakIdentityMap[Any, list[LockStore]] = WeakIdentityMap()
 
 
 async def _awaited(request: Awaitable[T]) -> T:
-    """``request`` (a driver's coroutine, or Motor's future) as a coroutine, which ``send`` runs in a
-    task of its own."""
+    """``request`` (a driver's coroutine, or Motor's future) as a coroutine, which ``send`` drives
+    step by step (``run_shielded``)."""
     return await request
 
 
