@@ -257,7 +257,7 @@ async def layers(
 
     async def sent_under_deadline() -> None:
         # What a driver deadline on every request would cost (the library gives one only where a
-        # cut can be lost: store/sending.py); the request's task takes its caller's context.
+        # cut can be lost: store/sending.py); the request runs in its caller's context.
         owner = uuid.uuid4().hex
         with pymongo.timeout(30.0):
             await store.try_acquire("deadline", owner, 30_000, holder, enqueue=True, bound=30.0)
@@ -265,7 +265,7 @@ async def layers(
 
     steps = {
         "replay (database.command)": replay,
-        "+ a task per request, and its cut": shielded,
+        "+ each request shielded, and its cut": shielded,
         "store methods (pipeline values, reply parsing)": store_methods,
         "store methods with their bound": sent,
         "the same, under the driver's deadline": sent_under_deadline,

@@ -3,8 +3,8 @@ taken out of the measurement.
 
 ``client_cost.py`` measures a cycle against a raw replay of its two commands; on a shared machine
 the driver's and the loop's share (three quarters of a cycle or more) moves with the load and hides
-the library's own. Here the library runs as it does (handle, queue, store, the request's task and
-bound, reply parsing) up to ``sending.find_and_modify``, which answers at once, after one loop
+the library's own. Here the library runs as it does (handle, queue, store, the request's shield
+and bound, reply parsing) up to ``sending.find_and_modify``, which answers at once, after one loop
 iteration, with the document an uncontended acquire or release reads back. The same answer given
 to two bare awaits is subtracted. Not a figure of what a user pays (there is no network, no
 driver): a way to see what a change to the library's own work removed.
