@@ -110,7 +110,7 @@ class LocalQueue:
         token_prefix: str,
         *,
         followers: bool,
-        registry: dict[QueueKey, LocalQueue],
+        registry: dict[QueueKey, LocalQueue | FirstAttempt],
     ) -> None:
         self.store = store
         self.name = name
@@ -419,8 +419,70 @@ class LocalQueue:
         self.place_follower = None if place is None else place.follower
 
 
-_queues: PerLoop[dict[QueueKey, LocalQueue]] = PerLoop(dict)
-"""The running loop's queues, by key."""
+class FirstAttempt:
+    """The first attempt of a task that waits alone for a lock, in flight before its queue is made.
+
+    Most acquires find the lock free: their first attempt takes it, and a queue, a waiter and their
+    records would be made for nothing (``waiting.wait_for_lease``). So a task that finds no queue
+    for the name (and no change stream on the collection, so nothing can report a hand-off to it)
+    registers this instead and sends the attempt the queue's first waiter would send: a place with
+    a fresh slot token, no follower, no session. Whoever looks the name up meanwhile (a task that
+    comes to wait for it too, a release of this process, the change stream) gets the queue made
+    (``queue``) as it would stand with the attempt sent by its first waiter (``waiter``,
+    ATTEMPTING), and the attempt's answer is then applied to that queue. An attempt nobody looked
+    at that takes the lock is done with at once (``unregister``); any other outcome makes the
+    queue too, and the waiter goes on from there.
+    """
+
+    __slots__ = ("fresh_for", "key", "place", "queue", "registry", "store", "token_prefix", "waiter")
+
+    def __init__(
+        self,
+        store: LockStore,
+        key: QueueKey,
+        place: PlaceRequest,
+        *,
+        token_prefix: str,
+        fresh_for: float,
+        registry: dict[QueueKey, LocalQueue | FirstAttempt],
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.place = place
+        self.token_prefix = token_prefix
+        self.fresh_for = fresh_for
+        self.registry = registry
+        self.queue: LocalQueue | None = None
+        self.waiter: Waiter | None = None
+
+    def made_queue(self) -> LocalQueue:
+        """The queue, made now if nobody has looked yet: the attempt's waiter first in it, ATTEMPTING."""
+        if self.queue is not None:
+            return self.queue
+        place = self.place
+        queue = self.queue = LocalQueue(
+            self.store, self.key[2], self.key, self.token_prefix, followers=True, registry=self.registry
+        )
+        self.registry[self.key] = queue
+        self.waiter = Waiter(ttl_ms=place.ttl_ms, holder=place.holder, fresh_for=self.fresh_for)
+        queue.on_joined(self.waiter)
+        queue.slot = place.token
+        queue.on_attempt_sent(self.waiter)
+        return queue
+
+    def unregister(self) -> None:
+        """The attempt took the lock and nobody looked: forget it."""
+        if self.registry.get(self.key) is self:
+            del self.registry[self.key]
+
+
+_queues: PerLoop[dict[QueueKey, LocalQueue | FirstAttempt]] = PerLoop(dict)
+"""The running loop's queues, by key (and first attempts of tasks waiting alone, made into queues
+when looked up)."""
+
+
+def _looked_up(entry: LocalQueue | FirstAttempt | None) -> LocalQueue | None:
+    return entry.made_queue() if isinstance(entry, FirstAttempt) else entry
 
 
 def queue_key(store: LockStore, name: str, weight: int) -> QueueKey:
@@ -429,12 +491,29 @@ def queue_key(store: LockStore, name: str, weight: int) -> QueueKey:
 
 def existing_queue(store: LockStore, name: str, weight: int) -> LocalQueue | None:
     """The running loop's queue for ``name`` and ``weight``, if anyone waits in it."""
-    return _queues.get().get(queue_key(store, name, weight))
+    return _looked_up(_queues.get().get(queue_key(store, name, weight)))
 
 
 def queues_on(client_id: int, full_name: str) -> list[LocalQueue]:
     """The running loop's queues on one collection of one client."""
-    return [queue for key, queue in _queues.get().items() if key[0] == client_id and key[1] == full_name]
+    entries = [entry for key, entry in _queues.get().items() if key[0] == client_id and key[1] == full_name]
+    return [queue for queue in map(_looked_up, entries) if queue is not None]
+
+
+def first_attempt(
+    store: LockStore, name: str, ttl_ms: int, holder: Mapping[str, Any], *, token_prefix: str, fresh_for: float
+) -> FirstAttempt | None:
+    """Register the first attempt of a task that waits alone for ``name`` (a lock's waiter), with a
+    fresh slot token; None if a queue (or another first attempt) is there already."""
+    queues = _queues.get()
+    key = queue_key(store, name, 1)
+    if key in queues:
+        return None
+    place = PlaceRequest(token_prefix + secrets.token_hex(16), ttl_ms, holder)
+    attempt = queues[key] = FirstAttempt(
+        store, key, place, token_prefix=token_prefix, fresh_for=fresh_for, registry=queues
+    )
+    return attempt
 
 
 def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str, followers: bool = True) -> LocalQueue:
@@ -442,7 +521,7 @@ def join(store: LockStore, name: str, waiter: Waiter, *, token_prefix: str, foll
     needed (``followers``: see ``LocalQueue``)."""
     queues = _queues.get()
     key = queue_key(store, name, waiter.weight)
-    queue = queues.get(key)
+    queue = _looked_up(queues.get(key))
     if queue is None:
         queue = queues[key] = LocalQueue(store, name, key, token_prefix, followers=followers, registry=queues)
     queue.on_joined(waiter)

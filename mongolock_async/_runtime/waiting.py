@@ -44,7 +44,18 @@ from ..errors import LockTimeoutError, ServerUnreachableError
 from ..store import LockStore, Permits, PlaceRequest, is_transient
 from ..store.documents import LockState
 from .keeper import keeper_for_running_loop
-from .queues import Grant, LocalQueue, PlaceState, Turn, Waiter, existing_queue, join, leave
+from .queues import (
+    FirstAttempt,
+    Grant,
+    LocalQueue,
+    PlaceState,
+    Turn,
+    Waiter,
+    existing_queue,
+    first_attempt,
+    join,
+    leave,
+)
 from .watcher import ReleaseWatcher, watcher_for
 
 logger = logging.getLogger("mongolock_async")
@@ -103,14 +114,35 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
     propagates.
     """
     watcher = watcher_for(request.store)
-    weight = 1 if request.permits is None else request.permits.weight
-    waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for, weight=weight)
-    queue = join(
-        request.store, request.name, waiter, token_prefix=watcher.token_prefix, followers=request.permits is None
-    )
     backoff = Backoff(request.retry_base, request.retry_cap)
-    attempted = False
+    queue: LocalQueue | None = None
+    waiter: Waiter | None = None
+    first = None
+    if request.permits is None and not watcher.streaming:  # nothing can report a hand-off to it
+        first = first_attempt(
+            request.store,
+            request.name,
+            request.ttl_ms,
+            request.holder,
+            token_prefix=watcher.token_prefix,
+            fresh_for=request.fresh_for,
+        )
+    if first is None:
+        weight = 1 if request.permits is None else request.permits.weight
+        waiter = Waiter(ttl_ms=request.ttl_ms, holder=request.holder, fresh_for=request.fresh_for, weight=weight)
+        queue = join(
+            request.store, request.name, waiter, token_prefix=watcher.token_prefix, followers=request.permits is None
+        )
+    attempted = first is not None
     try:
+        if first is not None:
+            try:
+                granted = await _first_attempt(first, request, watcher, backoff, give_up_at)
+            finally:
+                queue, waiter = first.queue, first.waiter  # None if it took the lock with nobody looking
+            if granted is not None:
+                return granted
+        assert queue is not None and waiter is not None
         while waiter.turn is not Turn.GRANTED:
             waiter.wake.clear()
             queue.raise_refusal(waiter)
@@ -141,7 +173,8 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             await _sleep_until(waiter, wake_at, give_up_at, _unreachable_at(queue, request))
         return waiter.grant
     except asyncio.CancelledError:
-        if waiter.grant is not None:  # granted in the same loop iteration as the cancel: pass it on
+        # Granted in the same loop iteration as the cancel: pass it on.
+        if waiter is not None and waiter.grant is not None:
             owner = waiter.grant.owner
             until = deadline_in(request.ttl)
             await finish_soon(
@@ -149,7 +182,7 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
             )
         raise
     finally:
-        if leave(queue, waiter):
+        if queue is not None and waiter is not None and leave(queue, waiter):
             if queue.kept:  # most acquires never wait: their queue never had a place to keep
                 keeper_for_running_loop().drop_place(queue)
             if queue.place is not PlaceState.ABSENT:
@@ -157,6 +190,39 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
                 # meanwhile is passed on) before giving up returns, so that no release can hand
                 # the lock to a waiter that is gone, even if the program ends or closes its client next.
                 await finish_soon(_withdraw(queue, request))
+
+
+async def _first_attempt(
+    first: FirstAttempt,
+    request: AcquireRequest,
+    watcher: ReleaseWatcher,
+    backoff: Backoff,
+    give_up_at: float | None,
+) -> Grant | None:
+    """The attempt of a task that waits alone, sent before its queue is made (see ``FirstAttempt``):
+    the lease if it took the lock and nobody looked meanwhile. Otherwise the queue is made, the
+    attempt's answer (or failure) applied to it as ``_attempt`` would, and None returned: the waiter
+    goes on from there. If the caller is cancelled, or an error retrying cannot fix is raised, the
+    queue is made too, so that the waiter's leaving withdraws whatever the attempt did."""
+    sent_at = time.monotonic()
+    attempt = _Attempt(first.place, sent_at, covered=False, with_session=False, uncertain_since=None)
+    bound = request.ttl if give_up_at is None else min(request.ttl, give_up_at - sent_at)
+    try:
+        state, _ = await _send(attempt, request, bound)
+    except BaseException as error:
+        queue = first.made_queue()
+        if isinstance(error, asyncio.CancelledError):
+            queue.on_attempt_abandoned(attempt.place, attempt.sent_at)
+        elif isinstance(error, PyMongoError) and is_transient(error):
+            _apply_failure(queue, attempt, request, error, bound=bound, give_up_at=give_up_at)
+            return None
+        raise
+    token = first.place.token
+    if first.queue is None and state.holds(token):
+        first.unregister()
+        return Grant(token, state.fence_of(token), attempt.sent_at, first.place.ttl_ms)
+    _apply_answer(first.made_queue(), attempt, request, watcher, backoff, state, None)
+    return None
 
 
 async def _attempt(
@@ -255,41 +321,75 @@ async def _send_and_apply(
     """Send ``attempt`` within ``bound`` seconds (``give_up_at``: the waiter's own timeout, where
     that bounds it) and move the waiter first in line by its answer; nobody if all have left (the
     withdrawal of the place then covers whatever the attempt did)."""
-    place, sent_at, covered, with_session = attempt.place, attempt.sent_at, attempt.covered, attempt.with_session
-    token = place.token
     try:
-        # Sent in a session where the change stream must start at the request's ``operationTime``.
-        store = request.store
-        arguments = (request.name, token, place.ttl_ms, place.holder)
-        follower, keep_expiry, fair, permits = place.follower, place.keep_expiry, request.fair, request.permits
-        if with_session:
-            state, operation_time = await store.try_acquire(
-                *arguments, enqueue=True, fair=fair, follower=follower, keep_expiry=keep_expiry, permits=permits,
-                operation_time=True, bound=bound,
-            )
-        else:
-            operation_time = None
-            state = await store.try_acquire(
-                *arguments, enqueue=True, fair=fair, follower=follower, keep_expiry=keep_expiry, permits=permits,
-                bound=bound,
-            )
+        state, operation_time = await _send(attempt, request, bound)
     except PyMongoError as error:
         if not is_transient(error):
             raise
-        # PyMongo raises ServerSelectionTimeoutError only for a write it never sent (on a retry it
-        # raises the first attempt's error instead: pymongo/asynchronous/mongo_client.py,
-        # _ClientConnectionRetryable.run).
-        sent = not isinstance(error, ServerSelectionTimeoutError)
-        # A request that got no answer in time while others did met a slow server, not an outage;
-        # so did one the acquire's own timeout cut too short to tell: the acquire timed out, as
-        # under a busy lock.
-        slow = isinstance(error, RequestTimeout) and (
-            request.store.answered_at > sent_at or _cut_too_short_to_tell(request, give_up_at, bound)
-        )
-        queue.on_attempt_failed(place, error, sent_at, maybe_applied=sent, outage=not slow)
-        if not slow and _will_retry(queue, request, give_up_at):
-            _warn_retrying(request.name, error)
+        _apply_failure(queue, attempt, request, error, bound=bound, give_up_at=give_up_at)
         return
+    _apply_answer(queue, attempt, request, watcher, backoff, state, operation_time)
+
+
+async def _send(attempt: _Attempt, request: AcquireRequest, bound: float) -> tuple[LockState, Any]:
+    """The attempt's request: the lock's state after it, and its ``operationTime`` if it was sent
+    in a session (where the change stream must start at it), else None."""
+    place = attempt.place
+    # Sent in a session where the change stream must start at the request's ``operationTime``.
+    store = request.store
+    arguments = (request.name, place.token, place.ttl_ms, place.holder)
+    follower, keep_expiry, fair, permits = place.follower, place.keep_expiry, request.fair, request.permits
+    if attempt.with_session:
+        return await store.try_acquire(
+            *arguments, enqueue=True, fair=fair, follower=follower, keep_expiry=keep_expiry, permits=permits,
+            operation_time=True, bound=bound,
+        )
+    state = await store.try_acquire(
+        *arguments, enqueue=True, fair=fair, follower=follower, keep_expiry=keep_expiry, permits=permits,
+        bound=bound,
+    )
+    return state, None
+
+
+def _apply_failure(
+    queue: LocalQueue,
+    attempt: _Attempt,
+    request: AcquireRequest,
+    error: PyMongoError,
+    *,
+    bound: float,
+    give_up_at: float | None,
+) -> None:
+    """The attempt failed in transit (``error``, which retrying may fix): back off, and count it
+    towards an outage unless the server was merely slow."""
+    sent_at = attempt.sent_at
+    # PyMongo raises ServerSelectionTimeoutError only for a write it never sent (on a retry it
+    # raises the first attempt's error instead: pymongo/asynchronous/mongo_client.py,
+    # _ClientConnectionRetryable.run).
+    sent = not isinstance(error, ServerSelectionTimeoutError)
+    # A request that got no answer in time while others did met a slow server, not an outage;
+    # so did one the acquire's own timeout cut too short to tell: the acquire timed out, as
+    # under a busy lock.
+    slow = isinstance(error, RequestTimeout) and (
+        request.store.answered_at > sent_at or _cut_too_short_to_tell(request, give_up_at, bound)
+    )
+    queue.on_attempt_failed(attempt.place, error, sent_at, maybe_applied=sent, outage=not slow)
+    if not slow and _will_retry(queue, request, give_up_at):
+        _warn_retrying(request.name, error)
+
+
+def _apply_answer(
+    queue: LocalQueue,
+    attempt: _Attempt,
+    request: AcquireRequest,
+    watcher: ReleaseWatcher,
+    backoff: Backoff,
+    state: LockState,
+    operation_time: Any,
+) -> None:
+    """Move the waiter first in line by the attempt's answer (the lock's ``state`` after it)."""
+    place, sent_at, covered = attempt.place, attempt.sent_at, attempt.covered
+    token = place.token
     queue.on_answered()
     head = queue.head
     if head is None or queue.slot != token:
@@ -311,7 +411,7 @@ async def _send_and_apply(
             queue.on_place_uncovered()
         return
     # Unless a stream reports releases from before this attempt on, one could go unnoticed.
-    covered = covered or (with_session and watcher.cover_from(request.store, operation_time))
+    covered = covered or (attempt.with_session and watcher.cover_from(request.store, operation_time))
     queue.on_placed(place, sent_at, state.fencing_token, covered=covered)
     if head.turn is Turn.PLACED:
         until_change = _until_next_change(state, token, fair=request.fair)
