@@ -18,6 +18,7 @@ CORE = [
     "tests/handles/test_lock_core.py",
     "tests/handles/test_cancellation.py",
     "tests/handles/test_waiting.py",
+    "tests/handles/test_first_attempt.py",
     "tests/faults/test_outages.py",
     "tests/faults/test_shielded_requests.py",
 ]
