@@ -3,11 +3,11 @@
 Read ``wait_for_lease`` from the top: it drives one task through the states of
 ``Turn`` (the diagram is in docs/design.md). The tasks of one process (strictly: one
 event loop) that wait for one name queue in arrival order (``queues``), and only the first of
-them talks to the server. A task that finds nobody waiting sends its first attempt before its
-queue is made (``queues.FirstAttempt``): most find the lock free and never need one. Its attempt that finds the lock held also stores a *place* for the
+them talks to the server. Its attempt that finds the lock held also stores a *place* for the
 process in the queue stored with the lock (see ``store``); the place carries the owner token the
-lease is handed to when its turn comes. The process's heartbeat keeps the place alive
-(``keeper``); if the process dies, the place expires.
+lease is handed to when its turn comes. (A task that finds nobody waiting sends its first attempt
+before its queue is made, ``queues.FirstAttempt``: most find the lock free and never need one.)
+The process's heartbeat keeps the place alive (``keeper``); if the process dies, the place expires.
 
 A release by a handle of this process (``hand_over``) passes the lease to the first waiter in
 the same write (a *local hand-off*: one request for the release and the next acquisition). So that
