@@ -219,7 +219,7 @@ async def run_shielded(
     cuts.add(shield, cut_at)
     try:
         result = await shield
-    except BaseException as error:
+    except (Exception, asyncio.CancelledError) as error:  # not GeneratorExit: the caller is closed
         cancellation = shield.caller_cancellation()
         if cancellation is not None:
             raise cancellation from None  # the caller's, held back until the request ended

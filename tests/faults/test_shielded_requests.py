@@ -253,6 +253,13 @@ async def test_closing_the_callers_coroutine_closes_the_request() -> None:
     caller.send(None)  # up to the request's first wait
     caller.close()
     assert closed == [True]
+    # Closed after a cancellation of the caller was held back: closed all the same, not turned
+    # into that cancellation (which would leave the coroutine unclosable).
+    caller = run_shielded(request(), bound=3600.0)
+    waited_on = caller.send(None)
+    assert not waited_on.cancel("the caller gave up"), "the stand-in refuses, as Task.cancel finds"
+    caller.close()
+    assert closed == [True, True]
 
 
 @pytest.mark.parametrize("timeout_kind", ["asyncio.timeout", "asyncio.wait_for"])
