@@ -31,14 +31,10 @@ SWEEP = [0.0, 0.05, 0.1, 0.2, 0.3]
 """When, after the first attempt is sent, the other task comes or the release is sent."""
 
 
-async def hold_next_find_and_modify(collection: Any, app_name: str) -> None:
+async def hold_next_find_and_modify(collection: Any) -> None:
+    """Hold the next ``findAndModify`` of ``collection``'s client (its appName scopes the fail point)."""
     await set_fail_point(
-        collection,
-        {"times": 1},
-        failCommands=["findAndModify"],
-        blockConnection=True,
-        blockTimeMS=int(HELD_FOR * 1000),
-        appName=app_name,
+        collection, {"times": 1}, failCommands=["findAndModify"], blockConnection=True, blockTimeMS=int(HELD_FOR * 1000)
     )
 
 
@@ -69,7 +65,7 @@ async def test_a_task_that_comes_during_the_first_attempt_is_served_after_it(
                     assert lock.fencing_token is not None
                     await asyncio.sleep(0.01)
 
-            await hold_next_find_and_modify(collection, fault_server.app_name)
+            await hold_next_find_and_modify(collection)
             before = counter.count("findAndModify")
             first = asyncio.create_task(take("first"))
             await first_attempt_sent(counter, before)
@@ -97,7 +93,7 @@ async def test_a_release_during_the_first_attempt_hands_the_lease_to_it(
             holder = AsyncMongoLock(collection, name, ttl=30.0)
             waiter = AsyncMongoLock(collection, name, ttl=30.0, timeout=20)
             assert await holder.acquire()
-            await hold_next_find_and_modify(collection, fault_server.app_name)
+            await hold_next_find_and_modify(collection)
             before = counter.count("findAndModify")
             waiting = asyncio.create_task(waiter.acquire())
             await first_attempt_sent(counter, before)
