@@ -32,6 +32,9 @@ from tests.support.fail_points import (
 )
 from tests.support.run_settings import SHARDED
 
+# A test that failed while its process was stalled runs again (see there).
+pytest_plugins = ["tests.support.stall_reruns"]
+
 
 @pytest.hookimpl(tryfirst=True)  # before the fixtures' own parametrization reads the markers
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -235,5 +238,3 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"\nthe test run left {len(left)} embedded server directories behind: {[str(d) for d in left]}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     shutil.rmtree(temporary, ignore_errors=True)
-
-
