@@ -32,7 +32,7 @@ from tests.support.fail_points import (
 )
 from tests.support.run_settings import SHARDED
 
-# A test that failed while its process was stalled runs again (see there).
+# A test that failed while the machine stalled runs again (see there).
 pytest_plugins = ["tests.support.stall_reruns"]
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,16 @@ LOG_VARIABLE = "MONGOLOCK_TEST_STALL_LOG"
 """Where the run's watcher writes; set by the process that starts it (the one pytest-xdist's workers
 are started from), inherited by the workers. Its ``MONGOLOCK_`` prefix keeps it from the children
 tests start (``child_environment``): a pytest run a test starts watches for itself."""
-_log: list[StallLog] = []
-_watcher: list[subprocess.Popen[bytes]] = []
+
+
+@dataclass
+class _Watching:
+    log: StallLog | None = None
+    watcher: subprocess.Popen[bytes] | None = None
+    """The watcher, in the process that started it."""
+
+
+_run = _Watching()
 _attempt = pytest.StashKey[Mark]()
 _stalls = pytest.StashKey[list[Stall]]()
 
@@ -56,9 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     path = os.environ.get(LOG_VARIABLE)
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="mongolock-stalls-"), "stalls.log")
-        _watcher.append(_start_watcher(Path(path)))
+        _run.watcher = _start_watcher(Path(path))
         os.environ[LOG_VARIABLE] = path
-    _log.append(StallLog(Path(path)))
+    _run.log = StallLog(Path(path))
 
 
 def _start_watcher(path: Path, timeout: float = 30.0) -> subprocess.Popen[bytes]:
@@ -75,13 +84,12 @@ def _start_watcher(path: Path, timeout: float = 30.0) -> subprocess.Popen[bytes]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _watcher:
-        watcher = _watcher.pop()
-        watcher.terminate()
-        watcher.wait()
-        shutil.rmtree(_log[0].path.parent, ignore_errors=True)
+    if _run.watcher is not None and _run.log is not None:
+        _run.watcher.terminate()
+        _run.watcher.wait()
+        shutil.rmtree(_run.log.path.parent, ignore_errors=True)
         del os.environ[LOG_VARIABLE]
-    _log.clear()
+    _run.log = _run.watcher = None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -96,9 +104,10 @@ def _stalled(item: pytest.Item, error: BaseException | None) -> bool:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    assert _run.log is not None
     if getattr(item, "execution_count", 1) > 1:  # pytest-rerunfailures counts the attempts
-        _log[0].wait_for_calm(float(item.config.getini("stall_calm")), longest=LONGEST_WAIT)
-    item.stash[_attempt] = _log[0].mark()
+        _run.log.wait_for_calm(float(item.config.getini("stall_calm")), longest=LONGEST_WAIT)
+    item.stash[_attempt] = _run.log.mark()
     item.stash[_stalls] = []
     return (yield)
 
@@ -108,8 +117,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if report.failed and _attempt in item.stash:
-        seen = _log[0].stalls_since(item.stash[_attempt])
+    if report.failed and _run.log is not None and _attempt in item.stash:
+        seen = _run.log.stalls_since(item.stash[_attempt])
         if seen:
             item.stash[_stalls] = seen
             report.sections.append((SECTION, "\n".join(map(str, seen))))
@@ -119,9 +128,10 @@ def pytest_runtest_makereport(
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """What the watcher saw during the run, which tests ran again, and what was seen while their
     failed attempt ran."""
-    seen = _log[0].stalls() if _watcher and _log else []
+    seen = _run.log.stalls() if _run.watcher is not None and _run.log is not None else []
     if seen:
-        terminalreporter.write_sep("=", f"the machine stalled {len(seen)} times during the run")
+        times = "once" if len(seen) == 1 else f"{len(seen)} times"
+        terminalreporter.write_sep("=", f"the machine stalled {times} during the run")
         for stall in seen[:20]:
             terminalreporter.write_line(str(stall))
         if len(seen) > 20:
