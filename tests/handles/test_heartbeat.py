@@ -76,7 +76,10 @@ async def test_without_heartbeat_the_block_is_cancelled_at_its_deadline(mongoloc
 async def test_paused_server_cancels_the_body_before_the_server_expiry(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:
-    ttl = 2.0
+    # 5 s: the default safety margin (a tenth of the TTL) is then 0.5 s, the time the loop may take
+    # to run the deadline's timer. With 2 s (a margin of 0.2 s), CI once cancelled the body 36 ms
+    # after the server's expiry; a process of 8 workers' run on 2 cores has been 0.16 s late to wake.
+    ttl = 5.0
     holder_client = make_client(mongolock_driver, private_server.uri)
     contender_client = make_client(mongolock_driver, private_server.uri)
     try:
