@@ -145,6 +145,7 @@ _TESTS = """
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 ATTEMPTS = Path(__file__).with_name("attempts")
@@ -152,8 +153,8 @@ ATTEMPTS = Path(__file__).with_name("attempts")
 
 def attempt(name):
     with ATTEMPTS.open("a") as file:
-        file.write(name + "\\n")
-    return ATTEMPTS.read_text().split().count(name)
+        file.write(f"{name} {time.monotonic()}\\n")
+    return [line.split()[0] for line in ATTEMPTS.read_text().splitlines()].count(name)
 
 
 def stop_the_machine():
@@ -196,13 +197,17 @@ def test_stalls_and_passes():
 """
 
 
+CALM = 1.0
+
+
 @pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "1"]], ids=["one process", "an xdist worker"])
 def test_only_a_failure_with_a_stall_runs_again(tmp_path: Path, workers: list[str]) -> None:
     (tmp_path / "test_stalling.py").write_text(textwrap.dedent(_TESTS))
     ini = "[pytest]\naddopts = -p no:cacheprovider\nasyncio_default_fixture_loop_scope = function\n"
     (tmp_path / "pytest.ini").write_text(ini)
+    plugin = ["-p", "tests.support.stall_reruns", "-o", f"stall_calm={CALM}"]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.support.stall_reruns", "-o", "stall_calm=0.3", "-q", *workers],
+        [sys.executable, "-m", "pytest", *plugin, "-q", *workers],
         cwd=tmp_path,
         env=child_environment(PYTHONPATH=str(ROOT)),
         start_new_session=True,  # its process group is the machine its tests stop
@@ -211,9 +216,13 @@ def test_only_a_failure_with_a_stall_runs_again(tmp_path: Path, workers: list[st
         timeout=120,
     )
     output = run.stdout + run.stderr
-    attempts = (tmp_path / "attempts").read_text().split()
-    counts = {name: attempts.count(name) for name in ("once", "alone", "plain", "always", "passes")}
+    attempts = [(line.split()[0], float(line.split()[1])) for line in (tmp_path / "attempts").read_text().splitlines()]
+    names = [name for name, _ in attempts]
+    counts = {name: names.count(name) for name in ("once", "alone", "plain", "always", "passes")}
     assert counts == {"once": 2, "alone": 1, "plain": 1, "always": 3, "passes": 1}, output
+    # The next attempt waited for CALM seconds without a stall, after the 0.6 s stop ended.
+    first, second = [at for name, at in attempts if name == "once"]
+    assert second - first >= 0.6 + CALM, (second - first, output)
     assert "3 failed, 2 passed, 3 rerun" in output, output
     assert "ran again: they failed while this machine stalled" in output, output
     after_heading = output.split("ran again: they failed while this machine stalled")[1].splitlines()[1:]
