@@ -78,7 +78,7 @@ async def test_paused_server_cancels_the_body_before_the_server_expiry(
 ) -> None:
     # 5 s: the default safety margin (a tenth of the TTL) is then 0.5 s, the time the loop may take
     # to run the deadline's timer. With 2 s (a margin of 0.2 s), CI once cancelled the body 36 ms
-    # after the server's expiry; a process of 8 workers' run on 2 cores has been 0.16 s late to wake.
+    # after the server's expiry; a process beside 8 workers' run on 2 cores has woken 0.24 s late.
     ttl = 5.0
     holder_client = make_client(mongolock_driver, private_server.uri)
     contender_client = make_client(mongolock_driver, private_server.uri)
