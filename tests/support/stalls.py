@@ -129,13 +129,13 @@ class StallLog:
 
     def stalls_since(self, mark: Mark) -> list[Stall]:
         """What the watcher saw since ``mark``, after giving it time to wake from a stall that has
-        just ended; and the wall clock's drift since ``mark`` if that is more than ``STEP`` (steps
-        too small to record one by one)."""
+        just ended; if it saw nothing, the wall clock's drift since ``mark`` when that is more than
+        ``STEP`` (steps too small to record one by one)."""
         self._clocks.sleep(PAUSE)
         seen = [stall for stall in self.stalls() if stall.monotonic >= mark.monotonic]
         now = self._clocks.mark()
         drift = now.offset - mark.offset
-        if abs(drift) > STEP and not any("stepped" in stall.description for stall in seen):
+        if abs(drift) > STEP and not seen:
             text = f"the wall clock drifted {drift:+.3f} s against the monotonic one"
             seen.append(Stall(now.monotonic, now.monotonic + now.offset, text))
         return seen
