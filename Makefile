@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test lint docs screenshots demo bench soak model
+.PHONY: test lint docs screenshots demo bench soak model stall-check
 
 ## Root installs system packages itself; anyone else through a sudo that asks no password (GitHub's
 ## hosted runners run jobs as the user runner, with one). With neither, the install fails and says so.
@@ -103,6 +103,12 @@ model:
 	$(call debian,spin,make model cannot run without it)
 	$(call debian,gcc,make model cannot compile the verifier without it)
 	python3 model/check.py
+
+## The safety tests (pytest -m safety) while random processes of their run are stopped for 0.2 to
+## 1.5 s (each run must pass), then against a planted defect in a temporary copy of the checkout (one
+## acquisition in twenty ignores the holder: each run must fail). tests/support/stall_check.py.
+stall-check: $(STAMP)
+	$(PYTHON) -m tests.support.stall_check --runs $(or $(RUNS),3) --defect-runs $(or $(DEFECT_RUNS),5)
 
 ## The soaks (not part of the tests): 20 minutes of contention through crashes, pauses and fail points,
 ## then 5 minutes of fenced writes by processes paused at random past their TTL, then 200 cuts per
