@@ -114,12 +114,13 @@ stall-check: $(STAMP)
 ## then 5 minutes of fenced writes by processes paused at random past their TTL, then 200 cuts per
 ## client swept across a request's wait for a pooled connection (the suite runs 40), then 10 minutes
 ## of the lease chaos (no lease held by nobody for longer than its TTL, through a fail point every 150 ms);
-## last, the lease protocol's model at its deeper bounds (model/check.py --deep, docs/model.md).
+## then five runs of the safety tests under random pauses and five against the planted defect (stall-check); last, the lease protocol's model at its deeper bounds (model/check.py --deep, docs/model.md).
 soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
 	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/faults/test_request_bounds.py
 	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)
+	$(PYTHON) -m tests.support.stall_check --runs 5 --defect-runs 5
 	$(call debian,spin,the model's deeper check cannot run without it)
 	$(call debian,gcc,the model's deeper check cannot compile its verifier without it)
 	python3 model/check.py --deep --limit 1800
