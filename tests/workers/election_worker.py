@@ -2,8 +2,9 @@
 
 ``contend``: CANDIDATES candidates (tasks) lead in turn until SECONDS have passed: each runs
 ``election.lead(work)``, where ``work`` records (entered, left, term, pid) of its term on
-CLOCK_MONOTONIC (shared by the machine's processes) and resigns after a short while. Prints one
-JSON line per term. ``broken`` does the same with an election that reads who leads, then makes
+CLOCK_MONOTONIC (shared by the machine's processes), as its candidate says it led
+(``belief.Belief``: only while its leadership's lease is live), and resigns after a short while.
+Prints one JSON line per term. ``broken`` does the same with an election that reads who leads, then makes
 itself leader, in two round trips: the classic race, so the test can show its detector fires.
 
 ``lead``: one candidate leads (TTL from SECONDS) and prints ``leading <term>``, then keeps leading
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import secrets
@@ -28,7 +30,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from contention import keep_going  # tests/workers/, this script's directory
+from belief import Belief  # tests/workers/, this script's directory
+from contention import keep_going
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoElection
@@ -39,6 +42,8 @@ NAME = "leader"
 
 class ReadThenSetElection:
     """A deliberately broken election: sees nobody leading, then writes itself in, not atomically."""
+
+    deadline: float | None = None  # it believes it leads from its win to its resignation
 
     def __init__(self, collection: Any) -> None:
         self.collection = collection
@@ -52,9 +57,11 @@ class ReadThenSetElection:
                 await self.collection.update_one(
                     {"_id": NAME}, {"$set": {"leader": self.token, "term": term}}, upsert=True
                 )
+                self.deadline = math.inf
                 try:
                     await work(term)
                 finally:
+                    self.deadline = None
                     await self.collection.update_one({"_id": NAME, "leader": self.token}, {"$set": {"leader": None}})
                 return
             await asyncio.sleep(random.uniform(0, 0.002))
@@ -64,18 +71,26 @@ ENOUGH = 8  # per process: the test judges 30 from 4 processes
 
 
 async def contend(collection: Any, kind: str, stop_at: float, terms: list[Any]) -> None:
-    async def work(term: int) -> None:
-        entered = time.monotonic()
-        # Long enough for the other candidates to be waiting when this term ends.
-        await asyncio.sleep(random.uniform(0.02, 0.05))
-        terms.append((entered, time.monotonic(), term, os.getpid()))
-
     while keep_going(stop_at, terms, ENOUGH):
         candidate: Any = (
             ReadThenSetElection(collection)
             if kind == "broken"
             else AsyncMongoElection(collection, NAME, ttl=10.0, retry_base=0.005, retry_cap=0.05)
         )
+
+        async def work(term: int, candidate: Any = candidate) -> None:
+            # A loss cancels it (``lead`` then campaigns again): what it believed up to the loss
+            # is its term.
+            belief = Belief(candidate)
+            belief.holds()
+            try:
+                # Long enough for the other candidates to be waiting when this term ends.
+                await asyncio.sleep(random.uniform(0.02, 0.05))
+            finally:
+                belief.leaves()
+                if belief.section is not None:
+                    terms.append((*belief.section, term, os.getpid()))
+
         await candidate.lead(work)
 
 
