@@ -71,3 +71,23 @@ class Belief:
         self._over = True
         if self.entered is not None:
             self.left = min(now, self._deadline)
+
+
+def believes(handle: Any) -> bool:
+    """Whether ``handle`` says now that its lease is live. Asked after another handle's acquire
+    returned True, True means the two held at once (that grant came before this moment)."""
+    now = time.monotonic()
+    deadline = handle.deadline
+    return deadline is not None and now < deadline
+
+
+async def release_as_promised(handle: Any) -> bool:
+    """Release ``handle``'s lease. It may find the lease gone (False) only once the handle's
+    deadline has passed: the server keeps a lease past that, so gone before it means someone took
+    it early. Nothing else may have broken it (no operator's forced release)."""
+    deadline = handle.deadline
+    released: bool = await handle.release()
+    assert released or deadline is None or time.monotonic() >= deadline, (
+        f"{handle.name!r}: the release found the lease gone before its local deadline"
+    )
+    return released
