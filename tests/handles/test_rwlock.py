@@ -253,6 +253,10 @@ async def test_a_writer_never_waits_in_a_readers_place(
     # same process queues behind it. When the reader gives up, the writer must not inherit that
     # place: a hand-off to it would grant a reader's weight, and readers would come in beside the writer.
     other = make_client(mongolock_driver, mongolock_uri)
+
+    async def place_stored(name: str) -> bool:
+        return bool((await mongolock_collection.find_one({"_id": name})).get("queue"))
+
     try:
         # The reader's timeout leaves a loaded machine 2 s to store its place; a pause longer than
         # that leaves nothing to judge, and the scenario runs again on a fresh name.
@@ -264,7 +268,7 @@ async def test_a_writer_never_waits_in_a_readers_place(
             rw = AsyncMongoRWLock(mongolock_collection, name, ttl=10.0, retry_base=60.0, retry_cap=60.0)
             reader, writer = rw.read(), rw.write()
             reading = asyncio.create_task(reader.acquire(timeout=2.0))
-            while not reading.done() and not (await mongolock_collection.find_one({"_id": name})).get("queue"):
+            while not reading.done() and not await place_stored(name):  # noqa: ASYNC110 - polls the server
                 await asyncio.sleep(0.01)
             if not reading.done():
                 break
