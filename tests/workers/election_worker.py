@@ -8,10 +8,11 @@ Prints one JSON line per term. ``broken`` does the same with an election that re
 itself leader, in two round trips: the classic race, so the test can show its detector fires.
 
 ``lead``: one candidate leads (TTL from SECONDS) and prints ``leading <term>``, then keeps leading
-until it is killed or stopped; it prints ``lost <monotonic time>`` if it learns of a loss. With
-``fenced`` it also hands its term to a task that writes to the document "resource" every 50 ms with
-it as the fencing token, for as long as the process runs (a loss does not stop it), printing
-``wrote <monotonic time it was sent> applied`` or ``refused`` after each write.
+until it is killed or stopped; it prints ``lost <monotonic time>`` if it learns of a loss (and
+campaigns again). With ``fenced`` it also hands each term to a task that writes to the document
+"resource" every 50 ms with it as the fencing token, for as long as the process runs (a loss does
+not stop it), printing ``wrote <monotonic time it was sent> {applied|refused} <term>`` after each
+write.
 
     python tests/workers/election_worker.py URI DATABASE COLLECTION {contend|broken} CANDIDATES SECONDS START_AT
     python tests/workers/election_worker.py URI DATABASE COLLECTION lead - TTL {-|fenced}
@@ -109,7 +110,7 @@ async def lead(collection: Any, ttl: float, fenced: bool) -> None:
             written = await fenced_update_one(
                 collection.database["resource"], {"_id": "resource"}, {"$inc": {"writes": 1}}, token=term, upsert=True
             )
-            print("wrote", sent_at, "applied" if written.applied else "refused", flush=True)
+            print("wrote", sent_at, "applied" if written.applied else "refused", term, flush=True)
 
     async def work(term: int) -> None:
         print("leading", term, flush=True)
