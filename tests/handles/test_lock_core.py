@@ -38,7 +38,6 @@ async def test_one_of_two_wins_and_the_loser_waits_for_the_release(mongolock_col
     assert await waiter.release()
 
 
-@pytest.mark.timing(margin=2.4)  # free again within 2.5 s of the release
 async def test_async_with_raises_timeout_when_held(mongolock_collection: Any) -> None:
     holder = AsyncMongoLock(mongolock_collection, "job", ttl=30.0)
     async with holder:
@@ -51,8 +50,9 @@ async def test_async_with_raises_timeout_when_held(mongolock_collection: Any) ->
                 pytest.fail("entered a held lock")
     # The timed-out waiter withdraws its queue place in the background; a release that gets to the
     # server first hands the lease to that place, and the withdrawal then passes it on. Either
-    # way the lock is free within a few round trips, never a TTL.
-    for _ in range(50):
+    # way the lock is free within a few round trips, never a TTL (30 s): 10 s for them (2.5 s
+    # could be a loaded machine's few round trips).
+    for _ in range(200):
         if not await holder.locked():
             break
         await asyncio.sleep(0.05)
