@@ -44,6 +44,8 @@ from tests.support.held_requests import held_by_nobody, hold_requests, two_proce
 from tests.workers.belief import release_as_promised
 from tests.workers.giving_up_worker import acquire, handle
 
+pytestmark = pytest.mark.safety
+
 TTL = 1.5
 HELD_FOR = 1.0
 """How long the fail point holds each first attempt: they land about this long after the start."""
@@ -54,7 +56,6 @@ late requests land, and as they land. Few names: Motor runs each request in a th
 six here, and a held request keeps its thread until it lands."""
 
 
-@pytest.mark.safety
 @pytest.mark.parametrize("kind", ["lock", "fair-lock", "semaphore", "rwlock"])
 async def test_an_attempt_that_lands_after_its_token_was_released_takes_nothing(
     mongolock_driver: str, fault_server: FaultServer, kind: str
@@ -105,7 +106,6 @@ OUR_TTL = 30.0
 long a pause delays it."""
 
 
-@pytest.mark.safety
 async def test_a_release_that_lands_after_its_successor_gave_up_queues_it_nowhere(
     mongolock_driver: str, fault_server: FaultServer
 ) -> None:
@@ -155,7 +155,6 @@ to their place (at 0.8 s): each becomes first as the one before it gives up, and
 held past its own patience."""
 
 
-@pytest.mark.safety
 async def test_requests_cut_off_one_after_another_keep_no_lease_alive(
     mongolock_driver: str, fault_server: FaultServer
 ) -> None:

@@ -45,6 +45,8 @@ from tests.support.held_requests import held_by_nobody, hold_requests, two_proce
 from tests.workers.belief import release_as_promised
 from tests.workers.giving_up_worker import acquire, handle
 
+pytestmark = pytest.mark.safety
+
 TTL = 1.5
 HELD_FOR = 1.0
 """How long the fail point holds the first attempt of each name: it lands about this long after the start."""
@@ -55,7 +57,6 @@ RELEASE_AFTER_LANDING = [0.1, 0.3]
 """When the second waiter releases, after the held attempt landed (the trace's step 5 follows 4)."""
 
 
-@pytest.mark.safety
 @pytest.mark.parametrize("kind", ["lock", "fair-lock"])
 async def test_a_withdrawal_before_the_document_exists_still_makes_the_late_attempt_inert(
     mongolock_driver: str, fault_server: FaultServer, kind: str
@@ -87,7 +88,6 @@ async def _next_waiter(collection: object, kind: str, name: str, release_at: flo
     await release_as_promised(lock)
 
 
-@pytest.mark.safety
 @pytest.mark.parametrize("kind", ["lock", "fair-lock"])
 async def test_a_late_acquire_of_a_token_handed_over_and_released_queues_nothing(
     mongolock_driver: str, fault_server: FaultServer, kind: str

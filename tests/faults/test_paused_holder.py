@@ -19,10 +19,11 @@ from mongolock_async.testing.clients import TEST_DATABASE
 from tests.support.processes import ROOT, WORKERS
 from tests.support.run_settings import child_environment
 
+pytestmark = pytest.mark.safety
+
 PAUSED_HOLDER = WORKERS / "paused_holder.py"
 
 
-@pytest.mark.safety
 @pytest.mark.parametrize("heartbeat", [0.0, 0.4], ids=["without-heartbeat", "with-heartbeat"])
 def test_a_paused_holder_runs_no_step_past_its_deadline(mongolock_uri: str, heartbeat: float) -> None:
     ttl = 1.5
