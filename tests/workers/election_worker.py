@@ -4,8 +4,9 @@
 ``election.lead(work)``, where ``work`` records (entered, left, term, pid) of its term on
 CLOCK_MONOTONIC (shared by the machine's processes), as its candidate says it led
 (``belief.Belief``: only while its leadership's lease is live), and resigns after a short while.
-Prints one JSON line per term. ``broken`` does the same with an election that reads who leads, then makes
-itself leader, in two round trips: the classic race, so the test can show its detector fires.
+Prints one JSON line per term. ``broken`` does the same with an election that reads who leads,
+then makes itself leader, in two round trips: the classic race, so the test can show its detector
+fires.
 
 ``lead``: one candidate leads (TTL from SECONDS) and prints ``leading <term>``, then keeps leading
 until it is killed or stopped; it prints ``lost <monotonic time>`` if it learns of a loss (and

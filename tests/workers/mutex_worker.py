@@ -3,8 +3,8 @@
 Each task records (enter, exit, fencing token) of every critical section with CLOCK_MONOTONIC,
 which all processes of one machine share, as its handle says it held (``belief.Belief``: only
 while its lease is live), and the process prints them as JSON lines, then one last line with its
-command counts. ``fair`` uses ``fair=True``; ``broken`` swaps in a lock that checks and
-then sets in two round trips, the classic race, so the test can show its detector works.
+command counts. ``fair`` uses ``fair=True``; ``broken`` swaps in a lock that checks and then sets
+in two round trips, the classic race, so the test can show its detector works.
 
     python tests/workers/mutex_worker.py URI DATABASE COLLECTION {real|fair|broken} TASKS SECONDS START_AT
 """

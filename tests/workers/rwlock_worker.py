@@ -3,9 +3,9 @@ until a deadline.
 
 Each task records (mode, enter, exit, fencing token, when it asked) of every section, with
 CLOCK_MONOTONIC (shared by the machine's processes), as its handle says it held (``belief.Belief``:
-only while its lease is live), and prints them as JSON lines. ``broken``
-swaps in a read-write lock that reads the state, then writes it, in two round trips: the classic
-race, so the test can show its detector works.
+only while its lease is live), and prints them as JSON lines. ``broken`` swaps in a read-write lock
+that reads the state, then writes it, in two round trips: the classic race, so the test can show
+its detector works.
 
     python tests/workers/rwlock_worker.py URI DATABASE COLLECTION {real|broken} READERS WRITERS SECONDS START_AT
 """

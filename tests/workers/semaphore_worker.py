@@ -2,9 +2,9 @@
 
 Each task records (enter, exit, fencing token, when it asked) of every section it held a permit in, with
 CLOCK_MONOTONIC (shared by the machine's processes), as its handle says it held (``belief.Belief``:
-only while its permit's lease is live), and prints them as JSON lines. ``broken``
-swaps in a semaphore that counts the holders, then adds itself, in two round trips: the classic
-race, so the test can show its detector works.
+only while its permit's lease is live), and prints them as JSON lines. ``broken`` swaps in a
+semaphore that counts the holders, then adds itself, in two round trips: the classic race, so the
+test can show its detector works.
 
     python tests/workers/semaphore_worker.py URI DATABASE COLLECTION {real|fair|broken} LIMIT TASKS SECONDS START_AT
 """
