@@ -84,7 +84,7 @@ async def test_force_release_breaks_only_the_lease_it_names(mongolock_collection
     from mongolock_async.operations import force_release, inspect_lock
 
     # A long lease, expired by hand below: the inspection and the refusal must see it live (with a
-    # TTL of 0.5 s, which they had to share on a loaded machine, they could not always).
+    # TTL of 0.5 s, which they had to share, a loaded machine's server could leave them too little).
     first = AsyncMongoLock(mongolock_collection, "ledger", ttl=30, label="first")
     assert await first.acquire()
     info = await inspect_lock(mongolock_collection, "ledger")

@@ -126,7 +126,7 @@ async def test_a_release_that_lands_after_its_successor_gave_up_queues_it_nowher
             asyncio.ensure_future(acquire(AsyncMongoLock(collection, name, ttl=OUR_TTL, fair=True), give_up))
             for name, give_up in zip(names, GIVE_UPS, strict=True)
         ]
-        # Our places are queued behind theirs (a fixed 0.2 s each, before, was not always enough for them).
+        # Our places are queued behind theirs (a fixed 0.2 s each, before, is tight on a loaded machine).
         await places_queued(collection, names, 2)
         # Each release (naming our waiter as its successor) is held; our waiters give up meanwhile.
         await hold_requests(collection, len(names), HELD_FOR)

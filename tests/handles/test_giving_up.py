@@ -422,7 +422,7 @@ async def place_of(collection: Any, name: str, pid: int, within: float = 60.0) -
 
 # A fresh handle takes the name within 3.5 s of the handed lease's end: its first attempt, its
 # stream, its wake-up at the expiry and its next attempt, each a round trip that a loaded machine's
-# server can take half a second or more to answer (1.5 s for them was missed). Still caught: a
+# server can take half a second or more to answer (1.5 s for them was tight). Still caught: a
 # waiter that sleeps out its own TTL (30 s) or never looks again; and any take before the end.
 @pytest.mark.timing(margin=3.0)
 async def test_a_lock_handed_to_a_killed_waiter_is_free_again_after_that_waiters_ttl(

@@ -29,7 +29,7 @@ async def test_a_dropped_handle_is_no_longer_renewed_and_is_released(
     caplog.set_level(logging.WARNING, logger="mongolock_async")
     lock: AsyncMongoLock | None = AsyncMongoLock(counted_collection, "dropped", ttl=3.0, heartbeat=0.2)
     assert lock is not None and await lock.acquire()
-    # A renewal, sent 0.2 s after the acquire (within a fixed 0.5 s, on a loaded machine not always).
+    # A renewal, sent 0.2 s after the acquire (a fixed 0.5 s, before, left 0.3 s on a loaded machine).
     for _ in range(100):
         if command_counter.count("update") >= 1:
             break

@@ -168,7 +168,7 @@ async def every_kind_of_permit_request(driver: str, uri: str, name: str, **optio
             assert (await anext(changes)) is not None  # an observer reads the leader, then watches
             campaigning = asyncio.create_task(follower.campaign(timeout=20))
             # The named candidate's place stored: a hand-over names one that waits (a fixed 0.5 s
-            # was not always enough on a loaded machine).
+            # is tight on a loaded machine).
             give_up_at = time.monotonic() + 20
             while (seen := await leader.leader()) is None or seen.candidates < 1:
                 assert time.monotonic() < give_up_at, "the named candidate's place never showed"
