@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.run_settings import child_environment
 
 SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "fenced_soak.py"
 
 
+@pytest.mark.safety
 def test_no_stale_write_lands_under_the_guard_and_some_do_without_it() -> None:
     result = subprocess.run(
         # The control ends at its first stale write, within 90 s even on a loaded machine.

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -82,7 +83,9 @@ async def test_a_bad_holder_is_refused_before_any_io(
 async def test_force_release_breaks_only_the_lease_it_names(mongolock_collection: Any) -> None:
     from mongolock_async.operations import force_release, inspect_lock
 
-    first = AsyncMongoLock(mongolock_collection, "ledger", ttl=0.5, label="first")
+    # A long lease, expired by hand below: the inspection and the refusal must see it live (with a
+    # TTL of 0.5 s, which they had to share, a loaded machine's server could leave them too little).
+    first = AsyncMongoLock(mongolock_collection, "ledger", ttl=30, label="first")
     assert await first.acquire()
     info = await inspect_lock(mongolock_collection, "ledger")
     assert info is not None and info.holders[0].owner is not None
@@ -90,7 +93,8 @@ async def test_force_release_breaks_only_the_lease_it_names(mongolock_collection
     with pytest.raises(ValueError, match=f"live lease: name the one to break .*{shown}"):
         await force_release(mongolock_collection, "ledger")  # no holder named: nothing is broken
     first._forget_lease()
-    await asyncio.sleep(0.6)  # its lease expires, and another takes the lock
+    # Its lease expires (set by hand, as its TTL running out would), and another takes the lock.
+    await mongolock_collection.update_one({"_id": "ledger"}, {"$set": {"expiresAt": datetime(2000, 1, 1)}})
     second = AsyncMongoLock(mongolock_collection, "ledger", ttl=30, label="second")
     assert await second.acquire()
     with pytest.raises(LookupError, match="no live holder"):

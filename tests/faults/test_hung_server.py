@@ -23,6 +23,7 @@ from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_cl
 from tests.support.fail_points import FaultServer, set_fail_point
 
 
+@pytest.mark.timing(margin=3.5)  # within 5 s of a 1 s timeout
 async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:
@@ -53,6 +54,7 @@ async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
         await close_client(client)
 
 
+@pytest.mark.timing(margin=0.5)  # the holder's extend answered within the waiter's 1 s, after 0.3 s
 async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(fault_collection: Any) -> None:
     # Under load an attempt can take longer than what is left of a short timeout, while the server
     # answers other requests: the acquire timed out, as under a busy lock (a web helper's 429), and
@@ -70,6 +72,7 @@ async def test_a_slow_answer_while_others_come_is_a_timeout_not_an_outage(fault_
     assert await holder.release()
 
 
+@pytest.mark.timing(margin=0.5)  # the fail point set before the waiter's next attempt, at the 1 s lease's expiry
 async def test_a_slow_answer_cut_off_by_the_timeout_after_an_answer_is_a_timeout(
     mongolock_driver: str, fault_server: FaultServer, fault_collection: Any
 ) -> None:
@@ -122,6 +125,7 @@ async def test_a_request_sent_too_late_to_be_answered_in_time_is_a_timeout(
     assert await lock.acquire(timeout=0.5) is False
 
 
+@pytest.mark.timing(margin=3.0)  # the 4 s lease live at its release; within 7 s
 async def test_a_release_returns_within_the_lease_while_the_server_hangs(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:

@@ -11,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.run_settings import child_environment
 
 CHAOS = Path(__file__).resolve().parents[2] / "benchmarks" / "lease_chaos.py"
 
 
+@pytest.mark.safety
 def test_no_lease_outlives_its_ttl_held_by_nobody_and_the_control_shows_the_detectors_work() -> None:
     result = subprocess.run(
         [sys.executable, str(CHAOS), "--seconds", "5", "--control-seconds", "4", "--json"],

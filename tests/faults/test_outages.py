@@ -21,6 +21,7 @@ from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_cl
 from tests.support.commands import CommandCounter
 
 
+@pytest.mark.timing(margin=4.0)  # within 6 s of a 1.5 s bound
 async def test_a_blocking_acquire_without_timeout_raises_once_the_server_stays_unreachable(
     mongolock_driver: str,
     refused_uri: str,
@@ -49,6 +50,7 @@ async def test_a_blocking_acquire_without_timeout_raises_once_the_server_stays_u
         await close_client(client)
 
 
+@pytest.mark.timing(margin=0.5)  # said 2.5 to 3.0 s
 async def test_an_outage_error_shows_the_drivers_cause_not_the_librarys_inner_timeout(
     mongolock_driver: str, refused_uri: str
 ) -> None:
@@ -68,6 +70,7 @@ async def test_an_outage_error_shows_the_drivers_cause_not_the_librarys_inner_ti
     assert [type(error) for error in chain] == [ServerUnreachableError, ServerSelectionTimeoutError], chain
 
 
+@pytest.mark.timing(margin=2.5)  # within 3 s of a 0.5 s bound
 async def test_a_request_whose_cut_is_lost_still_ends_near_its_bound_while_no_server_is_known(
     mongolock_driver: str, refused_uri: str
 ) -> None:
@@ -92,6 +95,7 @@ async def test_a_request_whose_cut_is_lost_still_ends_near_its_bound_while_no_se
         await close_client(client)
 
 
+@pytest.mark.timing(margin=0.5)  # said 3.5 to 4.0 s
 async def test_a_retried_acquire_says_so_once_at_warning_level(
     mongolock_driver: str,
     refused_uri: str,
@@ -113,6 +117,7 @@ async def test_a_retried_acquire_says_so_once_at_warning_level(
         await close_client(client)
 
 
+@pytest.mark.timing(margin=4.0)  # within 6 s of a 1 s timeout
 async def test_a_timeout_that_passes_while_unreachable_says_so(
     mongolock_driver: str, refused_uri: str
 ) -> None:
@@ -130,6 +135,7 @@ async def test_a_timeout_that_passes_while_unreachable_says_so(
         await close_client(client)
 
 
+@pytest.mark.timing(margin=2.0)  # within 4 s of a 1.5 s selection timeout
 async def test_a_non_blocking_acquire_honours_the_uris_server_selection_timeout(
     mongolock_driver: str, refused_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -182,6 +188,7 @@ async def test_unreachable_timeout_none_waits_through_any_outage(
         await close_client(client)
 
 
+@pytest.mark.timing(margin=3.0)  # within 5 s of a 1 s selection timeout
 async def test_every_waiting_task_gives_up_together(mongolock_driver: str, refused_uri: str) -> None:
     # Only the first waiter of a process talks to the server; the others must not wait their turn
     # to find out, one server selection timeout each.
@@ -209,6 +216,7 @@ async def test_unreachable_timeout_is_checked_before_any_io(
     assert command_counter.names == []
 
 
+@pytest.mark.timing(margin=1.0)  # warned after 2 s, checked at 3 s
 async def test_a_wait_for_an_unreachable_server_is_never_silent(
     mongolock_driver: str, refused_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -60,6 +60,7 @@ async def test_a_hot_name_remembers_a_bounded_number_of_releases(mongolock_colle
     assert await store.release("hot", owners[0]) is None
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("permits", [None, Permits("semaphore", 2)], ids=["lock", "semaphore"])
 async def test_an_attempt_applied_after_its_withdrawal_queues_nothing_and_takes_nothing(
     mongolock_collection: Any, permits: Permits | None
@@ -81,6 +82,7 @@ async def test_an_attempt_applied_after_its_withdrawal_queues_nothing_and_takes_
     assert (await store.try_acquire("late", "someone-else", 30_000, {}, permits=permits)).holds("someone-else")
 
 
+@pytest.mark.safety
 async def test_a_late_claim_naming_a_withdrawn_follower_does_not_queue_it(mongolock_collection: Any) -> None:
     # The trace of docs/model.md (issue 40, 5): a waiter's claim, naming the next waiter's place as
     # its follower, is held on its way; meanwhile that claim's work is done again by the next first
@@ -102,6 +104,7 @@ async def test_a_late_claim_naming_a_withdrawn_follower_does_not_queue_it(mongol
     assert released is not None and released.owner is None, "the release handed the lock to the withdrawn follower"
 
 
+@pytest.mark.safety
 async def test_a_hand_off_to_a_place_recording_a_withdrawn_follower_does_not_queue_it(
     mongolock_collection: Any
 ) -> None:

@@ -56,6 +56,7 @@ async def test_a_guarded_transaction_commits_while_the_lease_is_live(mongolock_c
     await orders.drop()
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("how", ["expiry", "force"])
 async def test_a_transaction_guarded_after_a_takeover_commits_nothing(mongolock_collection: Any, how: str) -> None:
     database = mongolock_collection.database
@@ -74,6 +75,7 @@ async def test_a_transaction_guarded_after_a_takeover_commits_nothing(mongolock_
     await orders.drop()
 
 
+@pytest.mark.safety
 async def test_a_takeover_during_the_transaction_fails_the_guard(mongolock_collection: Any) -> None:
     """The transaction's snapshot predates the takeover: the guard's write conflicts (WriteConflict,
     TransientTransactionError), and with_transaction's retry then finds the lease gone."""
@@ -104,24 +106,38 @@ async def test_a_takeover_during_the_transaction_fails_the_guard(mongolock_colle
     await orders.drop()
 
 
+@pytest.mark.safety
 async def test_a_takeover_waits_for_the_guarded_commit(mongolock_collection: Any) -> None:
     """Guarded first, the transaction holds the lock document: an acquire after the lease expired
     waits until the commit, so the stale holder's writes are ordered before the new holder's."""
     database = mongolock_collection.database
     client, orders = database.client, database[mongolock_collection.name + "_orders"]
-    # 2 s: the acquire, the guard and the first write have 1.8 s on a loaded machine.
-    lock = AsyncMongoLock(mongolock_collection, "checkout", ttl=2.0)
-    assert await lock.acquire()
-    token = lock.fencing_token
-    successor = AsyncMongoLock(mongolock_collection, "checkout", ttl=30.0)
-    takeover: asyncio.Task[bool] | None = None
-    async with transaction(client) as session:
-        await lock.guard_transaction(session)
-        await orders.insert_one({"_id": "before-takeover", "token": token}, session=session)
-        await asyncio.sleep(2.2)  # the lease has expired on the server; the transaction is open
-        takeover = asyncio.create_task(successor.acquire(timeout=20.0))
-        await asyncio.sleep(0.5)
-        assert not takeover.done(), "the takeover did not wait for the guarded transaction"
+    # 2 s: the acquire, the guard and the first write have 1.8 s on a loaded machine. A guard that
+    # finds the lease past its local deadline (a pause of this process) rightly refuses: then the
+    # scenario runs again, on a fresh name.
+    for attempt in range(3):
+        name = f"checkout-{attempt}"
+        lock = AsyncMongoLock(mongolock_collection, name, ttl=2.0)
+        assert await lock.acquire()
+        token = lock.fencing_token
+        successor = AsyncMongoLock(mongolock_collection, name, ttl=30.0)
+        takeover: asyncio.Task[bool] | None = None
+        deadline = lock.deadline
+        assert deadline is not None
+        try:
+            async with transaction(client) as session:
+                await lock.guard_transaction(session)
+                await orders.insert_one({"_id": name, "token": token}, session=session)
+                await asyncio.sleep(2.2)  # the lease has expired on the server; the transaction is open
+                takeover = asyncio.create_task(successor.acquire(timeout=20.0))
+                await asyncio.sleep(0.5)
+                assert not takeover.done(), "the takeover did not wait for the guarded transaction"
+        except LockLostError:
+            assert time.monotonic() >= deadline, "the guard refused a lease before its local deadline"
+            continue
+        break
+    else:
+        pytest.fail("the guard came after the lease's local deadline three times")
     assert await takeover
     assert successor.fencing_token is not None and token is not None
     assert successor.fencing_token > token
@@ -190,6 +206,7 @@ async def test_the_guard_needs_transactions(mongolock_driver: str) -> None:
 # -- token-checked writes ------------------------------------------------------------------------------
 
 
+@pytest.mark.safety
 async def test_token_checked_writes_refuse_older_tokens(mongolock_collection: Any) -> None:
     stock = mongolock_collection.database[mongolock_collection.name + "_stock"]
     await stock.insert_one({"_id": "sku", "sold": 0})
@@ -260,6 +277,7 @@ class _LosesTheCreationRace:
         return await self._race("replace_one", filter, *args, **kwargs)
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("write", ["update", "insert"])
 async def test_a_newer_token_that_loses_the_race_to_create_the_document_still_writes(
     mongolock_collection: Any, write: str
@@ -310,6 +328,7 @@ async def test_token_checked_write_misuse_is_refused_before_any_io(
 # -- a paused holder process ---------------------------------------------------------------------------
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("takeover", ["expiry", "force"])
 @pytest.mark.parametrize("mode", ["transaction", "token"])
 def test_a_paused_holders_writes_are_refused_after_a_takeover(mongolock_uri: str, mode: str, takeover: str) -> None:

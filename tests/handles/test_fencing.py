@@ -103,6 +103,7 @@ async def run_steps(server: EmbeddedMongo, driver: str, collection_name: str, pl
     return tokens
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_tokens_strictly_increase(fencing_server: EmbeddedMongo, driver: str) -> None:
     counter = iter(range(1_000_000))

@@ -6,7 +6,10 @@ off by the cancellation still reaches the server. Were the place left there, the
 release would hand the lock to it, and nobody could take the name until that lease's TTL ran out.
 Each test sweeps the moment of giving up across the first request's flight, on several names at
 once, so that a regression fails every run; each checks the outcome the way a user sees it: once
-the holder releases, a fresh handle takes the lock at once.
+the holder releases, a fresh handle takes the lock at once (within a few seconds if a stall of the
+server left a withdrawal to finish in the background: a place left behind holds the name for its
+TTL, 30 s), and no holder's release finds its lease gone before its local deadline. So no pause can
+make a correct library fail them (they are marked ``safety``).
 
 A waiter whose process is killed cannot withdraw anything: its place blocks the name for at most
 its own TTL (tested last), and a waiter behind such a place neither polls the server in a loop nor
@@ -34,12 +37,18 @@ from tests.support.commands import CommandCounter
 from tests.support.fail_points import FaultServer, set_fail_point
 from tests.support.processes import WORKERS
 from tests.support.run_settings import child_environment
+from tests.workers.belief import release_as_promised
 from tests.workers.giving_up_worker import acquire, handle
 
 KINDS = ["lock", "fair-lock", "semaphore", "rwlock", "election"]
 WORKER = WORKERS / "giving_up_worker.py"
 NAMES = 12
 """Names per test: each waiter gives up at its own moment of the sweep."""
+FREED_WITHIN = 10.0
+"""Seconds a fresh handle may wait for a released name: none, normally, but a waiter that gave up
+while the server stalled leaves its withdrawal to finish in the background (after
+``GIVE_UP_SLACK``, 2 s), and a release meanwhile hands the lease to its place, which the withdrawal
+then passes on. A place left behind holds the name for its TTL (30 s): still caught."""
 
 GiveUp = Callable[[Coroutine[Any, Any, bool], float], Awaitable[bool]]
 
@@ -90,20 +99,19 @@ async def hold_all(collection: Any, kind: str, names: list[str]) -> list[AsyncMo
 
 
 async def release_all(holders: list[AsyncMongoLock]) -> None:
-    async def release(holder: AsyncMongoLock) -> None:
-        released = await (holder.resign() if isinstance(holder, AsyncMongoElection) else holder.release())
-        assert released, f"{holder.name}: the holder's lease was gone before its release"
-
-    await asyncio.gather(*(release(holder) for holder in holders))
+    """Release (an election's: resign) every holder; a release may find its lease gone only past
+    the holder's local deadline."""
+    await asyncio.gather(*(release_as_promised(holder) for holder in holders))
 
 
 async def not_taken_at_once(collection: Any, kind: str, names: list[str], moments: list[str]) -> list[str]:
-    """The names (with the moment their waiter gave up) that a fresh handle cannot take at once."""
+    """The names (with the moment their waiter gave up) that a fresh handle cannot take at once
+    (or within ``FREED_WITHIN``, as a stall can leave a withdrawal to finish)."""
 
     async def blocked(name: str, moment: str) -> str | None:
         fresh = handle(collection, kind, name)
-        if await fresh.acquire(blocking=False):
-            assert await fresh.release()
+        if await fresh.acquire(blocking=False) or await acquire(fresh, FREED_WITHIN):
+            await release_as_promised(fresh)
             return None
         doc = await collection.find_one({"_id": name}) or {}
         holder = doc.get("holder") or [entry.get("holder") for entry in doc.get("holders", [])]
@@ -113,6 +121,7 @@ async def not_taken_at_once(collection: Any, kind: str, names: list[str], moment
     return [entry for entry in found if entry is not None]
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("give_up", GIVE_UPS)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_waiter_that_gives_up_in_flight_leaves_no_place(
@@ -136,6 +145,7 @@ HELD_MS = 400
 HELD_NAMES = 8
 
 
+@pytest.mark.safety
 async def test_a_waiter_cancelled_while_its_request_is_held_leaves_no_place(
     mongolock_driver: str, fault_server: FaultServer, fault_collection: Any
 ) -> None:
@@ -179,6 +189,7 @@ async def test_a_waiter_cancelled_while_its_request_is_held_leaves_no_place(
 LINE_HELD_MS, LINE_NAMES = 1000, 4
 
 
+@pytest.mark.safety
 async def test_a_line_that_gives_up_while_its_attempt_is_held_leaves_no_place(
     mongolock_driver: str, fault_server: FaultServer, fault_collection: Any
 ) -> None:
@@ -227,6 +238,7 @@ async def test_a_line_that_gives_up_while_its_attempt_is_held_leaves_no_place(
         assert not blocked, f"{kind}: released, then handed to a line that had given up: {blocked}"
 
 
+@pytest.mark.safety
 async def test_a_semaphore_line_that_gives_up_while_its_first_attempt_is_held_leaves_no_place(
     mongolock_driver: str, fault_server: FaultServer, fault_collection: Any
 ) -> None:
@@ -263,7 +275,7 @@ async def test_a_semaphore_line_that_gives_up_while_its_first_attempt_is_held_le
                 await asyncio.sleep(0.05)
                 behind.append(asyncio.ensure_future(acquire(handle(collection, "semaphore", name), 10.0)))
             await asyncio.sleep(held + 0.2)  # the first waiter's place is stored
-            assert await holders[index].release()
+            await release_as_promised(holders[index])
             if not await granted:
                 return False, []
             await asyncio.sleep(delays[index])
@@ -272,7 +284,7 @@ async def test_a_semaphore_line_that_gives_up_while_its_first_attempt_is_held_le
                 waiter.cancel()
                 outcomes.append(await cancel_outcome(waiter))
             await asyncio.sleep(held)  # the held attempt has landed, after the line withdrew
-            assert await first.release()
+            await release_as_promised(first)
             return True, outcomes
 
         outcomes = await asyncio.gather(*(line(index, name) for index, name in enumerate(names)))
@@ -293,6 +305,7 @@ async def cancel_outcome(task: asyncio.Future[bool]) -> bool:
         return False
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_waiter_that_times_out_then_closes_its_client_leaves_no_place(
     mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, kind: str
@@ -332,6 +345,7 @@ def run_giving_up_workers(uri: str, collection: Any, kind: str, mode: str, group
         assert process.returncode == 0 and out.startswith("done"), err
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("mode", ["wait_for", "cron"])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_process_that_gives_up_and_exits_leaves_no_place(
@@ -352,6 +366,7 @@ async def test_a_process_that_gives_up_and_exits_leaves_no_place(
     assert not blocked, f"released, then handed to a process that had given up and exited: {blocked}"
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("kind", ["lock", "semaphore"])
 async def test_a_withdrawal_that_fails_in_transit_is_sent_again(
     mongolock_driver: str, fault_server: FaultServer, fault_collection: Any, kind: str
@@ -405,6 +420,11 @@ async def place_of(collection: Any, name: str, pid: int, within: float = 60.0) -
     raise AssertionError(f"process {pid} never queued for {name!r}")
 
 
+# A fresh handle takes the name within 3.5 s of the handed lease's end: its first attempt, its
+# stream, its wake-up at the expiry and its next attempt, each a round trip that a loaded machine's
+# server can take half a second or more to answer (1.5 s for them was tight). Still caught: a
+# waiter that sleeps out its own TTL (30 s) or never looks again; and any take before the end.
+@pytest.mark.timing(margin=3.0)
 async def test_a_lock_handed_to_a_killed_waiter_is_free_again_after_that_waiters_ttl(
     mongolock_uri: str, pymongo_collection: Any
 ) -> None:
@@ -417,17 +437,21 @@ async def test_a_lock_handed_to_a_killed_waiter_is_free_again_after_that_waiters
         place = await place_of(lock_collection, "killed", waiter.pid)
         waiter.send_signal(signal.SIGKILL)
         waiter.wait(timeout=30)
-    assert await holder.release()
-    released_at = time.monotonic()
+    releasing_at = time.monotonic()  # the handed lease ends no sooner than 2 s after this
+    await release_as_promised(holder)
     doc = await lock_collection.find_one({"_id": "killed"})
     assert doc["owner"] == place["t"], "the release handed the lease to the killed waiter's place"
     fresh = handle(lock_collection, "lock", "killed")
     assert await fresh.acquire(timeout=10)
-    waited = time.monotonic() - released_at
-    assert 1.0 < waited < 2.0 + 1.5, f"free {waited:.2f} s after the hand-off to a place with a TTL of 2 s"
-    assert await fresh.release()
+    waited = time.monotonic() - releasing_at
+    assert 2.0 - 0.01 <= waited < 2.0 + 3.5, f"free {waited:.2f} s after the hand-off to a place with a TTL of 2 s"
+    await release_as_promised(fresh)
 
 
+# The live waiter takes the lock within 3.5 s of the dead place's expiry: a fresh client's connection,
+# its wake-up and its attempt on a loaded machine (2 s was tight). It still fails one that oversleeps
+# to its own TTL (30 s) or polls (more than 8 attempts).
+@pytest.mark.timing(margin=3.0)
 async def test_a_fair_waiter_behind_a_killed_waiter_neither_polls_nor_oversleeps(
     mongolock_uri: str, pymongo_collection: Any, command_counter: CommandCounter
 ) -> None:
@@ -452,10 +476,13 @@ async def test_a_fair_waiter_behind_a_killed_waiter_neither_polls_nor_oversleeps
         assert await live.release()
     finally:
         await close_client(client)
-    assert waited < 4.0 + 2.0, f"took the lock {waited:.1f} s after the kill; the dead place expired within 4 s"
+    assert waited < 4.0 + 3.5, f"took the lock {waited:.1f} s after the kill; the dead place expired within 4 s"
     assert attempts <= 8, f"{attempts} acquire requests while waiting behind a dead place"
 
 
+# The live candidate leads within 3.5 s of the dead candidate's place expiring (it was 2.5 s): still
+# well before its own TTL (15 s), which a candidate that overslept would wait out.
+@pytest.mark.timing(margin=3.0)
 async def test_an_election_behind_a_killed_leader_and_candidate_elects_at_the_candidates_expiry(
     mongolock_uri: str, pymongo_collection: Any
 ) -> None:
@@ -477,8 +504,8 @@ async def test_an_election_behind_a_killed_leader_and_candidate_elects_at_the_ca
             term = await asyncio.wait_for(campaign, 30)
             took = time.monotonic() - killed_at
     assert term > 0 and live.leading
-    assert took < 4.0 + 2.5, f"a new leader {took:.1f} s after the kill; the dead candidate's place expired within 4 s"
-    assert await live.resign()
+    assert took < 4.0 + 3.5, f"a new leader {took:.1f} s after the kill; the dead candidate's place expired within 4 s"
+    await release_as_promised(live)  # a resignation
 
 
 # -- a program that ends while it holds a lock ------------------------------------------------------
@@ -519,13 +546,15 @@ distance from the first waiter's last write of its place (about 3 s, or its refr
 0.5 s later. Eleven moments 0.05 s apart failed 6 to 11 times in each run of each variant before
 the fix; with eleven names at once the loaded server of a full run answered a holder's renewal
 too late (1.4 s) after it, so six moments 0.1 s apart."""
-HOLDERS_TTL = 10.0
+HOLDERS_TTL = 30.0
 """The holders' leases outlast the releases on a loaded machine too. They count from the acquires'
 send, and a fresh client's first acquires (its connections opened meanwhile) took 1.7 s at load
 18: a 3 s lease, renewed 1 s after they returned, reached its local deadline (2.7 s) before the
-renewal was answered (2 of 72 runs at load 13 to 18, 12 of 36 at load 24 to 29)."""
+renewal was answered (2 of 72 runs at load 13 to 18, 12 of 36 at load 24 to 29). 30 s: a pause of
+this process of many seconds still leaves them held when the second waiters give up."""
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("kind", ["lock", "fair-lock"])
 async def test_a_second_waiter_that_gave_up_leaves_no_follower_place(
     mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, kind: str
@@ -548,10 +577,10 @@ async def test_a_second_waiter_that_gave_up_leaves_no_follower_place(
 
         async def take_and_release(first: AsyncMongoLock) -> bool:
             # Released at once: held until all names are handed over, a first lease (1.5 s) might
-            # run out on a loaded machine.
+            # run out on a loaded machine (so might it before its release: past its deadline, then).
             if not await acquire(first, 20.0):
                 return False
-            assert await first.release(), f"{first.name}: the lease was gone before its release"
+            await release_as_promised(first)
             return True
 
         first_waits = [asyncio.ensure_future(take_and_release(first)) for first in firsts]
@@ -565,7 +594,7 @@ async def test_a_second_waiter_that_gave_up_leaves_no_follower_place(
 
         async def release_at(holder: AsyncMongoLock, moment: float) -> None:
             await asyncio.sleep(max(0.0, started + moment - time.monotonic()))
-            assert await holder.release()
+            await release_as_promised(holder)
 
         await asyncio.gather(*(release_at(holder, moment) for holder, moment in zip(holders, RELEASES_AT, strict=True)))
         assert all(await asyncio.gather(*first_waits))

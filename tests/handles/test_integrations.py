@@ -33,6 +33,7 @@ from tests.support.run_settings import child_environment
 # -- the manager and run-once jobs ----------------------------------------------------------------
 
 
+@pytest.mark.timing(margin=4.0)  # a 7 s lease, across a 2 s timeout
 async def test_a_manager_hands_out_handles_with_its_defaults(mongolock_collection: Any) -> None:
     locks = LockManager(mongolock_collection, ttl=7.0, timeout=2.0, label="checkout")
     lock = locks("stock:42")
@@ -50,17 +51,28 @@ async def test_a_manager_hands_out_handles_with_its_defaults(mongolock_collectio
         LockManager(mongolock_collection, name="x")
 
 
+@pytest.mark.timing(margin=4.5)  # 5 s leases
 async def test_run_once_runs_one_call_at_a_time_and_skips_the_others(mongolock_collection: Any) -> None:
     locks = LockManager(mongolock_collection, ttl=5.0, timeout=30.0)
     runs: list[int] = []
+    others_done = asyncio.Event()
 
     @locks.run_once("nightly")
     async def job(replica: int) -> int:
         runs.append(replica)
-        await asyncio.sleep(0.3)
+        # Until the other calls have returned: a run of a fixed 0.3 s could end before a loaded
+        # machine's pool had opened their connections, and a later call would rightly run again.
+        await asyncio.wait_for(others_done.wait(), 30)
         return replica * 10
 
-    results = await asyncio.gather(*(job(replica) for replica in range(4)))
+    async def call(replica: int, calls: list[int | None]) -> int | None:
+        calls.append(result := await job(replica))
+        if calls.count(None) == 3:
+            others_done.set()
+        return result
+
+    calls: list[int | None] = []
+    results = await asyncio.gather(*(call(replica, calls) for replica in range(4)))
     assert len(runs) == 1 and results.count(None) == 3 and results[runs[0]] == runs[0] * 10
     assert await job(7) == 70, "free again once the first run ended"
 
@@ -78,8 +90,11 @@ async def test_run_once_runs_one_call_at_a_time_and_skips_the_others(mongolock_c
     assert doc is not None, "the name defaults to the function's module and qualified name"
 
 
+@pytest.mark.timing(margin=1.5)  # the acquire answered within the 2 s lease
 async def test_run_once_protects_the_job_like_async_with(mongolock_collection: Any) -> None:
-    locks = LockManager(mongolock_collection, ttl=0.6)
+    # 2 s: a job never waits, so a lease whose reply came after its deadline (0.54 s of 0.6, on a
+    # loaded machine) was a call that returned None.
+    locks = LockManager(mongolock_collection, ttl=2.0)
 
     @locks.run_once("short-lease", heartbeat=False)  # a job's heartbeat is on unless told otherwise
     async def too_long() -> None:
@@ -180,6 +195,7 @@ async def test_fastapi_example_sells_exactly_the_stock(mongolock_uri: str, monke
         assert await held_locks(mongolock_uri, database) == 0
 
 
+@pytest.mark.timing(margin=1.5)  # a free lock within the 2 s timeout
 async def test_fastapi_maps_a_held_lock_to_423_and_a_lost_lease_to_503(mongolock_collection: Any) -> None:
     # The timeout bounds a free lock's acquisition too, so it leaves room for a loaded machine; so
     # does the TTL, but for the path operation meant to outlast its lease.
@@ -219,6 +235,7 @@ async def until_answered(requests: list[asyncio.Task[Any]], count: int, within: 
         await asyncio.wait(pending, timeout=give_up_at - time.monotonic(), return_when=asyncio.FIRST_COMPLETED)
 
 
+@pytest.mark.timing(margin=1.5)  # the holders' permits within the 2 s timeout
 async def test_a_semaphore_limits_a_route_to_n_requests_with_429_beyond(mongolock_collection: Any) -> None:
     # The holders keep their permits until the others have been refused, however long that takes
     # on a loaded machine; the timeout leaves room for the holders' own acquisitions.
@@ -248,6 +265,7 @@ async def test_a_semaphore_limits_a_route_to_n_requests_with_429_beyond(mongoloc
     assert locks.semaphore("exports", 2).limit == 2 and not await locks.semaphore("exports", 2).locked()
 
 
+@pytest.mark.timing(margin=1.5)  # the holders' permits within the 2 s timeout
 async def test_aiohttp_limits_a_handler_to_n_requests_with_429_beyond(mongolock_collection: Any) -> None:
     from mongolock_async.aiohttp import LOCK
     from mongolock_async.aiohttp import limit_concurrency as aiohttp_limit
@@ -289,6 +307,7 @@ async def test_aiohttp_example_sells_exactly_the_stock(mongolock_uri: str, monke
         assert await held_locks(mongolock_uri, database) == 0
 
 
+@pytest.mark.timing(margin=1.5)  # a free lock within the 2 s timeout
 async def test_aiohttp_maps_a_held_lock_to_423(mongolock_collection: Any) -> None:
     from mongolock_async.aiohttp import LOCK
     from mongolock_async.aiohttp import hold_lock as aiohttp_hold_lock
@@ -426,6 +445,7 @@ def run_example(module: str, uri: str, **env: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.timing(margin=0.4)  # the other replicas try while the 0.5 s job runs
 def test_the_worker_and_job_examples_print_what_the_guide_shows(mongolock_uri: str) -> None:
     suffix = uuid.uuid4().hex[:8]
     worker = run_example("worker", mongolock_uri, WORKER_DATABASE=f"worker_{suffix}", MONGOLOCK_DB=f"worker_{suffix}")
@@ -437,6 +457,7 @@ def test_the_worker_and_job_examples_print_what_the_guide_shows(mongolock_uri: s
     assert results.count("skipped") == 2 and any("ran the report" in result for result in results), job.stdout
 
 
+@pytest.mark.timing(margin=1.5)  # each purchase takes its free lock within the example's 2 s timeout
 @pytest.mark.parametrize(("module", "port_option"), [("fastapi_app", "--port"), ("aiohttp_app", "--port")])
 def test_the_web_examples_serve_from_the_package_on_localhost(
     mongolock_uri: str, module: str, port_option: str

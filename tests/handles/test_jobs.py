@@ -1,6 +1,10 @@
 """Jobs: at most one run at a time, once per period of the server's clock, at least some time
 apart; runs recorded, lost runs retried, failures bounded. The concurrency claims are tested with
-several OS processes (and a control that shows the detector counts what it should)."""
+several OS processes (and a control that shows the detector counts what it should).
+
+A run counts once the server recorded its end (the worker's ``run`` returned): a run whose lease
+was lost, as after a pause past its TTL, left its period to be run again, so no pause can make a
+correct job show two runs in a period."""
 
 from __future__ import annotations
 
@@ -106,6 +110,7 @@ def test_the_detector_counts_runs_per_period() -> None:
     assert one_run_per_called_period(runs[2:], [(9, "running")]) == {}
 
 
+@pytest.mark.safety
 async def test_four_processes_run_a_periodic_job_once_per_period(mongolock_uri: str, pymongo_collection: Any) -> None:
     # 4 processes fire the same job (every 1 s) at jittered moments of each period for 22 s.
     lock_collection = pymongo_collection
@@ -113,11 +118,13 @@ async def test_four_processes_run_a_periodic_job_once_per_period(mongolock_uri: 
     skipped: list[tuple[int, str]] = []
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands, skipped)
     assert not one_run_per_called_period(runs, skipped), one_run_per_called_period(runs, skipped)
-    assert sum(1 for n in runs_per_period(runs).values() if n == 1) >= 20, runs_per_period(runs)
+    # Enough periods to judge, even if the server stopped for a few seconds (no call lands then).
+    assert sum(1 for n in runs_per_period(runs).values() if n == 1) >= 12, runs_per_period(runs)
     assert {reason for _, reason in skipped} <= {"running", "done"}, skipped
     assert len({pid for *_, pid in runs}) > 1, "the runs were spread over the processes"
 
 
+@pytest.mark.safety  # the detector's control
 async def test_the_control_without_periods_runs_several_times_per_period(
     mongolock_uri: str, pymongo_collection: Any
 ) -> None:
@@ -128,6 +135,7 @@ async def test_the_control_without_periods_runs_several_times_per_period(
     assert max(runs_per_period(runs).values()) > 1, "the detector would miss a second run in a period"
 
 
+@pytest.mark.safety
 async def test_client_clocks_that_disagree_do_not_matter(mongolock_uri: str, pymongo_collection: Any) -> None:
     # Three processes whose wall clocks read 40.3 s ahead, 35.6 s behind, and right.
     lock_collection = pymongo_collection
@@ -139,11 +147,13 @@ async def test_client_clocks_that_disagree_do_not_matter(mongolock_uri: str, pym
     skipped: list[tuple[int, str]] = []
     runs = await asyncio.to_thread(run_job_workers, mongolock_uri, lock_collection, commands, skipped)
     assert not one_run_per_called_period(runs, skipped), one_run_per_called_period(runs, skipped)
-    assert len(runs_per_period(runs)) >= 8, f"only {len(runs_per_period(runs))} periods had a run"
+    # Of 12: enough to judge, even if the server stopped for a few seconds.
+    assert len(runs_per_period(runs)) >= 6, f"only {len(runs_per_period(runs))} periods had a run"
     assert len({pid for *_, pid in runs}) > 1, "the skewed processes ran the job too"
 
 
 @pytest.mark.environment  # libfaketime is what the environment provides (make test installs it)
+@pytest.mark.timing(margin=1.0)  # read within 1 s of the child's print
 def test_libfaketime_shifts_a_processs_wall_clock() -> None:
     # What the test above relies on: the worker's time.time() is off by the given amount.
     command = [sys.executable, "-c", "import time; print(time.time())"]
@@ -158,6 +168,9 @@ def period_midway(every: float) -> float:
     return (time.time() - every / 2) % every
 
 
+# The killed run's lease (TTL 1.5 s, renewed every 0.5 s) lasts a second or more after the kill: the
+# first call and the read of the state must come within it.
+@pytest.mark.timing(margin=0.8)
 async def test_a_run_killed_mid_job_is_retried_in_the_same_period_after_its_ttl(
     mongolock_uri: str, pymongo_collection: Any
 ) -> None:
@@ -220,6 +233,7 @@ async def test_a_job_that_raises_is_retried_up_to_max_attempts_then_the_period_i
     assert state.last.error_message == "attempt 3: the upstream said no"
 
 
+@pytest.mark.timing(margin=1.2)  # the run's start answered within its 1.5 s lease's deadline
 async def test_a_run_that_loses_its_lease_says_so_in_its_record_and_log_and_is_retried(
     mongolock_collection: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -250,6 +264,7 @@ async def test_a_run_that_loses_its_lease_says_so_in_its_record_and_log_and_is_r
     assert state is not None and state.done and state.attempts == 2
 
 
+@pytest.mark.timing(margin=1.1)  # renewed every 0.67 s, each lease ending 1.8 s after its send
 async def test_a_jobs_runs_are_renewed_by_default_and_a_locks_lease_is_not(mongolock_collection: Any) -> None:
     # A 2 s TTL: its heartbeat (every ttl / 3) has over a second for each renewal's round trip,
     # which a loaded machine's embedded server can take (at 0.6 s, 1 run in 80 lost the lease
@@ -269,6 +284,8 @@ async def test_a_jobs_runs_are_renewed_by_default_and_a_locks_lease_is_not(mongo
             await asyncio.sleep(1.8)
 
 
+# The gaps are judged on the server's record, which no pause shortens; 4 runs in 6 s leave about 2 s.
+@pytest.mark.timing(margin=1.5)
 async def test_min_interval_keeps_fixed_delay_runs_of_three_processes_apart(
     mongolock_uri: str, pymongo_collection: Any
 ) -> None:
@@ -292,6 +309,7 @@ async def test_the_control_without_min_interval_runs_closer(mongolock_uri: str, 
     assert min(gaps) < 1.0, "the gap check would not catch runs closer than asked"
 
 
+@pytest.mark.timing(margin=1.3)  # the second call within hold_at_least (1.5 s) of the first run
 async def test_hold_at_least_keeps_the_lease_after_a_short_run(mongolock_collection: Any) -> None:
     job = AsyncMongoJob(mongolock_collection, "shedlock", hold_at_least=timedelta(seconds=1.5))
 
@@ -308,6 +326,7 @@ async def test_hold_at_least_keeps_the_lease_after_a_short_run(mongolock_collect
     assert result.value == "done"
 
 
+@pytest.mark.timing(margin=2.5)  # the last two calls within one 3 s period
 async def test_periods_are_the_servers_and_a_new_period_runs_again(mongolock_collection: Any) -> None:
     ran: list[Period] = []
 
@@ -498,11 +517,19 @@ class Recorder(LockHooks):
 async def test_hooks_hear_of_runs_and_skips(mongolock_collection: Any) -> None:
     hooks = Recorder()
     job = AsyncMongoJob(mongolock_collection, "observed", every=3600, offset=period_midway(3600.0), hooks=hooks)
+    started, done = asyncio.Event(), asyncio.Event()
 
     async def work() -> None:
-        await asyncio.sleep(0.2)
+        started.set()
+        await done.wait()
 
-    await asyncio.gather(job.run(work), job.run(work))
+    # The second call comes while the first runs, however long its request takes (a run of 0.2 s,
+    # as before, could end first on a loaded machine: then the call is skipped as done).
+    running = asyncio.create_task(job.run(work))
+    await started.wait()
+    await job.run(work)
+    done.set()
+    await running
     await job.run(work)
     period = hooks.events[-1][1]["period"]
     assert isinstance(period, Period)
@@ -666,6 +693,8 @@ async def test_current_run_outside_a_job_says_so() -> None:
         current_run()
 
 
+# Each replica calls every 0.25 s: a period without a digest takes a pause of most of its 1 s.
+@pytest.mark.timing(margin=0.7)
 @pytest.mark.parametrize("scheduler", ["loop", "apscheduler", "fastapi"])
 async def test_the_periodic_example_builds_one_digest_per_period_on_three_replicas(
     mongolock_uri: str, pymongo_collection: Any, scheduler: str
@@ -708,6 +737,7 @@ async def test_the_periodic_example_builds_one_digest_per_period_on_three_replic
     assert all("built the digests of" in out for out in outputs), outputs
 
 
+@pytest.mark.timing(margin=1.2)  # the first run must start before the stop at 1.5 s
 @pytest.mark.parametrize("scheduler", ["loop", "apscheduler", "fastapi"])
 async def test_the_periodic_examples_schedulers_stop_between_runs_never_during_one(scheduler: str) -> None:
     # A run cut off on the way out leaves its period not done, and another replica builds that
@@ -725,6 +755,7 @@ async def test_the_periodic_examples_schedulers_stop_between_runs_never_during_o
     assert finished.is_set(), "the run in progress was cut off on the way out"
 
 
+@pytest.mark.timing(margin=2.2)  # the run's lease must be live when broken: renewed every 0.5 s, 2.7 s each
 async def test_a_run_whose_lease_is_broken_by_force_is_cancelled_and_recorded_lost(mongolock_collection: Any) -> None:
     job = AsyncMongoJob(
         mongolock_collection, "broken", every=3600, offset=period_midway(3600.0), ttl=3.0, heartbeat=0.5

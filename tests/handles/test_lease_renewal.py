@@ -22,13 +22,18 @@ from tests.support.commands import CommandCounter
 from tests.support.fail_points import FaultServer, set_fail_point
 
 
+@pytest.mark.timing(margin=2.4)  # a 3 s lease renewed every 0.2 s, live until it is dropped
 async def test_a_dropped_handle_is_no_longer_renewed_and_is_released(
     counted_collection: Any, command_counter: CommandCounter, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="mongolock_async")
     lock: AsyncMongoLock | None = AsyncMongoLock(counted_collection, "dropped", ttl=3.0, heartbeat=0.2)
     assert lock is not None and await lock.acquire()
-    await asyncio.sleep(0.5)
+    # A renewal, sent 0.2 s after the acquire (a fixed 0.5 s, before, left 0.3 s on a loaded machine).
+    for _ in range(100):
+        if command_counter.count("update") >= 1:
+            break
+        await asyncio.sleep(0.05)
     assert command_counter.count("update") >= 1, "it was being renewed"
     del lock
     gc.collect()
@@ -44,6 +49,7 @@ async def test_a_dropped_handle_is_no_longer_renewed_and_is_released(
     assert command_counter.count("update") == 0, "a dropped handle's lease is still renewed"
 
 
+@pytest.mark.timing(margin=2.4)  # the release (held 1 s) answered within the 4 s lease
 async def test_nothing_is_renewed_once_release_is_called(fault_server: FaultServer, mongolock_driver: str) -> None:
     counter = CommandCounter()
     client = fault_server.client(mongolock_driver, event_listeners=[counter])
@@ -64,6 +70,7 @@ async def test_nothing_is_renewed_once_release_is_called(fault_server: FaultServ
         await close_client(client)
 
 
+@pytest.mark.timing(margin=2.4)  # the kept lease (3 s) renewed every 0.3 s
 async def test_a_renewal_confirms_only_what_it_renewed(mongolock_collection: Any) -> None:
     kept = AsyncMongoLock(mongolock_collection, "kept", ttl=3.0, heartbeat=0.3)
     lapsed = AsyncMongoLock(mongolock_collection, "lapsed", ttl=3.0, heartbeat=0.3)

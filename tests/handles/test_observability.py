@@ -41,6 +41,7 @@ class Recorder(LockHooks):
         return [kind for kind, _, _ in self.events]
 
 
+@pytest.mark.timing(margin=2.4)  # 3 s leases renewed every 0.3 s; lost within 5 s
 async def test_hooks_hear_every_event(mongolock_collection: Any) -> None:
     hooks = Recorder()
     locks = LockManager(mongolock_collection, ttl=3.0, hooks=hooks)
@@ -48,6 +49,10 @@ async def test_hooks_hear_every_event(mongolock_collection: Any) -> None:
         token = lock.fencing_token
         assert await locks("job", blocking=False).acquire() is False
         await asyncio.sleep(0.5)
+        for _ in range(100):  # a renewal answered (the first is sent after 0.3 s: a fixed 0.5 s left 0.2 s)
+            if "renewed" in hooks.kinds():
+                break
+            await asyncio.sleep(0.05)
     assert hooks.kinds()[:2] == ["acquired", "not_acquired"]
     assert "renewed" in hooks.kinds() and hooks.kinds()[-1] == "released"
     acquired, released = hooks.events[0][2], hooks.events[-1][2]
@@ -61,6 +66,7 @@ async def test_hooks_hear_every_event(mongolock_collection: Any) -> None:
     assert (kind, name) == ("lost", "stolen") and "another owner" in details["reason"]
 
 
+@pytest.mark.timing(margin=2.5)  # a 3 s lease, owned and released
 async def test_a_failing_hook_is_logged_and_the_lock_works(
     mongolock_collection: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -76,10 +82,15 @@ async def test_a_failing_hook_is_logged_and_the_lock_works(
         AsyncMongoLock(mongolock_collection, "observed", hooks=object())  # type: ignore[arg-type]
 
 
+@pytest.mark.timing(margin=2.4)  # a 3 s lease renewed every 0.3 s
 async def test_debug_logs_and_a_loss_reported_once(mongolock_collection: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="mongolock_async")
     async with AsyncMongoLock(mongolock_collection, "logged", ttl=3.0, heartbeat=0.3):
         await asyncio.sleep(0.4)
+        for _ in range(100):  # a renewal answered (sent after 0.3 s: a fixed 0.4 s left 0.1 s)
+            if any(record.getMessage().startswith("renewed 1 of 1 leases") for record in caplog.records):
+                break
+            await asyncio.sleep(0.05)
     messages = [record.getMessage() for record in caplog.records]
     assert any(message.startswith("acquired 'logged'") for message in messages)
     assert any(message.startswith("renewed 1 of 1 leases") for message in messages)
@@ -106,6 +117,7 @@ def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
     return {metric.name: list(metric.data.data_points) for scope in scopes for metric in scope.metrics}
 
 
+@pytest.mark.timing(margin=2.4)  # 3 s leases renewed every 0.3 s
 async def test_opentelemetry_metrics_and_spans(mongolock_collection: Any) -> None:
     reader = InMemoryMetricReader()
     spans = InMemorySpanExporter()

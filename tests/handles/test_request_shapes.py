@@ -279,6 +279,7 @@ async def test_acquire_release_hand_off_and_withdrawal_name_their_document(
     assert "aggregate $changeStream" in seen
 
 
+@pytest.mark.timing(margin=2.5)  # 4 s leases renewed every second
 async def test_renewals_and_their_read_back_name_their_documents(
     mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -315,6 +316,7 @@ async def test_renewals_and_their_read_back_name_their_documents(
     assert "find {_id:in, $or}" in seen  # the read-back of a chunk that renewed fewer than it sent
 
 
+@pytest.mark.timing(margin=2.5)  # a 4 s permit renewed every second
 async def test_places_semaphore_renewal_and_guard_name_their_documents(
     mongolock_driver: str, mongolock_uri: str, mongolock_collection: Any
 ) -> None:

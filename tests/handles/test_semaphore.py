@@ -1,9 +1,14 @@
 """AsyncMongoSemaphore: never more than ``limit`` holders, across OS processes and tasks, with the
-lock's promises (server time, owner-only release, rising fencing tokens, heartbeat, loss)."""
+lock's promises (server time, owner-only release, rising fencing tokens, heartbeat, loss).
+
+A holder's section is what it believed the way the library promises it (``belief.Belief``: from
+an entry observed while its permit's lease was live, to its exit or that lease's local deadline),
+so no pause can make a correct semaphore show more than ``limit`` at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -22,7 +27,9 @@ from mongolock_async.store import LockStore, Permits, PlaceRequest
 from mongolock_async.testing.clients import TEST_DATABASE
 from tests.support.commands import CommandCounter
 from tests.support.overlap import most_at_once
+from tests.support.permits import expire_every_permit
 from tests.support.processes import WORKERS, run_workers
+from tests.workers.belief import Belief, release_as_promised
 
 WORKER = WORKERS / "semaphore_worker.py"
 PROCESSES, TASKS, LIMIT, SECONDS = 4, 6, 3, 4.0
@@ -46,6 +53,7 @@ def run_contention(uri: str, kind: str) -> list[Section]:
     return sections
 
 
+@pytest.mark.safety
 @pytest.mark.parametrize("kind", ["real", "fair", "broken"])
 def test_never_more_than_limit_holders_across_processes(mongolock_uri: str, kind: str) -> None:
     sections = run_contention(mongolock_uri, kind)
@@ -82,6 +90,7 @@ async def test_permits_are_handed_on_and_tokens_rise(mongolock_collection: Any) 
     assert doc["holders"] == [] and doc["kind"] == "semaphore" and doc["limit"] == 2
 
 
+@pytest.mark.timing(margin=1.3)  # the dead permit must still be live at the first attempt (1.35 s)
 async def test_a_dead_holders_permit_is_taken_after_its_ttl(mongolock_collection: Any) -> None:
     # A TTL that a slow round trip cannot eat (an answer past the local deadline is no lease): with
     # 0.5 s, the rehearsed access-control job's one busy embedded server answered too late once.
@@ -97,6 +106,7 @@ async def test_a_dead_holders_permit_is_taken_after_its_ttl(mongolock_collection
     assert await other.release()
 
 
+@pytest.mark.timing(margin=2.2)  # a renewal every 0.5 s, each lease ending 2.7 s after its send
 async def test_the_heartbeat_keeps_a_permit_and_its_loss_cancels_the_block(mongolock_collection: Any) -> None:
     # A 3 s TTL renewed every 0.5 s: over 2 s for a renewal's round trip. At 1 s and 0.3 s (0.6 s
     # for it), a fresh clone's make test in 8 workers lost the permit on a loaded machine.
@@ -126,20 +136,25 @@ async def test_a_lowered_limit_revokes_nobody_and_holds_new_holders_back(mongolo
     assert await held[2].release() and await smaller.release()
 
 
+@pytest.mark.safety
 async def test_many_tasks_never_exceed_the_limit(mongolock_collection: Any) -> None:
-    inside = peak = 0
+    sections: list[tuple[float, float]] = []
 
     async def worker() -> None:
-        nonlocal inside, peak
         semaphore = AsyncMongoSemaphore(mongolock_collection, "tasks", 3, ttl=10.0)
         for _ in range(4):
-            async with semaphore:
-                inside += 1
-                peak = max(peak, inside)
-                await asyncio.sleep(0.05)
-                inside -= 1
+            belief = Belief(semaphore)
+            with contextlib.suppress(LockLostError):  # a loss ends what it believed: its section
+                async with semaphore:
+                    belief.holds()
+                    await asyncio.sleep(0.05)
+                    belief.leaves()
+            belief.leaves()
+            if belief.section is not None:
+                sections.append(belief.section)
 
     await asyncio.gather(*(worker() for _ in range(12)))
+    peak = most_at_once(sections)
     assert 2 <= peak <= 3, f"{peak} holders at once, limit 3"
 
 
@@ -190,23 +205,25 @@ async def test_a_name_is_a_lock_or_a_semaphore(mongolock_collection: Any) -> Non
     assert await lock.release()
 
 
+@pytest.mark.safety
 async def test_tokens_rise_across_release_expiry_force_release_and_purge(
     mongolock_collection: Any, mongolock_admin_client: MongoClient[dict[str, Any]]
 ) -> None:
     store = LockStore(mongolock_collection, WriteConcern(w="majority"))
     tokens: list[int] = []
 
-    async def take(ttl: float = 10.0) -> AsyncMongoSemaphore:
-        semaphore = AsyncMongoSemaphore(mongolock_collection, "fenced", 2, ttl=ttl)
-        assert await semaphore.acquire(timeout=5)
+    async def take() -> AsyncMongoSemaphore:
+        # Each acquire finds a permit free: the timeout only bounds a server that does not answer.
+        semaphore = AsyncMongoSemaphore(mongolock_collection, "fenced", 2, ttl=10.0)
+        assert await semaphore.acquire(timeout=30)
         assert semaphore.fencing_token is not None
         tokens.append(semaphore.fencing_token)
         return semaphore
 
-    assert await (await take()).release()  # released
-    expiring = await take(ttl=0.3)
-    expiring._forget_lease()  # never released: expires
-    await asyncio.sleep(0.4)
+    await release_as_promised(await take())  # released
+    expiring = await take()
+    expiring._forget_lease()  # never released: expires (set by hand: a pause cannot stretch or end it early)
+    await expire_every_permit(mongolock_collection, "fenced")
     held = await take()
     forced = await store.force_release("fenced")  # an operator breaks it
     assert forced is not None and [permit[2] for permit in forced.permits] == tokens[-1:]
@@ -220,6 +237,7 @@ async def test_tokens_rise_across_release_expiry_force_release_and_purge(
     assert tokens == sorted(set(tokens)), f"fencing tokens went down: {tokens}"
 
 
+@pytest.mark.safety
 async def test_a_late_release_hands_no_permit_to_a_token_that_is_done(mongolock_collection: Any) -> None:
     # A release of this process names its first waiter's place as the successor. If that waiter
     # took a permit by its own attempt meanwhile, and already returned it (or gave up waiting), a
@@ -240,6 +258,7 @@ async def test_a_late_release_hands_no_permit_to_a_token_that_is_done(mongolock_
         assert state.queue == (), "nor does it wait in the queue"
 
 
+@pytest.mark.safety
 async def test_a_hand_off_names_one_place_only_when_one_permit_went(mongolock_collection: Any) -> None:
     # A waiting process takes a hand-off to its one place with the document's fence as its token,
     # without a claim. So when a release hands permits to another process's place and to a place

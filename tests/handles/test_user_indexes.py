@@ -15,6 +15,7 @@ from mongolock_async import (
 from tests.support.commands import CommandCounter
 
 
+@pytest.mark.timing(margin=4.5)  # the first lease (5 s) live until released
 @pytest.mark.environment
 async def test_only_a_duplicate_key_on_the_name_is_retried(
     unsharded_counted_collection: Any, command_counter: CommandCounter

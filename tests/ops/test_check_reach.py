@@ -50,6 +50,7 @@ def clocks(uri: str) -> tuple[int, dict[str, dict[str, Any]]]:
 @pytest.mark.parametrize(
     "reached_through_a_port", [Identity("rs0", advertised=MEMBER)], indirect=True, ids=["member"]
 )
+@pytest.mark.timing(margin=2.0)  # a server's clock is read within the safety margin (1 s) of this one
 def test_a_member_reached_through_a_mapped_port_is_read_there(reached_through_a_port: str) -> None:
     # As the testcontainers MongoDB: initiated as its name inside the container, reached through
     # the port Docker mapped. Nothing answers at the advertised name here, and nothing has to.
@@ -67,6 +68,7 @@ def test_a_member_reached_through_a_mapped_port_is_read_there(reached_through_a_
     indirect=True,
     ids=["mongos"],
 )
+@pytest.mark.timing(margin=2.0)  # a server's clock is read within the safety margin (1 s) of this one
 def test_a_mongos_listed_under_its_containers_name_is_recognised_where_it_answered(
     reached_through_a_port: str,
 ) -> None:
@@ -85,6 +87,7 @@ def test_a_mongos_listed_under_its_containers_name_is_recognised_where_it_answer
     indirect=True,
     ids=["one-of-two"],
 )
+@pytest.mark.timing(margin=2.0)  # a server's clock is read within the safety margin (1 s) of this one
 def test_a_member_that_cannot_be_reached_is_named_and_its_clock_is_unknown(reached_through_a_port: str) -> None:
     # As through a port-forward to one pod of a set: the other member's name does not resolve here.
     code, checks = clocks(reached_through_a_port)

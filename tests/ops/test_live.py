@@ -45,6 +45,7 @@ class Seen:
         return [seen for seen in self.events if seen.event == event and seen.name == name]
 
 
+@pytest.mark.timing(margin=1.2)  # the short lease's acquire answered within 1.35 s; 5 s leases
 async def test_the_view_tells_each_event_as_it_happens(mongolock_collection: Any) -> None:
     opened = AsyncMongoLock(mongolock_collection, "opened", ttl=5)  # the collection exists before the view opens
     assert await opened.acquire() and await opened.release()
@@ -76,7 +77,9 @@ async def test_the_view_tells_each_event_as_it_happens(mongolock_collection: Any
         await seen.until(lambda seen: bool(seen.told("forced", "alpha")))
         assert seen.last is not None and not seen.last.locks["alpha"].held
 
-        crashed = AsyncMongoLock(mongolock_collection, "short", ttl=0.3, label="crashed")
+        # 1.5 s: a grant answered after the lease's local deadline (0.27 s of a 0.3 s TTL, on a loaded
+        # machine) is released again, which the view would tell.
+        crashed = AsyncMongoLock(mongolock_collection, "short", ttl=1.5, label="crashed")
         assert await crashed.acquire()
         crashed._forget_lease()  # as a process that died: no release, no renewal
         await seen.until(lambda seen: bool(seen.told("expired", "short")))
@@ -105,6 +108,7 @@ async def test_the_view_tells_each_event_as_it_happens(mongolock_collection: Any
     ]
 
 
+@pytest.mark.timing(margin=4.0)  # 5 s permits, released at the end
 async def test_permits_are_told_apart(pymongo_collection: Any) -> None:
     collection = pymongo_collection
     opened = AsyncMongoSemaphore(collection, "pool", 2, ttl=5, label="a")
@@ -248,6 +252,7 @@ async def test_a_view_cancelled_as_news_arrives_stops(mongolock_collection: Any)
     assert await held.release()
 
 
+@pytest.mark.timing(margin=2.5)  # still closing: its getMore waits up to 3 s
 @pytest.mark.one_driver  # asyncio's behaviour, not the driver's
 async def test_a_view_cancelled_while_it_closes_raises_the_cancellation(mongolock_collection: Any) -> None:
     """Leaving a view waits for its change stream's ``getMore`` (up to ``max_await``); a

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
+import pytest
 from pymongo import AsyncMongoClient
 
 from mongolock_async import AsyncMongoLock
@@ -98,6 +99,7 @@ async def cut_for_a_while(proxy: CuttableProxy, locks: Any) -> AsyncMongoLock:
     return ledger
 
 
+@pytest.mark.timing(margin=1.5)  # the holder's 2 s lease renewed every 0.25 s through the cut
 async def test_a_view_cut_off_from_mongodb_keeps_the_last_state_stale_and_invents_no_expiry() -> None:
     updates: list[tuple[ViewUpdate, BaseException | None]] = []
     with EmbeddedMongo() as server:
@@ -142,6 +144,7 @@ async def test_a_view_cut_off_from_mongodb_keeps_the_last_state_stale_and_invent
     assert last.locks["ledger"].held and last.locks["ledger"].holders[0].label == "keeper"
 
 
+@pytest.mark.timing(margin=1.5)  # the holder's 2 s lease renewed every 0.25 s through the cut
 async def test_the_dashboard_says_disconnected_keeps_its_timeline_and_redacts_the_cause() -> None:
     from aiohttp import ClientSession
     from aiohttp.test_utils import TestServer

@@ -1,10 +1,11 @@
-"""Permits of a semaphore as a process still running elsewhere holds them, and what the store
-reports of them."""
+"""Permits of a semaphore as a process still running elsewhere holds them, what the store reports
+of them, and their expiry."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from typing import Any
 
 from pymongo.write_concern import WriteConcern
@@ -57,3 +58,12 @@ async def live_tokens(store: LockStore, name: str) -> dict[str, str]:
     """Label -> owner token of each live holder of ``name``."""
     (report,) = await store.report([name])
     return {permit.holder["label"]: permit.token for permit in report.live_permits}
+
+
+async def expire_every_permit(collection: Any, name: str) -> None:
+    """End every permit of ``name`` (a semaphore's, a read-write lock's or an election's) on the
+    server now, as their TTLs running out would: a test whose lease must expire then neither waits
+    for it nor depends on a pause's length."""
+    past = datetime(2000, 1, 1)
+    expired = await collection.update_one({"_id": name}, {"$set": {"holders.$[].exp": past, "expiresAt": past}})
+    assert expired.modified_count == 1, f"{name!r} has no permits to expire"

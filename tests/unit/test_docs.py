@@ -39,11 +39,28 @@ def test_the_pages_have_code_to_run() -> None:
     assert sum(len(python_blocks(page)) for page in PAGES_WITH_CODE) >= 15
 
 
-# docs/testing.md runs pytest, whose plugin reads the test run's settings: an environment test.
-PAGE_PARAMETERS = [
-    pytest.param(page, marks=[pytest.mark.environment] if page.name == "testing.md" else [])
-    for page in PAGES_WITH_CODE
-]
+# The pages whose examples a pause can fail, and the smallest such pause: a lock's 2 s timeout
+# shared by a few buyers (README.md, fastapi.md, aiohttp.md); a 3 s lease renewed every second;
+# an observer that must see a leader of 0.5 s; a test's 5 s lease.
+TIMING_MARGINS = {
+    "README.md": 1.5,
+    "aiohttp.md": 1.5,
+    "fastapi.md": 1.5,
+    "heartbeat.md": 1.7,
+    "elections.md": 0.4,
+    "testing.md": 4.5,
+}
+
+
+def page_marks(page: Path) -> list[pytest.MarkDecorator]:
+    # docs/testing.md runs pytest, whose plugin reads the test run's settings: an environment test.
+    marks = [pytest.mark.environment] if page.name == "testing.md" else []
+    if page.name in TIMING_MARGINS:
+        marks.append(pytest.mark.timing(margin=TIMING_MARGINS[page.name]))
+    return marks
+
+
+PAGE_PARAMETERS = [pytest.param(page, marks=page_marks(page)) for page in PAGES_WITH_CODE]
 
 
 @pytest.mark.parametrize("page", PAGE_PARAMETERS, ids=lambda page: str(page.relative_to(ROOT)))

@@ -52,6 +52,7 @@ def run_user_project(directory: Path, uri: str, *, without_motor: bool) -> subpr
     )
 
 
+@pytest.mark.timing(margin=4.5)  # the user's test holds a 5 s lease
 @pytest.mark.environment
 @pytest.mark.parametrize("without_motor", [False, True], ids=["with-motor", "without-motor"])
 def test_the_plugin_works_in_a_strict_mode_project(

@@ -177,6 +177,7 @@ def test_a_blocking_collection_is_refused() -> None:
         client.close()
 
 
+@pytest.mark.timing(margin=4.5)  # 5 s leases, released at the end
 async def test_an_operator_shaped_name_is_a_plain_string(mongolock_collection: Any) -> None:
     plain = AsyncMongoLock(mongolock_collection, "ordinary", ttl=5.0)
     assert await plain.acquire()

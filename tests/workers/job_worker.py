@@ -2,7 +2,9 @@
 start, end, pid]}, times on CLOCK_MONOTONIC (shared by the machine's processes; libfaketime is told
 to leave it alone), the period (its start, in milliseconds since the epoch) as the server decided
 it (for ``control``: from this process's own clock); and with ``fire``, one per call that did not
-run the job, {"skipped": [period, reason]}.
+run the job, {"skipped": [period, reason]}. A run counts as completed once the server recorded its
+end (``run`` returned): one whose lease was lost (``LockLostError``, as after a pause past its
+TTL) left its period to be run again, so it is not printed, and the process goes on.
 
 ``fire``: calls the job ``NAME`` (``every`` EVERY seconds) at a jittered moment of each of its own
 periods (spread over most of it), until SECONDS have passed; the job runs 50 ms. ``control`` does
@@ -18,6 +20,7 @@ waits until the process is killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -28,7 +31,7 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoJob, LockManager
+from mongolock_async import AsyncMongoJob, LockLostError, LockManager
 from mongolock_async.jobs import Period, current_run
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -49,11 +52,11 @@ async def main(
     runs: list[list[Any]] = []
     calls: list[list[Any]] = []  # [period, reason] of each call that did not run the job
 
-    async def work(body: float) -> None:
+    async def work(body: float) -> list[Any]:
         start = time.monotonic()
         key = start_ms(current_run().period) if mode != "control" else int(time.time() // period * period * 1000)
         await asyncio.sleep(body)
-        runs.append([key, start, time.monotonic(), os.getpid()])
+        return [key, start, time.monotonic(), os.getpid()]
 
     stop_at = time.monotonic() + float(seconds)
     if mode in ("fire", "control"):
@@ -63,14 +66,21 @@ async def main(
             # A moment of this period, 5 % to 80 % into it (by this process's clock).
             into = time.time() % period
             await asyncio.sleep(max(0.0, period - into) + random.uniform(0.05, 0.8) * period)
-            result = await job.run(work, 0.05)
-            if not result.ran and result.record.skipped is not None:
+            try:
+                result = await job.run(work, 0.05)
+            except LockLostError:
+                continue
+            if result.ran and result.value is not None:
+                runs.append(result.value)
+            elif result.record.skipped is not None:
                 calls.append([start_ms(result.record.skipped[0]), result.record.skipped[1]])
     elif mode == "delay":
         options = {"min_interval": period} if period else {}
         job = locks.run_once(name, **options)(work)
         while time.monotonic() < stop_at:
-            await job(0.1)
+            with contextlib.suppress(LockLostError):
+                if (run := await job(0.1)) is not None:
+                    runs.append(run)
             await asyncio.sleep(0.2)
     else:
         assert mode == "hang", mode

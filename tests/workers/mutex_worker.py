@@ -1,9 +1,10 @@
 """One OS process of the mutual-exclusion test: TASKS tasks contend for one lock until a deadline.
 
 Each task records (enter, exit, fencing token) of every critical section with CLOCK_MONOTONIC,
-which all processes of one machine share, and the process prints them as JSON lines, then one last
-line with its command counts. ``fair`` uses ``fair=True``; ``broken`` swaps in a lock that checks and
-then sets in two round trips, the classic race, so the test can show its detector works.
+which all processes of one machine share, as its handle says it held (``belief.Belief``: only
+while its lease is live), and the process prints them as JSON lines, then one last line with its
+command counts. ``fair`` uses ``fair=True``; ``broken`` swaps in a lock that checks and then sets
+in two round trips, the classic race, so the test can show its detector works.
 
     python tests/workers/mutex_worker.py URI DATABASE COLLECTION {real|fair|broken} TASKS SECONDS START_AT
 """
@@ -12,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import sys
 import time
 from typing import Any
 
-from contention import keep_going  # tests/workers/, this script's directory
+from belief import Belief  # tests/workers/, this script's directory
+from contention import keep_going
 from pymongo import AsyncMongoClient, monitoring
 
-from mongolock_async import AsyncMongoLock
+from mongolock_async import AsyncMongoLock, LockLostError
 
 LOCK_NAME = "contended"
 
@@ -33,16 +36,19 @@ class CheckThenSetLock:
         self.owner = owner
 
     fencing_token = 0
+    deadline: float | None = None  # it believes it holds from its entry to its exit
 
     async def __aenter__(self) -> None:
         while True:
             doc = await self.collection.find_one({"_id": LOCK_NAME})
             if doc is None or doc.get("owner") is None:
                 await self.collection.update_one({"_id": LOCK_NAME}, {"$set": {"owner": self.owner}}, upsert=True)
+                self.deadline = math.inf
                 return
             await asyncio.sleep(random.uniform(0, 0.002))
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self.deadline = None
         await self.collection.update_one({"_id": LOCK_NAME, "owner": self.owner}, {"$set": {"owner": None}})
 
 
@@ -68,7 +74,7 @@ ENOUGH = 10  # per process: the test judges 40 from 4 processes
 
 
 async def contend(
-    collection: Any, kind: str, task_id: str, stop_at: float, sections: list[tuple[float, float, int]]
+    collection: Any, kind: str, task_id: str, stop_at: float, sections: list[tuple[float, float, int | None]]
 ) -> None:
     while keep_going(stop_at, sections, ENOUGH):
         if kind == "broken":
@@ -77,10 +83,17 @@ async def contend(
             lock = AsyncMongoLock(
                 collection, LOCK_NAME, ttl=10.0, fair=kind == "fair", retry_base=0.005, retry_cap=0.05
             )
-        async with lock:
-            entered = time.monotonic()
-            await asyncio.sleep(random.uniform(0.0005, 0.003))
-            sections.append((entered, time.monotonic(), lock.fencing_token))
+        belief, token = Belief(lock), None
+        try:
+            async with lock:
+                if belief.holds():
+                    token = lock.fencing_token
+                await asyncio.sleep(random.uniform(0.0005, 0.003))
+                belief.leaves()
+        except LockLostError:
+            belief.leaves()  # what it believed up to the loss is its section; the task goes on
+        if belief.section is not None:
+            sections.append((*belief.section, token))
 
 
 async def main(
@@ -92,7 +105,7 @@ async def main(
     await client.admin.command("ping")
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     commands.sent.clear()
-    sections: list[tuple[float, float, int]] = []
+    sections: list[tuple[float, float, int | None]] = []
     stop_at = time.monotonic() + seconds
     await asyncio.gather(
         *(contend(collection, kind, f"{sys.argv[0]}-{index}", stop_at, sections) for index in range(tasks))

@@ -3,8 +3,10 @@ per step, with the monotonic time (shared by all processes of a machine), until 
 
     python tests/workers/paused_holder.py URI DATABASE COLLECTION NAME TTL HEARTBEAT
 
-Prints ``deadline <t>`` once held, ``step <t>`` after every step of the body, and at the end
-``lost <t>`` (LockLostError) or ``finished <t>``. HEARTBEAT is an interval in seconds, or 0 for none.
+Prints ``deadline <t>`` once held, ``step <t> <deadline>`` after every step of the body (the time,
+then the lease's local deadline as the handle says it at that moment: ``None`` if it says the lease
+is not held), and at the end ``lost <t>`` (LockLostError) or ``finished <t>``. HEARTBEAT is an
+interval in seconds, or 0 for none.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ async def main(uri: str, database: str, collection: str, name: str, ttl: float, 
             print("deadline", lock.deadline, flush=True)
             for _ in range(int(10 * ttl / 0.05)):
                 await asyncio.sleep(0.05)
-                print("step", time.monotonic(), flush=True)
+                now = time.monotonic()
+                print("step", now, lock.deadline, flush=True)
         print("finished", time.monotonic(), flush=True)
     except LockLostError:
         print("lost", time.monotonic(), flush=True)

@@ -2,9 +2,10 @@
 until a deadline.
 
 Each task records (mode, enter, exit, fencing token, when it asked) of every section, with
-CLOCK_MONOTONIC (shared by the machine's processes), and prints them as JSON lines. ``broken``
-swaps in a read-write lock that reads the state, then writes it, in two round trips: the classic
-race, so the test can show its detector works.
+CLOCK_MONOTONIC (shared by the machine's processes), as its handle says it held (``belief.Belief``:
+only while its lease is live), and prints them as JSON lines. ``broken`` swaps in a read-write lock
+that reads the state, then writes it, in two round trips: the classic race, so the test can show
+its detector works.
 
     python tests/workers/rwlock_worker.py URI DATABASE COLLECTION {real|broken} READERS WRITERS SECONDS START_AT
 """
@@ -13,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import secrets
 import sys
 import time
 from typing import Any
 
-from contention import keep_going  # tests/workers/, this script's directory
+from belief import Belief  # tests/workers/, this script's directory
+from contention import keep_going
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoRWLock
+from mongolock_async import AsyncMongoRWLock, LockLostError
 
 NAME = "contended"
 
@@ -36,6 +39,7 @@ class CheckThenSetRWLock:
         self.token = secrets.token_hex(8)
 
     fencing_token = 0
+    deadline: float | None = None  # it believes it holds from its entry to its exit
 
     async def __aenter__(self) -> None:
         while True:
@@ -46,10 +50,12 @@ class CheckThenSetRWLock:
                     await self.collection.update_one({"_id": NAME}, {"$push": {"readers": self.token}}, upsert=True)
                 else:
                     await self.collection.update_one({"_id": NAME}, {"$set": {"writer": self.token}}, upsert=True)
+                self.deadline = math.inf
                 return
             await asyncio.sleep(random.uniform(0, 0.002))
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self.deadline = None
         if self.mode == "read":
             await self.collection.update_one({"_id": NAME}, {"$pull": {"readers": self.token}})
         else:
@@ -64,11 +70,18 @@ async def contend(collection: Any, kind: str, mode: str, stop_at: float, section
     while keep_going(stop_at, sections, ENOUGH):
         handle: Any = CheckThenSetRWLock(collection, mode) if kind == "broken" else getattr(rw, mode)()
         asked = time.monotonic()
-        async with handle:
-            entered = time.monotonic()
-            # Longer than a write to the one document, so readers overlap.
-            await asyncio.sleep(random.uniform(0.02, 0.05))
-            sections.append((mode, entered, time.monotonic(), handle.fencing_token, asked))
+        belief, token = Belief(handle), None
+        try:
+            async with handle:
+                if belief.holds():
+                    token = handle.fencing_token
+                # Longer than a write to the one document, so readers overlap.
+                await asyncio.sleep(random.uniform(0.02, 0.05))
+                belief.leaves()
+        except LockLostError:
+            belief.leaves()  # what it believed up to the loss is its section; the task goes on
+        if belief.section is not None:
+            sections.append((mode, *belief.section, token, asked))
         if mode == "write":
             await asyncio.sleep(random.uniform(0.02, 0.05))  # writers come and go
 

@@ -1,9 +1,10 @@
 """One OS process of the semaphore test: TASKS tasks contend for one semaphore until a deadline.
 
 Each task records (enter, exit, fencing token, when it asked) of every section it held a permit in, with
-CLOCK_MONOTONIC (shared by the machine's processes), and prints them as JSON lines. ``broken``
-swaps in a semaphore that counts the holders, then adds itself, in two round trips: the classic
-race, so the test can show its detector works.
+CLOCK_MONOTONIC (shared by the machine's processes), as its handle says it held (``belief.Belief``:
+only while its permit's lease is live), and prints them as JSON lines. ``broken`` swaps in a
+semaphore that counts the holders, then adds itself, in two round trips: the classic race, so the
+test can show its detector works.
 
     python tests/workers/semaphore_worker.py URI DATABASE COLLECTION {real|fair|broken} LIMIT TASKS SECONDS START_AT
 """
@@ -12,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import secrets
 import sys
 import time
 from typing import Any
 
-from contention import keep_going  # tests/workers/, this script's directory
+from belief import Belief  # tests/workers/, this script's directory
+from contention import keep_going
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoSemaphore
+from mongolock_async import AsyncMongoSemaphore, LockLostError
 
 NAME = "contended"
 
@@ -35,16 +38,19 @@ class CountThenAddSemaphore:
         self.token = secrets.token_hex(8)
 
     fencing_token = 0
+    deadline: float | None = None  # it believes it holds from its entry to its exit
 
     async def __aenter__(self) -> None:
         while True:
             doc = await self.collection.find_one({"_id": NAME}) or {}
             if len(doc.get("members", [])) < self.limit:
                 await self.collection.update_one({"_id": NAME}, {"$push": {"members": self.token}}, upsert=True)
+                self.deadline = math.inf
                 return
             await asyncio.sleep(random.uniform(0, 0.002))
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self.deadline = None
         await self.collection.update_one({"_id": NAME}, {"$pull": {"members": self.token}})
 
 
@@ -60,11 +66,18 @@ async def contend(collection: Any, kind: str, limit: int, stop_at: float, sectio
                 collection, NAME, limit, ttl=10.0, fair=kind == "fair", retry_base=0.005, retry_cap=0.05
             )
         asked = time.monotonic()
-        async with semaphore:
-            entered = time.monotonic()
-            # Longer than a write to the one document, so permits overlap.
-            await asyncio.sleep(random.uniform(0.02, 0.05))
-            sections.append((entered, time.monotonic(), semaphore.fencing_token, asked))
+        belief, token = Belief(semaphore), None
+        try:
+            async with semaphore:
+                if belief.holds():
+                    token = semaphore.fencing_token
+                # Longer than a write to the one document, so permits overlap.
+                await asyncio.sleep(random.uniform(0.02, 0.05))
+                belief.leaves()
+        except LockLostError:
+            belief.leaves()  # what it believed up to the loss is its section; the task goes on
+        if belief.section is not None:
+            sections.append((*belief.section, token, asked))
 
 
 async def main(
