@@ -154,3 +154,14 @@ def test_fault_tests_fail_where_the_real_server_under_test_has_no_fail_points(ex
         assert "enableTestCommands=1" in result.stdout
     else:
         assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_nox_spreads_the_tests_over_its_workers_as_make_test_does() -> None:
+    # Tests of one xdist_group (the docs' site, built once) share a worker only under --dist
+    # loadgroup: other distribution modes ignore the groups.
+    make_test = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "-m pytest -n 8 --dist loadgroup" in make_test, make_test
+    noxfile = (ROOT / "noxfile.py").read_text()
+    runs = [line for line in noxfile.splitlines() if '"-m", "pytest"' in line]
+    assert runs and all("*DISTRIBUTE" in line for line in runs), runs
+    assert 'DISTRIBUTE = ("--dist", "loadgroup")' in noxfile
