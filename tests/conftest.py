@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -16,6 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The helpers in tests/support and the workers' code in tests/workers that tests import check with
+# `assert` as the tests do. pytest rewrites the asserts of test modules and conftest files into
+# explicit checks, which `python -O` keeps (make test-optimized), but not those of modules they
+# import, unless told before the import: otherwise -O strips them, and a helper's check (a fail
+# point scoped to one client, a process that must have exited 0) would pass without checking.
+pytest.register_assert_rewrite("tests.support", "tests.workers")
+
 from pymongo import MongoClient
 
 from mongolock_async.testing import EmbeddedMongo, ServerChoice
@@ -44,6 +54,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     and the heartbeat, where they do differ (Motor runs each operation in a thread), run with each."""
     if metafunc.definition.get_closest_marker("one_driver") and "mongolock_driver" in metafunc.fixturenames:
         metafunc.definition.add_marker(pytest.mark.parametrize("mongolock_driver", DRIVERS[:1]))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Under ``python -O``, the workers too: pytest-xdist starts each with the bare interpreter
+    (execnet's ``popen_args``), which would run the tests unoptimized."""
+    if not sys.flags.optimize:
+        return
+    for spec in specs:
+        if spec.popen and not spec.python:
+            spec.python = f"{shlex.quote(sys.executable)} -{'O' * sys.flags.optimize}"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker how optimized its controller runs (tests/ops/test_workflow.py checks it)."""
+    node.workerinput["controller_optimize"] = sys.flags.optimize
 
 
 @pytest.fixture

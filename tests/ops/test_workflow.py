@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from _pytest.assertion.rewrite import AssertionRewritingHook
 from pymongo.errors import OperationFailure
 from pymongo.uri_parser import parse_uri
 
@@ -165,3 +166,20 @@ def test_nox_spreads_the_tests_over_its_workers_as_make_test_does() -> None:
     runs = [line for line in noxfile.splitlines() if '"-m", "pytest"' in line]
     assert runs and all("*DISTRIBUTE" in line for line in runs), runs
     assert 'DISTRIBUTE = ("--dist", "loadgroup")' in noxfile
+
+
+def test_the_helpers_asserts_check_under_python_o() -> None:
+    # make test-optimized runs the suite under python -O, which strips every assert pytest has not
+    # rewritten: the helpers' (tests/conftest.py registers them) must be rewritten too.
+    helpers = [name for name in sys.modules if name.startswith(("tests.support.", "tests.workers."))]
+    plain = [name for name in helpers if not isinstance(sys.modules[name].__loader__, AssertionRewritingHook)]
+    assert helpers and not plain, f"helpers whose asserts python -O would strip: {plain}"
+
+
+def test_the_workers_run_as_optimized_as_their_controller(request: pytest.FixtureRequest) -> None:
+    # pytest-xdist starts its workers with the bare interpreter: under python -O, without
+    # tests/conftest.py's pytest_xdist_setupnodes, the tests would run unoptimized.
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is None:
+        pytest.skip("runs in an xdist worker")
+    assert sys.flags.optimize == workerinput["controller_optimize"]
