@@ -64,8 +64,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """The server the tests use (its kind, version and topology), where the fault tests arm their
-    fail points, and the tests that run on a server of their own whatever the run was given
-    (tests/support/private_servers.py): a workflow job's log says what did not run on its MongoDB."""
+    fail points, and the tests that start servers of their own (tests/support/private_servers.py):
+    a workflow job's log says what did not run on its MongoDB."""
     if hasattr(config, "workerinput"):
         return []
     kind = server_kind()

@@ -77,20 +77,24 @@ def server_kind() -> ServerKind:
 def describe_server(uri: str, *, timeout: float = 5.0) -> str:
     """What the server at ``uri`` says it is, in one line: its version (``buildInfo``) and topology
     (``hello``): a standalone server, a replica set (its name and members) or a sharded cluster (a
-    mongos). Neither command needs a privilege. Says why instead, if it does not answer within
-    ``timeout`` seconds. The URI itself is never shown (it may carry a password)."""
+    mongos). ``hello`` needs nothing; a server may refuse ``buildInfo`` to a client that has not
+    authenticated (then the version is shown as refused). Says why instead, if it does not answer
+    within ``timeout`` seconds. The URI itself is never shown (it may carry a password)."""
     from pymongo import MongoClient
-    from pymongo.errors import PyMongoError
+    from pymongo.errors import OperationFailure, PyMongoError
 
     milliseconds = int(timeout * 1000)
     client: MongoClient[dict[str, Any]]
     try:
         with MongoClient(uri, serverSelectionTimeoutMS=milliseconds, connectTimeoutMS=milliseconds) as client:
-            version = client.admin.command("buildInfo").get("version", "of an unknown version")
             hello = client.admin.command("hello")
+            try:
+                version = f"MongoDB {client.admin.command('buildInfo').get('version', '(no version in buildInfo)')}"
+            except OperationFailure as refused:
+                version = f"MongoDB of a version not shown (buildInfo refused: {refused.code})"
     except PyMongoError as error:
         return f"did not answer: {type(error).__name__}: {str(error)[:200]}"
-    return f"MongoDB {version}, {_topology(hello)}"
+    return f"{version}, {_topology(hello)}"
 
 
 def _topology(hello: dict[str, Any]) -> str:
