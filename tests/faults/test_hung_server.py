@@ -144,6 +144,14 @@ async def test_a_release_returns_within_the_lease_while_the_server_hangs(
         private_server.pause()
         try:
             started = time.monotonic()
+            # The premise: a lease still within its local deadline, whose release must raise (one
+            # already lost returns False instead). A make test-optimized run at a load average of
+            # 15 failed with "DID NOT RAISE" and nothing else to say which it was.
+            deadline = lock.deadline  # None once the handle knows its lease lost
+            assert deadline is not None, "the lease was lost before its release"
+            assert started < deadline, (
+                f"the local deadline of the {ttl} s lease passed {started - deadline:.2f} s before its release"
+            )
             with pytest.raises(PyMongoError):
                 await lock.release()
             took = time.monotonic() - started
