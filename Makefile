@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test lint docs screenshots demo bench soak model stall-check
+.PHONY: test test-optimized lint docs screenshots demo bench soak model stall-check
 
 ## Root installs system packages itself; anyone else through a sudo that asks no password (GitHub's
 ## hosted runners run jobs as the user runner, with one). With neither, the install fails and says so.
@@ -43,6 +43,17 @@ test: $(STAMP)
 	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
 	$(PYTHON) -m compileall -q mongolock_async tests benchmarks
 	$(PYTHON) -m pytest -n 8 --dist loadgroup
+
+## The suite again under python -O, which strips assert statements (CI runs it after make test): the
+## package asserts nothing (ruff's S101), so nothing it does may change; the tests' helpers check as
+## they do without -O (tests/conftest.py registers them for pytest's rewriting, and starts the xdist
+## workers with -O too); the processes the tests start run unoptimized. pytest's warning that -O
+## strips the asserts of modules it did not rewrite is silenced: those are other packages' only.
+test-optimized: $(STAMP)
+	$(call debian,faketime,the job tests that need it will fail)
+	$(if $(shell command -v chromium-browser),,$(call debian,chromium,the dashboard's browser tests will fail))
+	$(PYTHON) -O -m compileall -q mongolock_async tests benchmarks
+	$(PYTHON) -O -m pytest -n 8 --dist loadgroup -W "ignore:assertions not in test modules:pytest.PytestConfigWarning"
 
 ## ruff, the layers' import contracts (pyproject.toml), and mypy --strict (the package and its examples, a user-style file, every example in the docs),
 ## and the real-MongoDB workflow and its compose files checked against their schemas.

@@ -1,6 +1,6 @@
 """The test suite on each Python the package claims (pyproject.toml: 3.11, 3.12, 3.13).
 
-    nox -s tests-3.13            the whole suite on Python 3.13 (pytest -n 8, as make test)
+    nox -s tests-3.13            the whole suite on Python 3.13 (pytest -n 8 --dist loadgroup, as make test)
     nox -s core-3.12 core-3.13   the core, cancellation, waiting and outage tests (what .ci/run runs)
     nox -s tests-3.12 -- tests/handles/test_fencing.py -k restart    pytest arguments after --
 
@@ -23,6 +23,9 @@ CORE = [
     "tests/faults/test_shielded_requests.py",
 ]
 
+# As make test: tests of one xdist_group share a worker (the docs' site, built once: tests/unit/test_docs.py).
+DISTRIBUTE = ("--dist", "loadgroup")
+
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -39,7 +42,7 @@ def _install(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite, or the pytest arguments given after --."""
     _install(session)
-    session.run("python", "-m", "pytest", "-n", "8", *session.posargs)
+    session.run("python", "-m", "pytest", "-n", "8", *DISTRIBUTE, *session.posargs)
 
 
 @nox.session(python=PYTHONS)
@@ -47,4 +50,4 @@ def core(session: nox.Session) -> None:
     """The lock's core, cancellation, waiting and outage tests: where the Python version matters
     most (asyncio's cancellation and timeouts changed from 3.11 to 3.12)."""
     _install(session)
-    session.run("python", "-m", "pytest", "-n", "4", *CORE, *session.posargs)
+    session.run("python", "-m", "pytest", "-n", "4", *DISTRIBUTE, *CORE, *session.posargs)

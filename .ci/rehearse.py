@@ -21,6 +21,11 @@ Only what cannot run here is replaced, and each replacement is printed:
   that testcontainers starts its MongoDB as a stand-in published on a random port.
 - ``actions/checkout`` is the fresh clone, ``actions/setup-python`` the tool-cache Python, and
   ``actions/upload-artifact`` checks that its files exist; other actions are skipped.
+- A stand-in has the test commands where its service's command line turns them on
+  (``--setParameter enableTestCommands=1``, as every service's does), so the fault tests among the
+  rehearsed ones arm their fail points on it, as they would on the job's MongoDB; a service without
+  them fails those tests here as there (no job sets ``MONGOLOCK_TEST_FAULTS_ELSEWHERE``; a job's
+  variables are passed as written).
 - What the embedded server cannot be: ``MONGOLOCK_TEST_ROLES_ENFORCED`` is dropped (it does not
   enforce the changeStream action); with ``MONGOLOCK_TEST_SHARDED=1`` the tests that need a sharded
   collection are left out (``MONGOLOCK_TEST_WITHOUT_MONGOS``: a stand-in mongos shards nothing).

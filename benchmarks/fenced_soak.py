@@ -4,15 +4,20 @@ and the server is crashed and restarted. Counts, at the resource, writes that la
 below one already applied (stale writes). Then a control run, the same without the guard and the
 token check, must show stale writes landing, or the detector proves nothing.
 
-    python benchmarks/fenced_soak.py [--minutes 5] [--processes 3] [--tasks 3] [--control-seconds 60] [--json]
+    python benchmarks/fenced_soak.py [--minutes 5] [--processes 3] [--tasks 3] [--control-seconds 60]
+                                     [--uri URI] [--database fenced_soak] [--json]
 
-Runs on the embedded server (``--sync-on-commit``). Exit status 0 when the guarded run has no stale
-write and the control run has some.
+Runs on an embedded server it starts (``--sync-on-commit``), which it crashes and restarts; or on
+the server at ``--uri`` (default ``MONGODB_URI``), a replica set or a sharded cluster, in the
+database ``--database`` (dropped before each run and at the end), with the processes' pauses but
+without the restarts: a server given is never restarted. Exit status 0 when the guarded run has no
+stale write and the control run has some.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -20,6 +25,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +36,26 @@ from pymongo.errors import PyMongoError
 from mongolock_async.testing import EmbeddedMongo
 
 WORKER = Path(__file__).resolve().with_name("fenced_soak_worker.py")
-DATABASE = "fenced_soak"
 
 
 def run(
-    mode: str, server: EmbeddedMongo, arguments: argparse.Namespace, seconds: float, *, until_stale: bool = False
+    mode: str,
+    uri: str,
+    own: EmbeddedMongo | None,
+    arguments: argparse.Namespace,
+    seconds: float,
+    *,
+    until_stale: bool = False,
 ) -> dict[str, Any]:
-    """One run: workers started, faults injected until the end, the resource's counters read."""
-    with MongoClient(server.uri) as client:
-        client.drop_database(DATABASE)
-        client[DATABASE]["resource"].insert_many([{"_id": "txn"}, {"_id": "token"}])
+    """One run: workers started, faults injected until the end, the resource's counters read. The
+    server is crashed and restarted now and then only if it is the soak's ``own``."""
+    database = arguments.database
+    with MongoClient(uri) as client:
+        client.drop_database(database)
+        client[database]["resource"].insert_many([{"_id": "txn"}, {"_id": "token"}])
     start_at = time.monotonic() + 3.0
     workers = [
-        start_worker(WORKER, [mode, DATABASE, str(arguments.tasks), str(seconds), str(start_at)], server.uri)
+        start_worker(WORKER, [mode, database, str(arguments.tasks), str(seconds), str(start_at)], uri)
         for _ in range(arguments.processes)
     ]
     faults: Counter[str] = Counter()
@@ -50,12 +63,12 @@ def run(
     stop_at = start_at + seconds
     next_restart = time.monotonic() + random.uniform(15, 30)
     while time.monotonic() < stop_at - 1:
-        if until_stale and _stale_writes(server) > 0:
-            _stop_workers(server)  # the detector fired: the control has shown what it must
+        if until_stale and _stale_writes(uri, database) > 0:
+            _stop_workers(uri, database)  # the detector fired: the control has shown what it must
             break
         time.sleep(random.uniform(0.3, 1.5))
-        if time.monotonic() >= next_restart:
-            server.restart(crash=random.random() < 0.5)
+        if own is not None and time.monotonic() >= next_restart:
+            own.restart(crash=random.random() < 0.5)
             faults["server restarts"] += 1
             next_restart = time.monotonic() + random.uniform(15, 30)
             continue
@@ -65,8 +78,8 @@ def run(
         os.kill(victim.pid, signal.SIGCONT)
         faults["process pauses"] += 1
     counts = collect_counts(workers)
-    with MongoClient(server.uri) as client:
-        resource = {doc["_id"]: doc for doc in client[DATABASE]["resource"].find()}
+    with MongoClient(uri) as client:
+        resource = {doc["_id"]: doc for doc in client[database]["resource"].find()}
         elapsed = time.monotonic() - start_at
     return {
         "mode": mode,
@@ -78,19 +91,33 @@ def run(
     }
 
 
-def _stale_writes(server: EmbeddedMongo) -> int:
+def _stale_writes(uri: str, database: str) -> int:
     """Stale writes landed so far (0 while the server cannot be read: it may be restarting)."""
     try:
-        with MongoClient(server.uri, serverSelectionTimeoutMS=1000) as client:
-            return sum(doc.get("stale", 0) for doc in client[DATABASE]["resource"].find())
+        with MongoClient(uri, serverSelectionTimeoutMS=1000) as client:
+            return sum(doc.get("stale", 0) for doc in client[database]["resource"].find())
     except PyMongoError:
         return 0
 
 
-def _stop_workers(server: EmbeddedMongo) -> None:
+def _stop_workers(uri: str, database: str) -> None:
     """Ask the workers to end now (they look for this document between sections)."""
-    with MongoClient(server.uri, serverSelectionTimeoutMS=5000) as client:
-        client[DATABASE]["control"].insert_one({"_id": "stop"})
+    with MongoClient(uri, serverSelectionTimeoutMS=5000) as client:
+        client[database]["control"].insert_one({"_id": "stop"})
+
+
+@contextlib.contextmanager
+def server(uri: str | None, database: str) -> Iterator[tuple[str, EmbeddedMongo | None]]:
+    """The server given (its database dropped at the end), or an embedded one of the soak's own."""
+    if uri:
+        try:
+            yield uri, None
+        finally:
+            with MongoClient(uri, serverSelectionTimeoutMS=10_000) as client:
+                client.drop_database(database)
+        return
+    with EmbeddedMongo(test_commands=True) as own:
+        yield own.uri, own
 
 
 def main() -> None:
@@ -104,16 +131,18 @@ def main() -> None:
         action="store_true",
         help="end the control run at its first stale write (--control-seconds is then the most it takes)",
     )
+    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="a server to run on (never restarted)")
+    parser.add_argument("--database", default="fenced_soak", help="dropped before each run and at the end")
     parser.add_argument("--json", action="store_true", help="print the two runs' results as one JSON line")
     arguments = parser.parse_args()
-    ran_on = environment(None)
+    ran_on = environment(arguments.uri)
     if not arguments.json:
         print(ran_on, flush=True)
         print(f"{arguments.processes} processes x {arguments.tasks} tasks, one lock, TTL 1 s, no heartbeat", flush=True)
-    with EmbeddedMongo(test_commands=True) as server:
-        guarded = run("guarded", server, arguments, arguments.minutes * 60)
+    with server(arguments.uri, arguments.database) as (uri, own):
+        guarded = run("guarded", uri, own, arguments, arguments.minutes * 60)
         until_stale = arguments.control_until_stale
-        control = run("control", server, arguments, arguments.control_seconds, until_stale=until_stale)
+        control = run("control", uri, own, arguments, arguments.control_seconds, until_stale=until_stale)
     ok = sum(guarded["stale"].values()) == 0 and sum(control["stale"].values()) > 0
     if arguments.json:
         print(json.dumps({"environment": ran_on, "guarded": guarded, "control": control, "ok": ok}))

@@ -12,26 +12,32 @@ Meanwhile the lock's document is read every 20 ms. Two things are checked:
   behind (tests/faults/test_late_requests.py and tests/handles/test_giving_up.py sweep those windows).
 
     python benchmarks/lease_chaos.py [--seconds 60 | --minutes M] [--processes 2] [--tasks 3]
-                                     [--control-seconds 10] [--json]
+                                     [--control-seconds 10] [--uri URI] [--database lease_chaos] [--json]
 
-Runs on an embedded server with fail points. A control run of a broken holder (it renews leases it
-no longer believes it holds, and puts a released token back as a live lease's owner) must trip
-both checks: the detectors work. Prints the environment and a summary (with ``--json``, one JSON
-line last); exits 1 if a check failed or the control tripped neither.
+Runs on the server at ``--uri`` (default ``MONGODB_URI``), which must accept ``configureFailPoint``
+(mongod started with ``--setParameter enableTestCommands=1``), in the database ``--database``
+(dropped before each run and at the end); without one, on an embedded server with the test commands
+that it starts. The fail points are scoped to the workers' appName (``lease-chaos``), but a server
+has one ``failCommand`` fail point: nothing else may arm it meanwhile. A control run of a broken
+holder (it renews leases it no longer believes it holds, and puts a released token back as a live
+lease's owner) must trip both checks: the detectors work. Prints the environment and a summary
+(with ``--json``, one JSON line last); exits 1 if a check failed or the control tripped neither.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import shutil
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +51,7 @@ from mongolock_async.store.expressions import SERVER_NOW
 from mongolock_async.testing import EmbeddedMongo
 
 WORKER = Path(__file__).resolve().with_name("lease_chaos_worker.py")
-DATABASE, NAME = "lease_chaos", "contended"
+NAME = "contended"
 FAULT_EVERY, HELD_MS, READ_EVERY = 0.15, 250, 0.02
 SLACK = 0.5
 """How much longer than a TTL a lease nobody believes in may be seen live: the reads' interval, a
@@ -122,10 +128,10 @@ class Read:
     """Whether the live lease's owner token is one the document records as withdrawn or released."""
 
 
-async def read_the_lease(uri: str, stop: asyncio.Event) -> list[Read]:
+async def read_the_lease(uri: str, database: str, stop: asyncio.Event) -> list[Read]:
     """The lock's document, read every 20 ms until ``stop`` is set."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
-    collection = client[DATABASE]["locks"].with_options(read_concern=ReadConcern("majority"))
+    collection = client[database]["locks"].with_options(read_concern=ReadConcern("majority"))
     reads: list[Read] = []
     try:
         while not stop.is_set():
@@ -174,23 +180,21 @@ def described(spans: list[Span], start_at: float) -> list[dict[str, Any]]:
     ]
 
 
-async def chaos(server: EmbeddedMongo, kind: str, arguments: argparse.Namespace, seconds: float) -> dict[str, Any]:
+async def chaos(uri: str, kind: str, arguments: argparse.Namespace, seconds: float) -> dict[str, Any]:
     """One run: workers, fail points and reads for ``seconds``; what they saw."""
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(server.uri)
-    await client.drop_database(DATABASE)
-    await client.close()
+    await drop(uri, arguments.database)
     directory = Path(tempfile.mkdtemp(prefix="mongolock-chaos-"))
     outputs = [directory / f"leases-{i}.jsonl" for i in range(arguments.processes)]
     start_at = time.monotonic() + 2.0  # the workers' imports and connections first
     workers = [
-        start_worker(WORKER, [kind, DATABASE, NAME, str(arguments.tasks), str(seconds), str(start_at), str(out)],
-                     server.uri)
+        start_worker(WORKER, [kind, arguments.database, NAME, str(arguments.tasks), str(seconds), str(start_at),
+                              str(out)], uri)
         for out in outputs
     ]  # fmt: skip
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     stop_reading = asyncio.Event()
-    reading = asyncio.create_task(read_the_lease(server.uri, stop_reading))
-    armed = await inject_faults(server.uri, start_at + seconds)
+    reading = asyncio.create_task(read_the_lease(uri, arguments.database, stop_reading))
+    armed = await inject_faults(uri, start_at + seconds)
     counts = await asyncio.to_thread(collect_counts, workers)  # a task's last hold may outlast the faults
     # Read on for a TTL past the workers' end, until the last lease left behind has expired.
     await asyncio.sleep(TTL + SLACK)
@@ -219,6 +223,27 @@ async def chaos(server: EmbeddedMongo, kind: str, arguments: argparse.Namespace,
     }
 
 
+async def drop(uri: str, database: str) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        await client.drop_database(database)
+    finally:
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def server(uri: str | None, database: str) -> AsyncIterator[str]:
+    """The server given (its database dropped at the end), or an embedded one with the test commands."""
+    if uri:
+        try:
+            yield uri
+        finally:
+            await drop(uri, database)
+        return
+    async with EmbeddedMongo(test_commands=True) as embedded:
+        yield embedded.uri
+
+
 def longest(run: dict[str, Any], key: str = "longest unheld leases") -> float:
     return run[key][0]["seconds"] if run[key] else 0.0
 
@@ -230,16 +255,18 @@ async def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=3, help="per process")
     parser.add_argument("--control-seconds", type=float, default=10.0)
+    parser.add_argument("--uri", default=os.environ.get("MONGODB_URI"), help="a server with the test commands")
+    parser.add_argument("--database", default="lease_chaos", help="dropped before each run and at the end")
     parser.add_argument("--json", action="store_true")
     arguments = parser.parse_args()
     seconds = arguments.seconds if arguments.minutes is None else arguments.minutes * 60
-    print(environment(None), flush=True)
+    print(environment(arguments.uri), flush=True)
     print(f"{arguments.processes} processes x {arguments.tasks} tasks on one name, TTL {TTL:g} s, no heartbeat, "
           f"0.2-1 s acquire timeouts, half fair; a fail point every {FAULT_EVERY * 1000:.0f} ms",
           flush=True)  # fmt: skip
-    async with EmbeddedMongo(test_commands=True) as server:
-        real = await chaos(server, "real", arguments, seconds)
-        control = await chaos(server, "control", arguments, arguments.control_seconds)
+    async with server(arguments.uri, arguments.database) as uri:
+        real = await chaos(uri, "real", arguments, seconds)
+        control = await chaos(uri, "control", arguments, arguments.control_seconds)
     bound = TTL + SLACK
     done_real, done_control = (run["reads of a lease held by a token done with"] for run in (real, control))
     print(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -16,11 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The helpers in tests/support and the workers' code in tests/workers that tests import check with
+# `assert` as the tests do. pytest rewrites the asserts of test modules and conftest files into
+# explicit checks, which `python -O` keeps (make test-optimized), but not those of modules they
+# import, unless told before the import: otherwise -O strips them, and a helper's check (a fail
+# point scoped to one client, a process that must have exited 0) would pass without checking.
+pytest.register_assert_rewrite("tests.support", "tests.workers")
+
 from pymongo import MongoClient
 
 from mongolock_async.testing import EmbeddedMongo, ServerChoice
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client, shard_blocking
 from mongolock_async.testing.pytest_plugin import DRIVERS
+from mongolock_async.testing.selection import describe_planned_server, describe_server, server_kind
 from tests.support.commands import CommandCounter
 from tests.support.fail_points import (
     ADMINS,
@@ -28,8 +39,10 @@ from tests.support.fail_points import (
     FaultServer,
     fail_point_turn,
     fail_points_answer,
-    fail_points_expected_on_target,
+    faults_elsewhere,
 )
+from tests.support.private_servers import own_configuration_tests, private_server_tests
+from tests.support.processes import ROOT
 from tests.support.run_settings import SHARDED
 
 # A test that failed while the machine stalled runs again (see there).
@@ -44,6 +57,67 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     and the heartbeat, where they do differ (Motor runs each operation in a thread), run with each."""
     if metafunc.definition.get_closest_marker("one_driver") and "mongolock_driver" in metafunc.fixturenames:
         metafunc.definition.add_marker(pytest.mark.parametrize("mongolock_driver", DRIVERS[:1]))
+
+
+# -- the run's header: what it runs on, and what it does not run there ----------------------------
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The server the tests use (its kind, version and topology), where the fault tests arm their
+    fail points, and the tests that start servers of their own (tests/support/private_servers.py):
+    a workflow job's log says what did not run on its MongoDB."""
+    if hasattr(config, "workerinput"):
+        return []
+    kind = server_kind()
+    if kind == "uri":
+        server = f"uri (MONGODB_URI): {describe_server(os.environ['MONGODB_URI'])}"
+    else:
+        server = f"{kind}: {describe_planned_server(kind)}, one per pytest process (each xdist worker its own)"
+    if kind == "embedded":
+        faults = "on the server under test (the suite's embedded servers accept configureFailPoint)"
+    elif faults_elsewhere():
+        faults = (
+            "on the server under test if it accepts configureFailPoint, else on a private embedded server each "
+            "(MONGOLOCK_TEST_FAULTS_ELSEWHERE=1)"
+        )
+    else:
+        faults = (
+            "on the server under test; where it refuses configureFailPoint, they fail "
+            "(MONGOLOCK_TEST_FAULTS_ELSEWHERE=1 would run them on a private embedded server)"
+        )
+    lines = [f"mongolock server: {server}", f"mongolock fault tests: {faults}"]
+    if sys.flags.optimize:
+        lines.append(
+            f"mongolock python -O{'O' * (sys.flags.optimize - 1)}: pytest and its xdist workers run optimized (the "
+            "processes the tests start do not)"
+        )
+    lines.append("mongolock private servers (embedded servers the tests start, and why, from their docstrings):")
+    for test in private_server_tests(ROOT):
+        lines.append(f"  {test.test}: {test.reason or 'its docstring does not say why (Private server: ...)'}")
+    others = own_configuration_tests(ROOT)
+    lines.append(
+        f"mongolock servers of another configuration (access control, TLS, standalone, no test commands, a shifted "
+        f"clock; the embedded server's and the selection's own tests): {sum(others.values())} test functions in "
+        + ", ".join(f"{path.removeprefix('tests/')} ({count})" for path, count in others.items())
+    )
+    return lines
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Under ``python -O``, the workers too: pytest-xdist starts each with the bare interpreter
+    (execnet's ``popen_args``), which would run the tests unoptimized."""
+    if not sys.flags.optimize:
+        return
+    for spec in specs:
+        if spec.popen and not spec.python:
+            spec.python = f"{shlex.quote(sys.executable)} -{'O' * sys.flags.optimize}"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker how optimized its controller runs (tests/ops/test_workflow.py checks it)."""
+    node.workerinput["controller_optimize"] = sys.flags.optimize
 
 
 @pytest.fixture
@@ -137,9 +211,9 @@ def target_has_fail_points(mongolock_server: ServerChoice) -> bool:
     uri = os.environ.get("MONGOLOCK_TEST_ADMIN_URI") or mongolock_server.uri
     with fail_point_turn(mongolock_server.kind == "uri"):
         answered = fail_points_answer(uri)
-    expected = fail_points_expected_on_target()
-    if not answered and expected:
-        pytest.fail(NO_FAIL_POINTS_ON_TARGET.format(expected=expected))
+    # A server the run was given is the one its fault tests are about: never left silently.
+    if not answered and mongolock_server.kind != "embedded" and not faults_elsewhere():
+        pytest.fail(NO_FAIL_POINTS_ON_TARGET.format(kind=mongolock_server.kind))
     return answered
 
 
@@ -149,9 +223,10 @@ def fault_server(
     mongolock_admin_client: MongoClient[dict[str, Any]],
     target_has_fail_points: bool,
 ) -> Iterator[FaultServer]:
-    """A server to arm fail points on: the server under test if it accepts them, else an embedded
-    server of the test's own. A fresh collection name, dropped after the test (sharded on the
-    server under test with ``MONGOLOCK_TEST_SHARDED=1``)."""
+    """A server to arm fail points on: the server under test. Where that server refuses them, the
+    test fails, unless ``MONGOLOCK_TEST_FAULTS_ELSEWHERE=1`` lets it run on an embedded server of
+    its own (the suite's own embedded servers always accept them). A fresh collection name, dropped
+    after the test (sharded on the server under test with ``MONGOLOCK_TEST_SHARDED=1``)."""
     app_name, collection = f"fault-{uuid.uuid4().hex[:10]}", f"faults_{uuid.uuid4().hex[:12]}"
     if not target_has_fail_points:
         own: MongoClient[dict[str, Any]]

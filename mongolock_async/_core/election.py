@@ -86,7 +86,8 @@ class AsyncMongoElection(AsyncMongoLock):
         if not await self.acquire(timeout=timeout):
             raise LockTimeoutError(self._name, self._options.timeout if timeout is None else timeout)
         term = self.term
-        assert term is not None  # acquire returned True: held
+        if term is None:  # acquire returned True: held
+            raise RuntimeError(f"election {self._name!r}: held without a term")
         return term
 
     async def resign(self, to: str | None = None) -> bool:
@@ -161,7 +162,8 @@ class AsyncMongoElection(AsyncMongoLock):
             try:
                 async with self:
                     term = self.term
-                    assert term is not None
+                    if term is None:  # entered: held
+                        raise RuntimeError(f"election {self._name!r}: held without a term")
                     await work(term)
                 return
             except LockLostError as error:

@@ -237,7 +237,8 @@ class AsyncMongoJob:
             return JobResult(self._name, False, None, reason, record)
         started = time.monotonic()
         running = _record_of(lock.decision).running
-        assert running is not None and lock.fencing_token is not None
+        if running is None or lock.fencing_token is None:
+            raise RuntimeError(f"job {self._name!r}: its lease was taken without a run or a fencing token")
         info = JobRunInfo(self._name, running.period, running.attempt, lock.fencing_token, running.started_at)
         token = _current.set(info)
         lock._guard_body()
@@ -265,7 +266,8 @@ class AsyncMongoJob:
             return None
         report = reports[0]
         if report.state is None:
-            assert report.error is not None  # a document that could not be read
+            if report.error is None:  # a document that could not be read carries its error
+                raise RuntimeError(f"job {self._name!r}: a report with neither a state nor an error")
             raise report.error
         if report.state.kind != "lock":  # a lock's document: a run_once of an earlier version
             of_kind(report.state, None, kind=JOB_KIND)

@@ -528,7 +528,8 @@ class AsyncMongoLock:
     def _guard_body(self) -> None:
         """Make the running task the body that a loss of the lease cancels (until ``__aexit__``)."""
         lease = self._lease
-        assert lease is not None
+        if lease is None:
+            raise RuntimeError("a body guarded without a lease")
         # Entered here and checked in __aexit__, in the same task: loss cancels the block.
         lease.body = BodyGuard()
 

@@ -71,7 +71,8 @@ class LeaseKeeper:
 
     def keep(self, lease: Lease) -> None:
         """Renew ``lease`` from now on, every ``heartbeat_interval``, until ``drop``."""
-        assert lease.heartbeat_interval is not None
+        if lease.heartbeat_interval is None:
+            raise RuntimeError("the keeper renews only a lease with a heartbeat")
         due = self._leases[lease] = time.monotonic() + lease.heartbeat_interval
         self._wake(due)
 

@@ -143,7 +143,8 @@ async def wait_for_lease(request: AcquireRequest, give_up_at: float | None) -> G
                 queue, waiter = first.queue, first.waiter  # None if it took the lock with nobody looking
             if granted is not None:
                 return granted
-        assert queue is not None and waiter is not None
+        if queue is None or waiter is None:
+            raise RuntimeError("no place in the queue after a first attempt that took nothing")
         while waiter.turn is not Turn.GRANTED:
             waiter.wake.clear()
             queue.raise_refusal(waiter)

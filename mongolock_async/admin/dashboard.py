@@ -304,7 +304,8 @@ class _Feed:
             self.names.remove(name)
         for name in update.changed:
             self.names.add(name)
-        assert before is not None
+        if before is None:  # an update after the first has one before it
+            raise RuntimeError("a dashboard update with no update before it")
         told = before.mode != update.mode or before.note != update.note or (
             before.disconnected_since != update.disconnected_since)  # fmt: skip
         for page in list(self._pages.values()):
@@ -332,7 +333,8 @@ class _Feed:
             )
             page.window = self.names.window(spec, update.locks, matching)
         new = page.window
-        assert new is not None
+        if new is None:  # a page with a window keeps one
+            raise RuntimeError("a dashboard page lost its window")
         sent = [name for name in new.names if name in update.changed or name not in window.names]
         if not (sent or events or told) and new == window:
             return None  # a change out of view that moved nothing in it: the page is told nothing

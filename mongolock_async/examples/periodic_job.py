@@ -102,7 +102,8 @@ async def main(scheduler: str, every: float, seconds: float) -> None:
     @locks.run_once("digest", every=timedelta(seconds=every))
     async def build_digest() -> None:
         run = current_run()  # its period (start, end) on the server's clock, attempt and fencing token
-        assert run.period is not None
+        if run.period is None:  # never: a job with `every` runs in a period
+            raise RuntimeError("the digest ran outside a period")
         # Keyed by the period's start: a second run of a period (its first cut off) would find it.
         await digests.insert_one({"period": run.period.start, "by": os.getpid(), "attempt": run.attempt})
         built.append(f"{run.period.start:%H:%M:%S}")

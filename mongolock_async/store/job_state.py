@@ -48,7 +48,8 @@ class JobState:
     def from_report(cls, report: LockReport) -> JobState:
         """A job's state from a report of its document (see ``LockStore.report``)."""
         state = report.state
-        assert state is not None and report.server_time is not None
+        if state is None or report.server_time is None:
+            raise RuntimeError(f"a job's state from a report without a document or the server's time: {report.name!r}")
         record = state.job or JobRecord()
         now = report.server_time
         every = None if record.every_ms is None else timedelta(milliseconds=record.every_ms)

@@ -166,7 +166,8 @@ def leadership(name: str, reports: list[LockReport]) -> Leadership | None:
         return None
     found = reports[0]
     if found.state is None:
-        assert found.error is not None  # a document that could not be read
+        if found.error is None:  # a document that could not be read carries its error
+            raise RuntimeError(f"election {name!r}: a report with neither a state nor an error")
         raise found.error
     state = of_kind(found.state, _LEADERSHIP)
     if not found.live_permits:

@@ -371,7 +371,8 @@ class EmbeddedMongo:
     # -- internals --------------------------------------------------------------------------------
 
     def _launch(self, *, auth: bool, tls: bool) -> None:
-        assert self._workdir is not None and self.log_path is not None
+        if self._workdir is None or self.log_path is None:
+            raise EmbeddedServerError("the embedded server was launched without its directory")
         command = [
             sys.executable, "-c", self._launch_code(tls=tls),
             "--host", "127.0.0.1",
@@ -420,7 +421,8 @@ class EmbeddedMongo:
                 self._reaper.stdin.flush()
 
     def _wait_until_listening(self, log_start: int) -> None:
-        assert self._process is not None and self.log_path is not None
+        if self._process is None or self.log_path is None:
+            raise EmbeddedServerError("waited for an embedded server that was not launched")
         give_up_at = time.monotonic() + self.startup_timeout
         while time.monotonic() < give_up_at:
             if self._process.poll() is not None:

@@ -27,6 +27,10 @@ from tests.support.fail_points import FaultServer, set_fail_point
 async def test_a_blocking_acquire_returns_in_time_while_the_server_hangs(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:
+    """A blocking acquire returns within its timeout while the server answers nothing at all.
+    Private server: it SIGSTOPs the server, which would stop every other test using it (the fault
+    tests below hold back one client's chosen commands with a fail point on the server under test;
+    this one stops every reply, the driver's monitoring included)."""
     client = make_client(mongolock_driver, private_server.uri)
     try:
         collection = client[TEST_DATABASE]["locks"]
@@ -129,6 +133,8 @@ async def test_a_request_sent_too_late_to_be_answered_in_time_is_a_timeout(
 async def test_a_release_returns_within_the_lease_while_the_server_hangs(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:
+    """A release returns within the lease's remaining time while the server answers nothing.
+    Private server: it SIGSTOPs the server, which would stop every other test using it."""
     client = make_client(mongolock_driver, private_server.uri)
     try:
         # Connected first, and a TTL well above an acquire's time on a loaded machine: a lease past
@@ -142,6 +148,14 @@ async def test_a_release_returns_within_the_lease_while_the_server_hangs(
         private_server.pause()
         try:
             started = time.monotonic()
+            # The premise: a lease still within its local deadline, whose release must raise (one
+            # already lost returns False instead). A make test-optimized run at a load average of
+            # 15 failed with "DID NOT RAISE" and nothing else to say which it was.
+            deadline = lock.deadline  # None once the handle knows its lease lost
+            assert deadline is not None, "the lease was lost before its release"
+            assert started < deadline, (
+                f"the local deadline of the {ttl} s lease passed {started - deadline:.2f} s before its release"
+            )
             with pytest.raises(PyMongoError):
                 await lock.release()
             took = time.monotonic() - started

@@ -153,6 +153,9 @@ async def test_a_non_blocking_acquire_honours_the_uris_server_selection_timeout(
 
 
 async def test_a_short_outage_is_ridden_out(mongolock_driver: str, private_server: EmbeddedMongo) -> None:
+    """An acquire waits through a server that is down for less than its ``unreachable_timeout``.
+    Private server: it stops the server and starts it again, which no other test using it would
+    survive."""
     client = make_client(mongolock_driver, private_server.uri, serverSelectionTimeoutMS=1000)
     try:
         collection = client[TEST_DATABASE]["locks"]
@@ -172,6 +175,9 @@ async def test_a_short_outage_is_ridden_out(mongolock_driver: str, private_serve
 async def test_unreachable_timeout_none_waits_through_any_outage(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:
+    """With ``unreachable_timeout=None`` an acquire waits through an outage of any length.
+    Private server: it stops the server and starts it again, which no other test using it would
+    survive."""
     client = make_client(mongolock_driver, private_server.uri, serverSelectionTimeoutMS=500)
     try:
         collection = client[TEST_DATABASE]["locks"]

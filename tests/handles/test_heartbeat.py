@@ -84,6 +84,10 @@ async def test_without_heartbeat_the_block_is_cancelled_at_its_deadline(mongoloc
 async def test_paused_server_cancels_the_body_before_the_server_expiry(
     mongolock_driver: str, private_server: EmbeddedMongo
 ) -> None:
+    """A server that stops answering (SIGSTOP) mid-block: the body is cancelled at the lease's
+    local deadline, before the server's expiry. Private server: it SIGSTOPs the server, which would
+    stop every other test using it (a fail point cannot stand in: it holds back chosen commands of
+    one client, not every reply, the driver's monitoring included)."""
     # 5 s: the default safety margin (a tenth of the TTL) is then 0.5 s, the time the loop may take
     # to run the deadline's timer. With 2 s (a margin of 0.2 s), CI once cancelled the body 36 ms
     # after the server's expiry; a process beside 8 workers' run on 2 cores has woken 0.24 s late.

@@ -22,11 +22,11 @@ import httpx
 import pytest
 from aiohttp import test_utils, web
 from fastapi import FastAPI
+from pymongo import MongoClient
 
 from mongolock_async import AsyncMongoLock, AsyncMongoSemaphore, LockLostError, LockManager, LockTimeoutError
 from mongolock_async.fastapi import hold_lock, limit_concurrency
 from mongolock_async.jobs import DerivedJobNameWarning
-from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
 from tests.support.run_settings import child_environment
 
@@ -486,20 +486,27 @@ def test_the_web_examples_serve_from_the_package_on_localhost(
     assert f"127.0.0.1:{port}" in out, "not listening on 127.0.0.1"
 
 
-def test_the_examples_keep_their_locks_where_mongolock_list_looks(private_server: EmbeddedMongo) -> None:
+def test_the_examples_keep_their_locks_where_mongolock_list_looks(
+    mongolock_uri: str, mongolock_admin_client: MongoClient[dict[str, Any]]
+) -> None:
     """Without MONGOLOCK_DB / MONGOLOCK_COLLECTION, an example's locks are in mongolock.locks: the
-    command's default, so ``mongolock list`` after trying an example shows them. It needs a server of its own:
-    the listing is compared whole, and other tests leave locks in mongolock.locks."""
+    command's default, so ``mongolock list`` after trying an example shows them. On the server under
+    test, where other tests (and earlier runs, on a server of your own) leave locks in
+    mongolock.locks too: the example's lock is the one whose fencing token the example raised."""
+    before = mongolock_admin_client["mongolock"]["locks"].find_one({"_id": "nightly-report"}) or {}
     suffix = uuid.uuid4().hex[:8]
     job = subprocess.run(
         [sys.executable, "-m", "mongolock_async.examples.scheduled_job"],
         capture_output=True, text=True, timeout=120,
-        env=child_environment(MONGODB_URI=private_server.uri, JOBS_DATABASE=f"jobs_{suffix}"),
+        env=child_environment(MONGODB_URI=mongolock_uri, JOBS_DATABASE=f"jobs_{suffix}"),
     )  # fmt: skip
+    mongolock_admin_client.drop_database(f"jobs_{suffix}")
     assert job.returncode == 0, job.stderr
     listed = subprocess.run(
-        [sys.executable, "-m", "mongolock_async", "list", "--json"],
-        capture_output=True, text=True, timeout=120, env=child_environment(MONGODB_URI=private_server.uri),
+        [sys.executable, "-m", "mongolock_async", "list", "--json", "--prefix", "nightly-report"],
+        capture_output=True, text=True, timeout=120, env=child_environment(MONGODB_URI=mongolock_uri),
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
-    assert [entry["name"] for entry in json.loads(listed.stdout)] == ["nightly-report"]
+    shown = {entry["name"]: entry for entry in json.loads(listed.stdout)}
+    assert "nightly-report" in shown, f"the example's lock is not where mongolock list looks: {sorted(shown)}"
+    assert shown["nightly-report"]["fencing_token"] > before.get("fence", 0), (before, shown["nightly-report"])

@@ -5,16 +5,21 @@ docs/testing.md says they are."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 
 import pytest
+import yaml
+from _pytest.assertion.rewrite import AssertionRewritingHook
 from pymongo.errors import OperationFailure
 from pymongo.uri_parser import parse_uri
 
 from mongolock_async.testing import EmbeddedMongo
 from mongolock_async.testing.clients import TEST_DATABASE, close_client, make_client
-from tests.support.fail_points import FaultServer, set_fail_point
+from mongolock_async.testing.selection import mongod_arguments
+from tests.support.fail_points import FAULTS_ELSEWHERE, FaultServer, set_fail_point
+from tests.support.private_servers import private_server_tests
 from tests.support.processes import ROOT
 from tests.support.run_settings import child_environment
 from tests.support.uris import uri_with_options, uri_without_credentials
@@ -84,22 +89,29 @@ _RESTARTS = ("pause", "resume", "stop", "start", "restart", "kill")
 def test_only_tests_that_stop_or_pause_the_server_start_their_own() -> None:
     # A test that only arms fail points runs on the server under test (fault_server), so that on
     # the workflow's MongoDB the ambiguous acquire, the lost release reply and the rest are proven
-    # on mongod, not only on the embedded double.
-    offenders = []
-    for path in sorted(TESTS.rglob("test_*.py")):
-        source = path.read_text()
-        for node in ast.walk(ast.parse(source)):
-            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) or not node.name.startswith("test_"):
-                continue
-            if "private_server" not in {argument.arg for argument in node.args.args}:
-                continue
-            body = ast.get_source_segment(source, node) or ""
-            controls = (
-                any(f"private_server.{method}(" in body for method in _RESTARTS) or "stopped(private_server" in body
-            )
-            if not controls and "a server of its own" not in body:
-                offenders.append(f"{path.relative_to(TESTS)}::{node.name}")
+    # on mongod, not only on the embedded double. A test that takes private_server controls it, and
+    # says why in its docstring ("Private server: ..."), which the run's header shows.
+    offenders, unexplained = [], []
+    for test in private_server_tests(ROOT):
+        if not test.takes_fixture:
+            continue
+        path, name = test.test.split("::")
+        source = (ROOT / path).read_text()
+        node = next(
+            node
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef) and node.name == name
+        )
+        body = ast.get_source_segment(source, node) or ""
+        if not (any(f"private_server.{method}(" in body for method in _RESTARTS) or "stopped(private_server" in body):
+            offenders.append(test.test)
+        if not test.reason:
+            unexplained.append(test.test)
     assert not offenders, "tests that start a server only for fail points (use fault_server): " + ", ".join(offenders)
+    assert not unexplained, "tests whose docstring does not say why they need a private server: " + ", ".join(
+        unexplained
+    )
+    assert any(test.takes_fixture for test in private_server_tests(ROOT)), "the scan found no private_server test"
 
 
 def test_fault_tests_use_the_server_under_test_when_it_has_fail_points(
@@ -133,24 +145,84 @@ async def test_a_fail_point_is_scoped_to_one_client(mongolock_driver: str, fault
         await close_client(other)
 
 
-@pytest.mark.parametrize("expected", ["uri", None], ids=["a-real-server-expected", "nothing-expected"])
-def test_fault_tests_fail_where_the_real_server_under_test_has_no_fail_points(expected: str | None) -> None:
+@pytest.mark.parametrize("opted_out", [False, True], ids=["fails", "opted-out-by-name"])
+def test_fault_tests_fail_where_the_server_under_test_has_no_fail_points(opted_out: bool) -> None:
     # A MongoDB started without the test commands, as a workflow job's would be if its compose file
-    # lost the flag: the fault tests fall back to a private embedded server only where the run does
-    # not say it tests a real MongoDB.
+    # lost the flag: the fault tests fail, saying how to start it, unless the run names the
+    # fallback to a private embedded server (MONGOLOCK_TEST_FAULTS_ELSEWHERE=1).
     with EmbeddedMongo(test_commands=False) as server:
-        settings = {"MONGODB_URI": server.uri, **({"MONGOLOCK_TEST_EXPECT_SERVER": expected} if expected else {})}
+        settings = {"MONGODB_URI": server.uri, **({"MONGOLOCK_TEST_FAULTS_ELSEWHERE": "1"} if opted_out else {})}
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "tests/ops/test_workflow.py::test_a_fail_point_is_scoped_to_one_client"],
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+             "tests/ops/test_workflow.py::test_a_fail_point_is_scoped_to_one_client",
+             "tests/ops/test_workflow.py::test_fault_tests_use_the_server_under_test_when_it_has_fail_points"],
             capture_output=True,
             text=True,
             timeout=300,
             cwd=ROOT,
             env=child_environment(**settings),
         )  # fmt: skip
-    if expected:
-        assert result.returncode == 1 and "refuses configureFailPoint" in result.stdout, result.stdout[-3000:]
-        assert "enableTestCommands=1" in result.stdout
-    else:
+    # The header says what the run was given (kind, version, topology) and where its fault tests run.
+    header = result.stdout[: result.stdout.find("collected ")]
+    assert re.search(r"mongolock server: uri \(MONGODB_URI\): MongoDB \d+\.\d+\.\d+, a replica set \(", header), header
+    if opted_out:
         assert result.returncode == 0, result.stdout[-3000:]
+        assert "else on a private embedded server each (MONGOLOCK_TEST_FAULTS_ELSEWHERE=1)" in header, header
+    else:
+        assert "where it refuses configureFailPoint, they fail" in header, header
+        assert result.returncode == 1 and "refuses configureFailPoint" in result.stdout, result.stdout[-3000:]
+        assert "enableTestCommands=1" in result.stdout and "MONGOLOCK_TEST_FAULTS_ELSEWHERE=1" in result.stdout
+        assert "passed" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
+
+
+def test_nox_spreads_the_tests_over_its_workers_as_make_test_does() -> None:
+    # Tests of one xdist_group (the docs' site, built once) share a worker only under --dist
+    # loadgroup: other distribution modes ignore the groups.
+    make_test = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "-m pytest -n 8 --dist loadgroup" in make_test, make_test
+    noxfile = (ROOT / "noxfile.py").read_text()
+    runs = [line for line in noxfile.splitlines() if '"-m", "pytest"' in line]
+    assert runs and all("*DISTRIBUTE" in line for line in runs), runs
+    assert 'DISTRIBUTE = ("--dist", "loadgroup")' in noxfile
+
+
+def test_the_helpers_asserts_check_under_python_o() -> None:
+    # make test-optimized runs the suite under python -O, which strips every assert pytest has not
+    # rewritten: the helpers' (tests/conftest.py registers them) must be rewritten too.
+    helpers = [name for name in sys.modules if name.startswith(("tests.support.", "tests.workers."))]
+    plain = [name for name in helpers if not isinstance(sys.modules[name].__loader__, AssertionRewritingHook)]
+    assert helpers and not plain, f"helpers whose asserts python -O would strip: {plain}"
+
+
+def test_the_workers_run_as_optimized_as_their_controller(request: pytest.FixtureRequest) -> None:
+    # pytest-xdist starts its workers with the bare interpreter: under python -O, without
+    # tests/conftest.py's pytest_xdist_setupnodes, the tests would run unoptimized.
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is None:
+        pytest.skip("runs in an xdist worker")
+    assert sys.flags.optimize == workerinput["controller_optimize"]
+
+
+def test_every_workflow_server_has_the_test_commands_and_no_job_moves_the_fault_tests() -> None:
+    # The workflow's fault tests must run on its MongoDB: every mongod and mongos its compose files
+    # start, and the testcontainers MongoDB, has the test commands, and no job opts out by name.
+    workflow = (ROOT / ".github" / "workflows" / "real-mongodb.yml").read_text()
+    assert FAULTS_ELSEWHERE in workflow  # the header comment says no job sets it...
+    jobs = yaml.safe_load(workflow)["jobs"]
+    settings = [
+        key
+        for job in jobs.values()
+        for env in (job.get("env") or {}, *(step.get("env") or {} for step in job["steps"]))
+        for key in env
+    ]
+    assert FAULTS_ELSEWHERE not in settings, "a workflow job runs its fault tests off its MongoDB"  # ...and none does
+    servers = []
+    for compose in sorted((ROOT / ".ci" / "mongodb").glob("*.yml")):
+        for name, service in yaml.safe_load(compose.read_text())["services"].items():
+            command = service.get("command")
+            line = " ".join(command) if isinstance(command, list) else str(command)
+            if re.search(r"\bmongo[ds]\b", line):
+                servers.append(name)
+                assert "--setParameter enableTestCommands=1" in line, f"{compose.name}: {name} lacks the test commands"
+    assert servers
+    assert "enableTestCommands=1" in " ".join(mongod_arguments())

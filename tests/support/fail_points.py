@@ -30,7 +30,8 @@ _COMMAND_NOT_FOUND, _UNAUTHORIZED = 59, 13
 # take turns, holding a file lock in the run's temporary directory. configureFailPoint needs no
 # privilege (FaultInjectCmd in src/mongo/db/commands/fail_point_cmd.cpp: "No auth needed because it
 # only works when enabled via command line"), so the access-controlled job's user can arm them. A
-# run that says it tests a real MongoDB (MONGOLOCK_TEST_EXPECT_SERVER) fails where it refuses them.
+# run given a server (MONGODB_URI, or testcontainers) fails its fault tests where that server
+# refuses them, unless the run opts out by name (MONGOLOCK_TEST_FAULTS_ELSEWHERE=1).
 
 _FAIL_POINT_TURNS = "mongolock-fail-point-turns.lock"
 
@@ -85,19 +86,22 @@ def fail_point_turn(shared: bool) -> Iterator[None]:
             fcntl.flock(turns, fcntl.LOCK_UN)
 
 
-# Where the run says it tests a real MongoDB (the workflow's jobs), the fault tests must run there:
-# on a private embedded server instead they would pass and prove nothing about MongoDB.
-_REAL_SERVERS = ("uri", "testcontainers")
+# Where the run was given a server (MONGODB_URI, or the testcontainers MongoDB), the fault tests
+# must run there: on a private embedded server instead they would pass and prove nothing about that
+# server, and the run would not say so. A job that means it (a server it cannot restart with the
+# test commands) opts out by name, and the run's header says where its fault tests ran.
+FAULTS_ELSEWHERE = "MONGOLOCK_TEST_FAULTS_ELSEWHERE"
 NO_FAIL_POINTS_ON_TARGET = (
-    "the server under test refuses configureFailPoint, and MONGOLOCK_TEST_EXPECT_SERVER={expected} says it is the "
-    "MongoDB this run tests: start it with the test commands (mongod --setParameter enableTestCommands=1)"
+    "the server under test ({kind}) refuses configureFailPoint, so the fault tests cannot run on it: start it with "
+    "the test commands (mongod --setParameter enableTestCommands=1), or set "
+    f"{FAULTS_ELSEWHERE}=1 to run them on a private embedded server instead"
 )
 
 
-def fail_points_expected_on_target() -> str | None:
-    """``MONGOLOCK_TEST_EXPECT_SERVER`` where it names a real MongoDB, whose fault tests must run on it."""
-    expected = os.environ.get("MONGOLOCK_TEST_EXPECT_SERVER")
-    return expected if expected in _REAL_SERVERS else None
+def faults_elsewhere() -> bool:
+    """Whether the run lets its fault tests run on a private embedded server where the server under
+    test refuses fail points (``MONGOLOCK_TEST_FAULTS_ELSEWHERE=1``)."""
+    return os.environ.get(FAULTS_ELSEWHERE) == "1"
 
 
 def _app_name(client: Any) -> str | None:

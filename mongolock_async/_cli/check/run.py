@@ -1051,7 +1051,8 @@ def run(arguments: argparse.Namespace) -> int:
     async def main() -> CheckRun:
         nonlocal terminated
         task = asyncio.current_task()
-        assert task is not None
+        if task is None:  # never: a coroutine run by asyncio.run
+            raise RuntimeError("the check runs outside a task")
         loop = asyncio.get_running_loop()
 
         def on_sigterm() -> None:

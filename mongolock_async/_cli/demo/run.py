@@ -281,7 +281,8 @@ class Worker:
             preexec_fn=die_with_parent,
         )
         cls.started.append(process)
-        assert process.stdin is not None
+        if process.stdin is None:
+            raise RuntimeError(f"demo worker {name}: started without a pipe to its stdin")
         process.stdin.write(uri.encode() + b"\n")
         await process.stdin.drain()
         process.stdin.close()
@@ -289,7 +290,8 @@ class Worker:
 
     async def follow(self, on_event: Callable[[dict[str, Any]], None]) -> int:
         """Pass each event to ``on_event`` until the process exits; return its exit status."""
-        assert self.process.stdout is not None and self.process.stderr is not None
+        if self.process.stdout is None or self.process.stderr is None:
+            raise RuntimeError(f"demo worker {self.name}: started without pipes from its stdout and stderr")
         async for line in self.process.stdout:
             event = json.loads(line)
             self.events.append(event)
@@ -409,7 +411,8 @@ async def crash_and_takeover(
     await doomed_done
     store = LockStore(database[LOCKS], WriteConcern(w="majority"))
     lease = await store.read(JOB_LOCK)  # read after the kill: no renewal can follow it
-    assert lease is not None and lease.expires_at is not None
+    if lease is None or lease.expires_at is None:
+        raise RuntimeError(f"{JOB_LOCK!r}: no lease on record after the kill")
     view.event(
         f"SIGKILLed doomed (pid {doomed.process.pid}) mid-job; its lease runs until {lease.expires_at:%H:%M:%S.%f} UTC"
     )
@@ -420,7 +423,8 @@ async def crash_and_takeover(
         f"takeover {second['t'] - killed_at:.2f} s after the kill; "
         f"fencing tokens {first['fence']} -> {second['fence']} (+{second['fence'] - first['fence']})"
     )
-    assert taken is not None and taken.acquired_at is not None
+    if taken is None or taken.acquired_at is None:
+        raise RuntimeError(f"{JOB_LOCK!r}: no lease on record after the takeover")
     checks.record(
         view,
         "the successor took over only after the lease expired (server time)",
@@ -544,14 +548,16 @@ async def leader_failover(uri: str, database: Any, arguments: argparse.Namespace
     store = LockStore(database[LOCKS], WriteConcern(w="majority"))
     first, first_leading = await next_leader([])
     before = await store.read(ELECTION)  # the leader's term lasts at least until this expiry
-    assert before is not None and before.permits
+    if before is None or not before.permits:
+        raise RuntimeError(f"{ELECTION!r}: no term on record while a replica leads")
     first.process.send_signal(signal.SIGTERM)
     asked_at = time.time()
     second, second_leading = await next_leader([first])
     handover = second_leading["t"] - asked_at
     view.event(f"{second.name} leads {handover * 1000:.0f} ms after {first.name} was asked to shut down")
     handed = await store.read(ELECTION)
-    assert handed is not None and handed.permits and handed.permits[0].acquired_at is not None
+    if handed is None or not handed.permits or handed.permits[0].acquired_at is None:
+        raise RuntimeError(f"{ELECTION!r}: no term on record after the hand-over")
     checks.record(
         view,
         f"the clean shutdown handed leadership on at once ({handover * 1000:.0f} ms, not at expiry), in a higher term",
@@ -560,12 +566,14 @@ async def leader_failover(uri: str, database: Any, arguments: argparse.Namespace
     os.kill(second.process.pid, signal.SIGKILL)
     killed_at = time.time()
     term = await store.read(ELECTION)  # read after the kill: no renewal can follow it
-    assert term is not None and term.permits
+    if term is None or not term.permits:
+        raise RuntimeError(f"{ELECTION!r}: no term on record after the kill")
     expires_at = term.permits[0].expires_at
     view.event(f"SIGKILLed {second.name} (pid {second.process.pid}); its term runs until {expires_at:%H:%M:%S.%f} UTC")
     third, third_leading = await next_leader([first, second])
     taken = await store.read(ELECTION)
-    assert taken is not None and taken.permits
+    if taken is None or not taken.permits:
+        raise RuntimeError(f"{ELECTION!r}: no term on record after the takeover")
     view.event(f"{third.name} leads {third_leading['t'] - killed_at:.2f} s after the kill")
     checks.record(
         view,

@@ -114,9 +114,10 @@ async def job(uri: str, database_name: str, worker: str, ttl: float, job_seconds
                     emit("progress", worker=worker, fraction=min(1.0, (time.monotonic() - started) / abs(job_seconds)))
                 await database[JOB_RUNS].update_one({"_id": run.inserted_id}, {"$set": {"finished": True}})
             emit("finished", worker=worker)
-        except LockTimeoutError:
+        except LockTimeoutError as timed_out:
             holder = await LockStore(database[LOCKS], WriteConcern(w="majority")).read(JOB_LOCK)
-            assert holder is not None
+            if holder is None:
+                raise RuntimeError(f"{JOB_LOCK!r} timed out, yet nobody's lease is on record") from timed_out
             emit("skipped", worker=worker, holder=dict(holder.holder), fence=holder.fencing_token)
         except LockLostError as error:
             emit("lost", worker=worker, reason=error.reason)
@@ -132,9 +133,11 @@ async def ledger(uri: str, database_name: str, worker: str, ttl: float, pause: f
     try:
         database = client[database_name]
         lock = AsyncMongoLock(database[LOCKS], LEDGER_LOCK, ttl=ttl, label=worker)
-        assert await lock.acquire(timeout=60.0)
+        if not await lock.acquire(timeout=60.0):
+            raise LockTimeoutError(LEDGER_LOCK, 60.0)
         token = lock.fencing_token
-        assert token is not None
+        if token is None:
+            raise RuntimeError(f"{LEDGER_LOCK!r} held without a fencing token")
         emit("held", worker=worker, fence=token)
         await asyncio.sleep(pause)
         try:
@@ -214,7 +217,8 @@ async def periodic(uri: str, database_name: str, worker: str, every: float, peri
     @locks.run_once(DIGEST, every=every)
     async def build_digest() -> None:
         run = current_run()
-        assert run.period is not None
+        if run.period is None:  # run_once(every=...) runs in a period
+            raise RuntimeError(f"{DIGEST!r} ran outside a period")
         period = (run.period.start - EPOCH) // timedelta(milliseconds=1)  # its start, in ms since the epoch
         emit("started", worker=worker, period=period, attempt=run.attempt, fence=run.fencing_token)
         if await database[HANG].find_one({"period": period, "attempt": run.attempt}):
