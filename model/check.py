@@ -97,6 +97,7 @@ CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("step", _s(tasks="1,1,0", timeouts="255,255", h=7, f_step=1), "the server's clock steps back or on"),
     Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=6, f_event=1, f_stream=1), "events lost or late, a reopen"),
     Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=8, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
+    Run("slow", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_slow=1), "a reply delayed on its way back"),
 ]
 
 DEEP: list[Run] = [
@@ -161,6 +162,9 @@ CONTROLS: list[Run] = [
              mut2=MUT["follower-requeued"], **HELD_LATER),
     _control("oversleep", "P4", "a placed waiter sleeps until news, not the lease's expiry",
              tasks="1,1,0", timeouts="255,255", h=8),
+    # Issue 50: the switches no property refuted before (docs/model.md, "The controls").
+    _control("deadline-from-reply", "P1", "a holder's local deadline counts from the reply",
+             tasks="1,1,0", timeouts="255,255", h=7, f_slow=1),
     _jobs_control("slot-number", "slot-number", "a period done by its slot number, with two schedules",
                   every="3,4", offset="0,1", calls="3,3", h=7),
     _jobs_control("finish-unowned", "finish-unowned", "a finish records success without the live lease",

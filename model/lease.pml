@@ -149,7 +149,9 @@ byte rq_b[NR];          /* enqueue / the successor's follower */
 bit  rq_c[NR];          /* successor_first */
 byte rq_st[NR];
 bit  rq_lose[NR];        /* its reply will be lost */
+bit  rq_slow[NR];       /* its reply will be delayed (rq_ready) */
 byte rq_hold[NR];       /* not applied before this tick */
+byte rq_ready[NR];      /* applied, its reply not back before this tick (a reply delayed on its way back) */
 byte rq_bound[NR];      /* its caller's bound: RequestTimeout from this tick */
 byte rq_r1[NR];         /* the reply */
 byte rq_r2[NR];
@@ -276,7 +278,7 @@ byte twd[NW];           /* the withdrawal it awaits */
 byte twdend[NW];        /* ... until this tick at most */
 
 /* ---- faults left --------------------------------------------------------------------------- */
-byte f_hold, f_lost, f_cancel, f_pause, f_kill, f_step, f_event, f_stream, f_force, f_purge;
+byte f_hold, f_lost, f_cancel, f_pause, f_kill, f_step, f_event, f_stream, f_force, f_purge, f_slow;
 
 /* ---- what the properties track ------------------------------------------------------------- */
 byte fence_seen;        /* the largest fencing token a holder was given */
@@ -754,7 +756,7 @@ inline abandon_req(q)
 inline free_req(r)
 {
 	rq_k[r] = 0; rq_p[r] = 0; rq_by[r] = 0; rq_tok[r] = 0; rq_a[r] = 0; rq_b[r] = 0; rq_c[r] = 0; rq_st[r] = 0;
-	rq_hold[r] = 0; rq_bound[r] = 0; rq_r1[r] = 0; rq_r2[r] = 0; rq_r3[r] = 0
+	rq_hold[r] = 0; rq_ready[r] = 0; rq_bound[r] = 0; rq_r1[r] = 0; rq_r2[r] = 0; rq_r3[r] = 0
 }
 
 /* a request sent now, awaited by `by`, cut by its caller's bound after `bound` ticks; its index in q */
@@ -1393,7 +1395,7 @@ inline renew_done(p, w)
 }
 
 /* the options of one task */
-#define REPLY_READY(q) (rq_st[q] != R_PEND || rt >= rq_bound[q])
+#define REPLY_READY(q) (rq_st[q] != R_PEND && rq_ready[q] <= rt || rt >= rq_bound[q])
 #define LINE_LEAVES(p, w) (ts[w] == TS_WAIT && tline[w] && (WAIT_TIMED(p, w) || tu[w] == GRANTED))
 
 #define TASK_URGENT(p, w) (RUNS(p) && ( \
@@ -1648,13 +1650,21 @@ inline applied(r)
 	fi
 }
 
+/* what follows a request's application: its reply (lost, delayed), or nothing if its caller gave up */
+#define APPLIED(r) rq_st[r] = (rq_lose[r] -> R_ERR : R_OK); rq_lose[r] = 0; rq_ready[r] = (rq_slow[r] -> rt + HOLDT : 0); \
+	rq_slow[r] = 0; applied(r); check()
+
 #define SERVER(r) \
-	:: d_step { APPLICABLE(r) -> apply(r); rq_st[r] = (rq_lose[r] -> R_ERR : R_OK); rq_lose[r] = 0; applied(r); check() } \
+	:: d_step { APPLICABLE(r) -> apply(r); APPLIED(r) } \
 	/* the reply is lost (the connection closes after the write), or the request fails unapplied */ \
 	:: d_step { f_lost > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] -> f_lost--; rq_lose[r] = 1; \
 		printf("%d/%d REPLY LOST: p%d's request of tok %d (it will be applied)\n", rt, srv, rq_p[r], rq_tok[r]); check() } \
 	:: d_step { f_lost > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] -> f_lost--; rq_st[r] = R_ERR; \
 		printf("%d/%d CONNECTION FAILS: p%d's request of tok %d is not applied\n", rt, srv, rq_p[r], rq_tok[r]); check() } \
+	/* applied, its reply delayed on its way back (a slow network, a client descheduled) HOLDT ticks */ \
+	:: d_step { f_slow > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] && !rq_slow[r] -> f_slow--; rq_slow[r] = 1; \
+		printf("%d/%d REPLY DELAYED: p%d's request of tok %d (it will be applied)\n", rt, srv, rq_p[r], rq_tok[r]); \
+		fr_since = NONE; fr_quiet = rt + HOLDT + T; check() } \
 	/* a request whose caller gave up may never arrive */ \
 	:: d_step { APPLICABLE(r) && rq_by[r] == NONE -> printf("%d/%d   p%d's abandoned request of tok %d never arrives\n", rt, srv, rq_p[r], rq_tok[r]); free_req(r); check() } \
 	/* held by the server (a fail point's blockConnection, a slow primary) */ \
@@ -1817,6 +1827,7 @@ init {
 		now.f_kill = model_setting("F_KILL", 0); now.f_step = model_setting("F_STEP", 0);
 		now.f_event = model_setting("F_EVENT", 0); now.f_stream = model_setting("F_STREAM", 0);
 		now.f_force = model_setting("F_FORCE", 0); now.f_purge = model_setting("F_PURGE", 0);
+		now.f_slow = model_setting("F_SLOW", 0);
 	};
 	d_step {
 		w_ = 0;
