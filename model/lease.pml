@@ -289,6 +289,9 @@ byte gh_fen;
 byte gh_back;           /* ... backward clock steps since */
 byte fr_since = NONE;   /* the lock free while someone waits: since when (rt) */
 byte fr_quiet;          /* P4 is judged only from this tick on (after a fault that may delay) */
+/* P8: a holder's release in flight (rheld), and whether a copy of it ended its live lease (rdone) */
+bit  rheld[NW];
+bit  rdone[NW];
 
 /* temporaries (not part of the state) */
 hidden byte tq_t[QN+1], tq_at[QN+1], tq_exp[QN+1], tq_n[QN+1];
@@ -424,6 +427,19 @@ inline event_all(kind)
 	v_ = 0;
 	do
 	:: v_ < NP -> event(v_, kind, 0, 0); v_++
+	:: else -> break
+	od
+}
+
+/* P8's record: a holder's release of token t ended its live lease */
+inline released_by(t)
+{
+	w_ = 0;
+	do
+	:: w_ < NW -> if
+		:: rheld[w_] && rtok[w_] == (t) -> rdone[w_] = 1
+		:: else
+		fi; w_++
 	:: else -> break
 	od
 }
@@ -616,6 +632,7 @@ inline srv_release(r)
 			od;
 			own_ = d_own;
 			c_code { check_handee(h_t, h_exp); };
+			released_by(own_);
 			hand_on(h_t != rq_a[r])
 		:: else
 		fi;
@@ -983,7 +1000,7 @@ inline finish(w)
 	:: else
 	fi;
 	rtok[w] = 0; rsucc[w] = 0; rsfol[w] = 0; rgen[w] = NONE; rqslot[w] = 0; rfirst[w] = 0; runtil[w] = 0; tthen[w] = 0;
-	twd[w] = NONE; twdend[w] = 0;
+	rheld[w] = 0; rdone[w] = 0; twd[w] = NONE; twdend[w] = 0;
 	tacq[w]--;
 	ts[w] = (tacq[w] > 0 -> TS_IDLE : TS_DONE)
 }
@@ -1010,7 +1027,7 @@ inline send_release(p, w)
 inline start_release(p, w, tok, until, then)
 {
 	printf("%d/%d t%d (p%d) releases tok %d (until %d)\n", rt, srv, w, p, tok, until);
-	rtok[w] = tok; runtil[w] = until; rfirst[w] = rt; tthen[w] = then;
+	rtok[w] = tok; runtil[w] = until; rfirst[w] = rt; tthen[w] = then; rheld[w] = 0; rdone[w] = 0;
 	send_release(p, w)
 }
 
@@ -1278,6 +1295,13 @@ inline release_done(p, w)
 		printf("%d/%d t%d (p%d) release reply: matched %d owner %d fence %d\n", rt, srv, w, p, rq_r1[x_], rq_r2[x_], rq_r3[x_]);
 		/* the state: None if nothing matched, or if the lease is still ours (it had expired) */
 		e_ = (rq_r1[x_] && rq_r2[x_] != rtok[w]);
+		/* P8 (promise 4): a holder's release reports its lease lost only if no copy of it ended the live
+		 * lease (a copy sent again after a lost reply recognises the first one's success) */
+		if
+		:: rheld[w] && rdone[w] && !e_ ->
+			c_code { uerror("P8 release: a release that ended its live lease reported the lease lost"); }
+		:: else
+		fi;
 		/* the slot of the queue it named the successor from */
 		g_ = (c_ -> lq_slot[p] : rqslot[w]);
 		if
@@ -1326,7 +1350,7 @@ inline hand_over_returned(p, w)
 {
 	g_ = tthen[w];
 	rtok[w] = 0; rsucc[w] = 0; rsfol[w] = 0; rgen[w] = NONE; rqslot[w] = 0; rfirst[w] = 0; runtil[w] = 0; tthen[w] = 0;
-	tat[w] = NONE;
+	rheld[w] = 0; rdone[w] = 0; tat[w] = NONE;
 	if
 	:: g_ == THEN_REWAIT -> ts[w] = TS_WAIT; tatt[w] = 0; join(p, w)
 	:: g_ == THEN_LEAVE -> ts[w] = TS_WAIT; stop_waiting(p, w)
@@ -1441,7 +1465,7 @@ inline renew_done(p, w)
 		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE \
 		:: else \
 		fi; \
-		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); check() } \
+		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1; check() } \
 	:: d_step { RUNS(p) && HB && ts[w] == TS_HOLD && lren[w] == NONE && rt >= lrdue[w] && rt < ldl[w] -> \
 		lrsent[w] = rt; send(lren[w], p, K_RENEW, BY_RENEW(w), ltok[w], 0, 0, 0, ldl[w] - rt); check() } \
 	:: d_step { RUNS(p) && lren[w] != NONE && REPLY_READY(lren[w]) -> renew_done(p, w); check() } \
@@ -1466,7 +1490,7 @@ inline renew_done(p, w)
 		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE \
 		:: else \
 		fi; \
-		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); check() }
+		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1; check() }
 
 inline wd_free(p, s)
 {
@@ -1618,6 +1642,7 @@ inline kill(p)
 		tsent[w_] = 0; tcov[w_] = 0; twses[w_] = 0; tcan[w_] = 0; gtok[w_] = 0; gfen[w_] = 0; gsent[w_] = 0;
 		ltok[w_] = 0; lfen[w_] = 0; ldl[w_] = 0; lforced[w_] = 0; lren[w_] = NONE; lrdue[w_] = 0; lrsent[w_] = 0;
 		rtok[w_] = 0; rsucc[w_] = 0; rsfol[w_] = 0; rgen[w_] = NONE; rqslot[w_] = 0; rfirst[w_] = 0; runtil[w_] = 0; tthen[w_] = 0;
+		rheld[w_] = 0; rdone[w_] = 0;
 		twd[w_] = NONE; twdend[w_] = 0; w_++
 	:: else -> break
 	od;
