@@ -6,8 +6,9 @@ finding (a counterexample the model found in the code's rules, still there).
     python3 model/check.py --deep     # the deeper bounds of `make soak`
     python3 model/check.py --only p3x1-lost --trail   # one run, its counterexample's steps printed
 
-Each model's verifier is compiled once (model/build/<model>/, again only when it changes) and each run
-picks its bounds, faults and control from MODEL_* environment variables (see lease.pml's init).
+Each model's verifier is compiled once (model/build/<model>/, again only when it changes; lease.pml
+also as model/build/lease-2x3/, for 2 processes of 3 tasks) and each run picks its bounds, faults,
+and control from MODEL_* environment variables (see lease.pml's init).
 Exit status 1 if the real model has a counterexample, a control has none, or a search did not
 complete (a bound that did not fit in memory or time is a failure, never a pass); a finding that is no
 longer found fails too (the rule it shows was fixed: move the run to the configurations).
@@ -44,6 +45,12 @@ class Run:
     deep: bool = False
     model: str = "lease"  # model/<model>.pml
     finding: bool = False  # a counterexample in the code's own rules, not a mutation's
+    variant: str = ""  # a build of the model with other compile-time bounds (VARIANTS)
+
+
+# lease.pml's processes and tasks per process are compile-time bounds (3 x 2 unless told): a line
+# of 3 waiters in one process (what `look-per-head` needs to do harm) takes a build of its own.
+VARIANTS: dict[str, list[str]] = {"": [], "2x3": ["-DNP=2", "-DNT=3"]}
 
 
 # The mutations (lease.pml's MUT_*), as the switches' numbers.
@@ -98,7 +105,9 @@ CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=6, f_event=1, f_stream=1), "events lost or late, a reopen"),
     Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=8, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
     Run("slow", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_slow=1), "a reply delayed on its way back"),
-]
+    Run("line", _s(tasks="1,3", timeouts="255,255,255,2,4,255", h=8, start_by=1),
+        "a line of 3 waiters giving up in turn", variant="2x3"),
+]  # fmt: skip
 
 DEEP: list[Run] = [
     Run("deep-p3x2-h4", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3x2, 4 ticks", deep=True),
@@ -126,9 +135,9 @@ JOBS: list[Run] = [
 ]  # fmt: skip
 
 
-def _control(mutation: str, refutes: str, what: str, **settings: object) -> Run:
+def _control(mutation: str, refutes: str, what: str, variant: str = "", **settings: object) -> Run:
     """The control of ``mutation``: a counterexample to ``refutes`` (a property, e.g. "P3") wanted."""
-    return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes)
+    return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes, variant=variant)
 
 
 def _jobs_control(name: str, mutation: str, what: str, refutes: str = "P5 once", **settings: object) -> Run:
@@ -167,6 +176,8 @@ CONTROLS: list[Run] = [
              tasks="1,1,0", timeouts="255,2", h=7, f_lost=1),
     _control("deadline-from-reply", "P1", "a holder's local deadline counts from the reply",
              tasks="1,1,0", timeouts="255,255", h=7, f_slow=1),
+    _control("look-per-head", "P4", "when to look again belongs to the first waiter, not the place",
+             "2x3", tasks="1,3", timeouts="255,255,255,2,4,255", h=8, start_by=1),
     _jobs_control("slot-number", "slot-number", "a period done by its slot number, with two schedules",
                   every="3,4", offset="0,1", calls="3,3", h=7),
     _jobs_control("finish-unowned", "finish-unowned", "a finish records success without the live lease",
@@ -202,13 +213,15 @@ class Result:
         return self.complete and not self.error
 
 
-def build(model: str) -> Path:
-    """The verifier of model/<model>.pml, compiled again only when it (or this script's flags) changed."""
+def build(model: str, variant: str = "") -> Path:
+    """The verifier of model/<model>.pml (with the compile-time bounds of ``variant``), compiled again
+    only when it (or this script's flags) changed."""
     source = HERE / f"{model}.pml"
-    where = BUILD / model
+    where = BUILD / (f"{model}-{variant}" if variant else model)
     pan = where / "pan"
     stamp = where / "flags"
-    flags = " ".join(CFLAGS)
+    defines = VARIANTS[variant]
+    flags = " ".join([*defines, *CFLAGS])
     if pan.exists() and pan.stat().st_mtime > source.stat().st_mtime and stamp.exists() and stamp.read_text() == flags:
         return pan
     for tool in ("spin", "gcc"):
@@ -217,10 +230,10 @@ def build(model: str) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, where / source.name)
     started = time.monotonic()
-    subprocess.run(["spin", "-a", source.name], cwd=where, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["spin", *defines, "-a", source.name], cwd=where, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["gcc", *CFLAGS, "-o", "pan", "pan.c"], cwd=where, check=True)
     stamp.write_text(flags)
-    print(f"compiled {source.name}'s verifier in {time.monotonic() - started:.0f} s", flush=True)
+    print(f"compiled {where.name}'s verifier in {time.monotonic() - started:.0f} s", flush=True)
     return pan
 
 
@@ -287,12 +300,15 @@ def main() -> int:
         runs = [run for run in CONFIGS + DEEP + JOBS + CONTROLS + FINDINGS if re.fullmatch(arguments.only, run.name)]
         if not runs:
             parser.error(f"no run named {arguments.only}")
-    pans = {model: build(model) for model in sorted({run.model for run in runs})}
+    with ThreadPoolExecutor(max_workers=arguments.jobs) as pool:
+        builds = {key: pool.submit(build, *key) for key in sorted({(run.model, run.variant) for run in runs})}
+        pans = {key: done.result() for key, done in builds.items()}
     started = time.monotonic()
     failed = 0
     with ThreadPoolExecutor(max_workers=arguments.jobs) as pool:
         searches = [
-            pool.submit(verify, pans[run.model], run, limit=arguments.limit, trail=arguments.trail) for run in runs
+            pool.submit(verify, pans[run.model, run.variant], run, limit=arguments.limit, trail=arguments.trail)
+            for run in runs
         ]
         for search in as_completed(searches):
             result = search.result()

@@ -1714,8 +1714,12 @@ inline applied(r)
 #elif NP == 2 && NT == 1
 #define TASKS_URGENT (TASK_URGENT(0, 0) || TASK_URGENT(1, 1))
 #define PROCS_URGENT (PROC_URGENT(0) || PROC_URGENT(1))
+#elif NP == 2 && NT == 3
+#define TASKS_URGENT (TASK_URGENT(0, 0) || TASK_URGENT(0, 1) || TASK_URGENT(0, 2) || TASK_URGENT(1, 3) \
+	|| TASK_URGENT(1, 4) || TASK_URGENT(1, 5))
+#define PROCS_URGENT (PROC_URGENT(0) || PROC_URGENT(1))
 #else
-#error "NP and NT: 3x2, 3x1, 2x2 or 2x1"
+#error "NP and NT: 3x2, 3x1, 2x2, 2x1 or 2x3"
 #endif
 #define URGENT (SERVER_URGENT || TASKS_URGENT || PROCS_URGENT)
 
