@@ -172,6 +172,8 @@ CONTROLS: list[Run] = [
     _control("oversleep", "P4", "a placed waiter sleeps until news, not the lease's expiry",
              tasks="1,1,0", timeouts="255,255", h=8),
     # Issue 50: the switches no property refuted before (docs/model.md, "The controls").
+    _control("no-fence-check", "P2", "a hand-off seen on the stream is taken as fresh without its fence",
+             tasks="1,1,1", timeouts="255,255,255", h=8, f_pause=1),
     _control("forget-releases", "P8", "a release sent again after a lost reply is not recognised",
              tasks="1,1,0", timeouts="255,2", h=7, f_lost=1),
     _control("deadline-from-reply", "P1", "a holder's local deadline counts from the reply",
