@@ -1,4 +1,4 @@
-"""Check the lease protocol's model (model/lease.pml: a lock's document and a semaphore's)
+"""Check the lease protocol's model (model/lease.pml: a lock's document, a semaphore's and an election's)
 and the jobs' periods' (model/jobs.pml) with SPIN: every configuration exhaustively, then every
 control, which must be refuted, and every finding (a counterexample the model found in the code's
 rules, still there).
@@ -76,6 +76,7 @@ MUT = {
     "follower-requeued": "18",
     "permit-no-room": "19",
     "permit-doc-fence": "20",
+    "leader-until-told": "21",
 }
 # jobs.pml's mutations (MUT_*).
 JOBS_MUT = {
@@ -89,14 +90,16 @@ def _s(**settings: object) -> dict[str, str]:
     return {key.upper(): str(value) for key, value in settings.items()}
 
 
-# The documents of permits: a semaphore of 2 permits (3 processes can ask for more).
+# The documents of permits: a semaphore of 2 permits (3 processes can ask for more), an election
+# (lease.pml's init makes it fair, renewed, of 1 permit).
 SEM = {"kind": 1, "limit": 2}
+ELECTION = {"kind": 2}
 
 
 # The real model: each run is exhaustive within its bounds (docs/model.md says why these). TASKS
 # lists each process's acquiring tasks (0: the process only exists), TIMEOUTS each task's acquire
 # timeout in ticks (255: none, 0: blocking=False), H the ticks of time explored. KIND picks the
-# document: a lock's (0, unless told) or a semaphore's (1, of LIMIT permits).
+# document: a lock's (0, unless told), a semaphore's (1, of LIMIT permits) or an election's (2).
 CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,0,2,1,255", h=3, start_by=1), "3 processes, 2 tasks each (a TTL)"),
     Run("p3x1", _s(tasks="1,1,1", timeouts="255,2,0", h=7), "3 processes, a task each (no timeout, 2 ticks, a try)"),
@@ -130,12 +133,24 @@ CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("sem-force-purge", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=8, f_force=1, f_purge=1),
         "a semaphore, force, idle cleanup"),
     Run("sem-slow", _s(**SEM, tasks="1,1,1", timeouts="255,255,2", h=7, f_slow=1), "a semaphore, a reply delayed"),
+    # An election (_core/election.py: a permit of 1, served in turn, always renewed): P7 one leader.
+    Run("election", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, acqs=2), "2 candidates campaigning twice"),
+    Run("election-resign", _s(**ELECTION, tasks="1,1,1", timeouts="255,255,255", h=6, resign_to=1),
+        "3 candidates, resign(to=...)"),
+    Run("election-pause", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_pause=1), "a leader paused"),
+    Run("election-held", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_hold=1), "a request held"),
+    Run("election-lost", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_lost=1), "a reply lost"),
+    Run("election-kill", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_kill=1), "a leader's process killed"),
+    Run("election-step", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_step=1), "the clock steps"),
+    Run("election-slow", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_slow=1), "a reply delayed"),
 ]  # fmt: skip
 
 DEEP: list[Run] = [
     Run("deep-p3x2-h4", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3x2, 4 ticks", deep=True),
     Run("deep-sem-step", _s(**SEM, tasks="2,1,1", timeouts="255,255,255,255", h=5, start_by=2, streak=0, f_step=1),
         "a semaphore, 4 tasks, the clock steps", deep=True),
+    Run("deep-election-resign", _s(**ELECTION, tasks="1,1,1", timeouts="255,255,255", h=8, resign_to=1),
+        "3 candidates, resign(to=...), 8 ticks", deep=True),
 ]  # fmt: skip
 
 
@@ -212,6 +227,8 @@ CONTROLS: list[Run] = [
     # forward of the server's clock makes come before the waiters look.)
     _control("permit-doc-fence", "P2", "a hand-off naming several permits is taken with the document's fence",
              **SEM, tasks="2,1,1", timeouts="255,255,255,255", h=4, start_by=2, streak=0, f_step=1),
+    _control("leader-until-told", "P7", "a leader believes it leads until a renewal is refused",
+             **ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_pause=1),
     _jobs_control("slot-number", "slot-number", "a period done by its slot number, with two schedules",
                   every="3,4", offset="0,1", calls="3,3", h=7),
     _jobs_control("finish-unowned", "finish-unowned", "a finish records success without the live lease",

@@ -10,7 +10,8 @@
  *
  * The same processes also drive a document of permits (MODEL_KIND): a semaphore's
  * (mongolock_async/_core/semaphore.py; the document's writes in store/permits.py and
- * store/permit_release.py). The client is the lock's code for every kind (AsyncMongoLock._init with
+ * store/permit_release.py) or an election's (_core/election.py: a semaphore of one permit, served in
+ * turn, always renewed). The client is the lock's code for every kind (AsyncMongoLock._init with
  * Permits), except that a document of permits' queue records no followers (queues.LocalQueue's
  * `followers`, False for them: waiting.wait_for_lease).
  *
@@ -71,10 +72,12 @@ hidden byte TASKS[NP];  /* tasks per process that acquire (at most NT) */
 #define TO_NONE 255
 hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as it is */
 hidden byte MUT2;       /* a second mutation in force with it (a control whose trace needs two old rules), or 0 */
-hidden byte KIND;       /* the document's kind: a lock's (0) or a semaphore's (a document of permits) */
+hidden byte KIND;       /* the document's kind: a lock's (0), a semaphore's or an election's (documents of permits) */
 hidden byte LIMIT;      /* a document of permits' limit (the request's and the stored one: handles agree on it) */
+hidden byte RESIGN_TO;  /* an election's leader may resign to a named candidate (AsyncMongoElection.resign(to=...)) */
 #define KIND_LOCK 0
 #define KIND_SEMAPHORE 1    /* AsyncMongoSemaphore: Permits("semaphore", limit), permits of weight 1 */
+#define KIND_ELECTION 2     /* AsyncMongoElection: Permits("election", 1), fair, the heartbeat always on */
 #define PERMITS (KIND != KIND_LOCK)
 
 /* the controls: each a mutation the checker must refute */
@@ -98,6 +101,7 @@ hidden byte LIMIT;      /* a document of permits' limit (the request's and the s
 #define MUT_FOLLOWER_REQUEUED 18 /* a follower that is done with still joins the queue (before issue 40's store fix) */
 #define MUT_PERMIT_NO_ROOM 19   /* a permit is taken without testing that the live holders leave room for it */
 #define MUT_PERMIT_DOC_FENCE 20 /* a hand-off event naming several permits is taken with the document's fence */
+#define MUT_LEADER_UNTIL_TOLD 21 /* a holder (a leader) believes until a renewal is refused, not until its local deadline */
 #define MUTATED(m) (MUT == (m) || MUT2 == (m))
 
 #define T 3             /* a TTL */
@@ -155,6 +159,7 @@ byte srv = S0;
 #define K_LEAVE 3       /* LockStore.leave: mutex.release_pipeline(leaving=...) */
 #define K_RENEW 4       /* LockStore.renew: mutex._renewal */
 #define K_REFRESH 5     /* LockStore.refresh_places: expressions._refresh_place */
+#define K_PUTFIRST 6    /* LockStore.put_candidate_first: permits.put_first_pipeline (an election's resign(to=...)) */
 #define R_PEND 1
 #define R_OK 2
 #define R_ERR 3
@@ -280,6 +285,7 @@ byte tsent[NW];         /* ... when it was sent */
 bit  tcov[NW];          /* ... covered by the stream when sent */
 bit  twses[NW];         /* ... sent in a session */
 bit  tline[NW];         /* ... belongs to the line: the task may stop waiting for it (waiting._line_attempt) */
+bit  tputf[NW];         /* a leader's put_first in flight (treq), before its resignation */
 byte gtok[NW];          /* the grant */
 byte gfen[NW];
 byte gsent[NW];
@@ -776,7 +782,7 @@ inline srv_purge()
 }
 
 /* ================================================================================================
- * A document of permits (store/permits.py, store/permit_release.py): a semaphore's.
+ * A document of permits (store/permits.py, store/permit_release.py): a semaphore's or an election's.
  * Every permit weighs 1 (a read-write lock's writer, weighing the whole limit, is not modelled).
  * ============================================================================================== */
 
@@ -1189,6 +1195,41 @@ inline psrv_renew(r)
 	fi
 }
 
+/* ACTION put_first: LockStore.put_candidate_first (permits.put_first_pipeline), a findAndModify matching
+ * the kind, a holder owner and a place labelled label.
+ * WRITES queue
+ * Moves the oldest live place labelled `label` (a candidate's label is its process here: rq_a) to the
+ * front of the queue; the reply says whether such a place is first now. */
+inline psrv_put_first(r)
+{
+	holder_index(rq_tok[r]);
+	k_ = 0;
+	do
+	:: k_ < q_len && TOKEN_PROCESS(q_t[k_]) != rq_a[r] -> k_++
+	:: else -> break
+	od;
+	if
+	:: !d_ex || j_ == ph_len || k_ == q_len -> rq_r1[r] = 0      /* nothing matched: None */
+	:: else ->
+		k_ = 0;
+		do
+		:: k_ < q_len && (TOKEN_PROCESS(q_t[k_]) != rq_a[r] || q_exp[k_] <= srv) -> k_++
+		:: else -> break
+		od;
+		if
+		:: k_ < q_len && k_ > 0 ->
+			h_t = q_t[k_]; h_at = q_at[k_]; h_n = q_exp[k_]; u_ = q_n[k_];
+			do
+			:: k_ > 0 -> q_t[k_] = q_t[k_-1]; q_at[k_] = q_at[k_-1]; q_exp[k_] = q_exp[k_-1]; q_n[k_] = q_n[k_-1]; k_--
+			:: else -> break
+			od;
+			q_t[0] = h_t; q_at[0] = h_at; q_exp[0] = h_n; q_n[0] = u_
+		:: else
+		fi;
+		rq_r1[r] = (q_len > 0 && TOKEN_PROCESS(q_t[0]) == rq_a[r])
+	fi
+}
+
 /* ACTION permit_force_release: reports.force_release_permits (permits.force_release_pipeline), matching
  * the kind.
  * WRITES forcedRelease holders limit fence queue freed releasedAt
@@ -1479,6 +1520,11 @@ inline clear_wait(w)
 /* an acquisition is over (returned False, released, lost, cancelled, failed) */
 inline finish(w)
 {
+	if
+	:: tputf[w] && treq[w] != NONE -> abandon_req(treq[w])
+	:: else
+	fi;
+	tputf[w] = 0;
 	clear_wait(w); clear_attempt(w);
 	tcan[w] = 0; gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 	ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0;
@@ -1551,6 +1597,10 @@ inline hold(p, w)
 		fi;
 		fence_seen = (gfen[w] > fence_seen -> gfen[w] : fence_seen);
 		ltok[w] = gtok[w]; lfen[w] = gfen[w]; ldl[w] = (MUTATED(MUT_DEADLINE_FROM_REPLY) -> rt : gsent[w]) + T - M;
+		if
+		:: MUTATED(MUT_LEADER_UNTIL_TOLD) -> ldl[w] = NONE
+		:: else
+		fi;
 		lrdue[w] = rt + 1; lren[w] = NONE; lforced[w] = FORCED(gtok[w]);   /* broken before its reply came */
 		gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 		clear_wait(w);
@@ -1909,7 +1959,7 @@ inline renew_done(p, w)
 	if
 	:: rq_st[x_] == R_OK && rt < rq_bound[x_] ->
 		if
-		:: rq_r1[x_] -> ldl[w] = lrsent[w] + T - M; lrdue[w] = lrsent[w] + 1
+		:: rq_r1[x_] -> ldl[w] = (ldl[w] == NONE -> NONE : lrsent[w] + T - M); lrdue[w] = lrsent[w] + 1
 		:: else -> finish(w)      /* the server shows it expired or another's: lost at once */
 		fi;
 		free_req(x_)
@@ -1919,6 +1969,35 @@ inline renew_done(p, w)
 		:: else -> free_req(x_)
 		fi;
 		lrdue[w] = rt + 1
+	fi
+}
+
+/* election.resign(to=label): put the candidate labelled `label` (here: process q's) first in line,
+ * bounded by the lease's local deadline; the release follows once that place is first */
+inline resign_to(p, w, q)
+{
+	printf("%d/%d t%d (p%d) resigns to p%d's candidate: puts it first\n", rt, srv, w, p, q);
+	send(treq[w], p, K_PUTFIRST, BY_TASK(w), ltok[w], q, 0, 0, (ldl[w] == NONE -> T - M : ldl[w] - rt));
+	tputf[w] = 1
+}
+
+/* the put_first's reply: the place first now, then the resignation (the release); else (LookupError,
+ * or an error on the way) the leader still leads */
+inline put_first_done(p, w)
+{
+	x_ = treq[w]; treq[w] = NONE; tputf[w] = 0;
+	c_ = (rq_st[x_] == R_OK && rt < rq_bound[x_] && rq_r1[x_]);
+	abandon_req(x_);
+	if
+	:: c_ ->
+		x_ = ltok[w]; y_ = (ldl[w] == NONE -> rt + T - M : ldl[w]);
+		ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0;
+		if
+		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE
+		:: else
+		fi;
+		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1
+	:: else -> printf("%d/%d t%d (p%d) no such candidate first: still leads\n", rt, srv, w, p)
 	fi
 }
 
@@ -1962,8 +2041,8 @@ inline renew_done(p, w)
 	/* holding: the lease's deadline passes (lost; no release is sent), or the holder releases */ \
 	:: d_step { RUNS(p) && ts[w] == TS_HOLD && rt >= ldl[w] -> \
 		printf("%d/%d t%d (p%d) lost tok %d at its local deadline\n", rt, srv, w, p, ltok[w]); finish(w); check() } \
-	:: d_step { RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] && !URGENT -> \
-		x_ = ltok[w]; y_ = ldl[w]; \
+	:: d_step { RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] && !URGENT -> \
+		x_ = ltok[w]; y_ = (ldl[w] == NONE -> rt + T - M : ldl[w]); \
 		ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0; \
 		if \
 		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE \
@@ -1971,8 +2050,12 @@ inline renew_done(p, w)
 		fi; \
 		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1; check() } \
 	:: d_step { RUNS(p) && HB && ts[w] == TS_HOLD && lren[w] == NONE && rt >= lrdue[w] && rt < ldl[w] -> \
-		lrsent[w] = rt; send(lren[w], p, K_RENEW, BY_RENEW(w), ltok[w], 0, 0, 0, ldl[w] - rt); check() } \
+		lrsent[w] = rt; send(lren[w], p, K_RENEW, BY_RENEW(w), ltok[w], 0, 0, 0, (ldl[w] == NONE -> T - M : ldl[w] - rt)); check() } \
 	:: d_step { RUNS(p) && lren[w] != NONE && REPLY_READY(lren[w]) -> renew_done(p, w); check() } \
+	/* an election's leader resigns to the candidate of another process (election.resign(to=label)) */ \
+	:: d_step { RUNS(p) && RESIGN_TO && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] && !URGENT -> resign_to(p, w, (p + 1) % NP); check() } \
+	:: d_step { RUNS(p) && RESIGN_TO && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] && !URGENT -> resign_to(p, w, (p + 2) % NP); check() } \
+	:: d_step { RUNS(p) && tputf[w] && REPLY_READY(treq[w]) -> put_first_done(p, w); check() } \
 	/* releasing */ \
 	:: d_step { RUNS(p) && ts[w] == TS_REL && REPLY_READY(treq[w]) -> release_done(p, w); check() } \
 	:: d_step { RUNS(p) && ts[w] == TS_RELB && rt >= tat[w] -> send_release(p, w); check() } \
@@ -1986,9 +2069,9 @@ inline renew_done(p, w)
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED while the line's attempt is in flight\n", rt, srv, w, p); line_leaves(p, w, 1); check() } \
 	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_WAIT && treq[w] == NONE -> \
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED while it waits\n", rt, srv, w, p); cancelled_waiting(p, w); check() } \
-	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] -> \
+	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] -> \
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED in its body\n", rt, srv, w, p); \
-		x_ = ltok[w]; y_ = ldl[w]; \
+		x_ = ltok[w]; y_ = (ldl[w] == NONE -> rt + T - M : ldl[w]); \
 		ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0; \
 		if \
 		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE \
@@ -2146,7 +2229,7 @@ inline kill(p)
 		tsent[w_] = 0; tcov[w_] = 0; twses[w_] = 0; tcan[w_] = 0; gtok[w_] = 0; gfen[w_] = 0; gsent[w_] = 0;
 		ltok[w_] = 0; lfen[w_] = 0; ldl[w_] = 0; lforced[w_] = 0; lren[w_] = NONE; lrdue[w_] = 0; lrsent[w_] = 0;
 		rtok[w_] = 0; rsucc[w_] = 0; rsfol[w_] = 0; rgen[w_] = NONE; rqslot[w_] = 0; rfirst[w_] = 0; runtil[w_] = 0; tthen[w_] = 0;
-		rheld[w_] = 0; rdone[w_] = 0;
+		rheld[w_] = 0; rdone[w_] = 0; tputf[w_] = 0;
 		twd[w_] = NONE; twdend[w_] = 0; w_++
 	:: else -> break
 	od;
@@ -2196,6 +2279,7 @@ inline applied(r)
 	PAPPLY(r, K_LEAVE, "permits withdrawal", psrv_leave) \
 	PAPPLY(r, K_RENEW, "permit renewal", psrv_renew) \
 	PAPPLY(r, K_REFRESH, "place refresh", srv_refresh) \
+	PAPPLY(r, K_PUTFIRST, "put_first", psrv_put_first) \
 	/* the reply is lost (the connection closes after the write), or the request fails unapplied */ \
 	:: d_step { f_lost > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] -> f_lost--; rq_lose[r] = 1; \
 		printf("%d/%d REPLY LOST: p%d's request of tok %d (it will be applied)\n", rt, srv, rq_p[r], rq_tok[r]); check() } \
@@ -2303,9 +2387,13 @@ void check_permits(void)
 		if (now.alive[w / NT] && now.pz[w / NT] <= now.rt && now.ts[w] == TS_WAIT && (now.tgu[w] == NONE || now.rt < now.tgu[w]))
 			waits = 1;
 	}
-	/* P6: never more holders believing they hold a permit than the limit (a permit broken by force
-	 * is the operator's) */
-	if (believers > LIMIT) uerror("P6 at most N: more holders believe they hold a permit than the limit");
+	/* P6 (semaphore) and P7 (election): never more holders believing they hold a permit than the
+	 * limit; never two candidates believing they lead, each doing leader-only work (a permit broken
+	 * by force is the operator's) */
+	if (believers > LIMIT) {
+		if (KIND == KIND_ELECTION) uerror("P7 one leader: two candidates believe they lead at once");
+		else uerror("P6 at most N: more holders believe they hold a permit than the limit");
+	}
 	/* P3, per permit: no permit is live for longer than a TTL (plus the server clock's backward steps
 	 * meanwhile) while nobody believes it holds it. Each ghost's tracker is kept in the order of the
 	 * holders (so that a state does not depend on where a tracker was put) */
@@ -2438,7 +2526,9 @@ init {
 		now.f_event = model_setting("F_EVENT", 0); now.f_stream = model_setting("F_STREAM", 0);
 		now.f_force = model_setting("F_FORCE", 0); now.f_purge = model_setting("F_PURGE", 0);
 		now.f_slow = model_setting("F_SLOW", 0);
-		KIND = model_setting("KIND", KIND_LOCK); LIMIT = model_setting("LIMIT", 1);
+		RESIGN_TO = model_setting("RESIGN_TO", 0);
+		KIND = model_setting("KIND", KIND_LOCK); LIMIT = (KIND == KIND_ELECTION ? 1 : model_setting("LIMIT", 1));
+		if (KIND == KIND_ELECTION) { FAIR = 1; HB = 1; }   /* an election serves in turn, and always renews */
 	};
 	d_step {
 		w_ = 0;

@@ -147,8 +147,8 @@ def store_fields() -> dict[str, set[str]]:
     force: set[str] = set()
     for repair in (False, True):
         force |= _pipeline_fields(mutex.force_release_pipeline("stamp", repair=repair))
-    # Documents of permits: a semaphore's (the read-write lock's and the election's share the pipelines).
-    kinds = (Permits("semaphore", 2),)
+    # Documents of permits: a semaphore's and an election's (the read-write lock's share the pipelines).
+    kinds = (Permits("semaphore", 2), Permits("election", 1))
     permit_acquire: set[str] = set()
     returned: set[str] = set()
     permit_withdraw: set[str] = set()
@@ -181,6 +181,7 @@ def store_fields() -> dict[str, set[str]]:
         "permit_withdraw": permit_withdraw,
         "permit_renew": _pipeline_fields(permits.renewal_pipeline("o", 1000, "stamp")),
         "permit_force_release": permit_force,
+        "put_first": _pipeline_fields(permits.put_first_pipeline("election", "n", "o", "label")[1]),
     }
 
 
