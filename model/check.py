@@ -1,13 +1,15 @@
-"""Check the lease protocol's model (model/lease.pml) and the jobs' periods' (model/jobs.pml) with
-SPIN: every configuration exhaustively, then every control, which must be refuted, and every
-finding (a counterexample the model found in the code's rules, still there).
+"""Check the lease protocol's model (model/lease.pml: a lock's document, a semaphore's and an election's)
+and the jobs' periods' (model/jobs.pml) with SPIN: every configuration exhaustively, then every
+control, which must be refuted, and every finding (a counterexample the model found in the code's
+rules, still there).
 
     python3 model/check.py            # the bounded check of `make model`
     python3 model/check.py --deep     # the deeper bounds of `make soak`
     python3 model/check.py --only p3x1-lost --trail   # one run, its counterexample's steps printed
 
-Each model's verifier is compiled once (model/build/<model>/, again only when it changes) and each run
-picks its bounds, faults and control from MODEL_* environment variables (see lease.pml's init).
+Each model's verifier is compiled once (model/build/<model>/, again only when it changes; lease.pml
+also as model/build/lease-2x3/, for 2 processes of 3 tasks) and each run picks its bounds, faults,
+document and control from MODEL_* environment variables (see lease.pml's init).
 Exit status 1 if the real model has a counterexample, a control has none, or a search did not
 complete (a bound that did not fit in memory or time is a failure, never a pass); a finding that is no
 longer found fails too (the rule it shows was fixed: move the run to the configurations).
@@ -44,6 +46,12 @@ class Run:
     deep: bool = False
     model: str = "lease"  # model/<model>.pml
     finding: bool = False  # a counterexample in the code's own rules, not a mutation's
+    variant: str = ""  # a build of the model with other compile-time bounds (VARIANTS)
+
+
+# lease.pml's processes and tasks per process are compile-time bounds (3 x 2 unless told): a line
+# of 3 waiters in one process (what `look-per-head` needs to do harm) takes a build of its own.
+VARIANTS: dict[str, list[str]] = {"": [], "2x3": ["-DNP=2", "-DNT=3"]}
 
 
 # The mutations (lease.pml's MUT_*), as the switches' numbers.
@@ -66,6 +74,9 @@ MUT = {
     "refresh-failed-gone": "16",
     "attempt-per-waiter": "17",
     "follower-requeued": "18",
+    "permit-no-room": "19",
+    "permit-doc-fence": "20",
+    "leader-until-told": "21",
 }
 # jobs.pml's mutations (MUT_*).
 JOBS_MUT = {
@@ -79,9 +90,16 @@ def _s(**settings: object) -> dict[str, str]:
     return {key.upper(): str(value) for key, value in settings.items()}
 
 
+# The documents of permits: a semaphore of 2 permits (3 processes can ask for more), an election
+# (lease.pml's init makes it fair, renewed, of 1 permit).
+SEM = {"kind": 1, "limit": 2}
+ELECTION = {"kind": 2}
+
+
 # The real model: each run is exhaustive within its bounds (docs/model.md says why these). TASKS
 # lists each process's acquiring tasks (0: the process only exists), TIMEOUTS each task's acquire
-# timeout in ticks (255: none, 0: blocking=False), H the ticks of time explored.
+# timeout in ticks (255: none, 0: blocking=False), H the ticks of time explored. KIND picks the
+# document: a lock's (0, unless told), a semaphore's (1, of LIMIT permits) or an election's (2).
 CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("p3x2", _s(tasks="2,2,2", timeouts="255,1,0,2,1,255", h=3, start_by=1), "3 processes, 2 tasks each (a TTL)"),
     Run("p3x1", _s(tasks="1,1,1", timeouts="255,2,0", h=7), "3 processes, a task each (no timeout, 2 ticks, a try)"),
@@ -97,11 +115,43 @@ CONFIGS: list[Run] = [  # the longest first: the others run beside it
     Run("step", _s(tasks="1,1,0", timeouts="255,255", h=7, f_step=1), "the server's clock steps back or on"),
     Run("stream", _s(tasks="2,1,0", timeouts="255,255,2", h=6, f_event=1, f_stream=1), "events lost or late, a reopen"),
     Run("force-purge", _s(tasks="1,1,0", timeouts="255,255", h=8, acqs=2, f_force=1, f_purge=1), "force, idle cleanup"),
-]
+    Run("slow", _s(tasks="1,2,0", timeouts="255,1,1", h=7, f_slow=1), "a reply delayed on its way back"),
+    Run("line", _s(tasks="1,3", timeouts="255,255,255,2,4,255", h=8, start_by=1),
+        "a line of 3 waiters giving up in turn", variant="2x3"),
+    # A semaphore of 2 permits (store/permits.py, permit_release.py): P6 at most 2 holders.
+    Run("sem", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=7), "a semaphore: 3 processes, 2 permits"),
+    Run("sem-successor", _s(**SEM, tasks="2,1,1", timeouts="255,255,255,255", h=5, start_by=2),
+        "a semaphore, a release naming its process's next waiter"),
+    Run("sem-held", _s(**SEM, tasks="1,1,1", timeouts="255,1,255", h=7, f_hold=1), "a semaphore, a request held"),
+    Run("sem-lost", _s(**SEM, tasks="1,1,1", timeouts="255,255,2", h=7, f_lost=1), "a semaphore, a reply lost"),
+    Run("sem-cancel", _s(**SEM, tasks="1,1,1", timeouts="255,1,255", h=7, f_cancel=1), "a semaphore, a cancellation"),
+    Run("sem-pause", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=7, f_pause=1), "a semaphore, a process paused"),
+    Run("sem-kill", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=7, f_kill=1), "a semaphore, a process killed"),
+    Run("sem-step", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=7, f_step=1), "a semaphore, the clock steps"),
+    Run("sem-stream", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=6, f_event=1, f_stream=1),
+        "a semaphore, events lost or late, a reopen"),
+    Run("sem-force-purge", _s(**SEM, tasks="1,1,1", timeouts="255,255,255", h=8, f_force=1, f_purge=1),
+        "a semaphore, force, idle cleanup"),
+    Run("sem-slow", _s(**SEM, tasks="1,1,1", timeouts="255,255,2", h=7, f_slow=1), "a semaphore, a reply delayed"),
+    # An election (_core/election.py: a permit of 1, served in turn, always renewed): P7 one leader.
+    Run("election", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, acqs=2), "2 candidates campaigning twice"),
+    Run("election-resign", _s(**ELECTION, tasks="1,1,1", timeouts="255,255,255", h=6, resign_to=1),
+        "3 candidates, resign(to=...)"),
+    Run("election-pause", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_pause=1), "a leader paused"),
+    Run("election-held", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_hold=1), "a request held"),
+    Run("election-lost", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_lost=1), "a reply lost"),
+    Run("election-kill", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_kill=1), "a leader's process killed"),
+    Run("election-step", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_step=1), "the clock steps"),
+    Run("election-slow", _s(**ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_slow=1), "a reply delayed"),
+]  # fmt: skip
 
 DEEP: list[Run] = [
     Run("deep-p3x2-h4", _s(tasks="2,2,2", timeouts="255,1,2,0,1,255", h=4, start_by=1), "3x2, 4 ticks", deep=True),
-]
+    Run("deep-sem-step", _s(**SEM, tasks="2,1,1", timeouts="255,255,255,255", h=5, start_by=2, streak=0, f_step=1),
+        "a semaphore, 4 tasks, the clock steps", deep=True),
+    Run("deep-election-resign", _s(**ELECTION, tasks="1,1,1", timeouts="255,255,255", h=8, resign_to=1),
+        "3 candidates, resign(to=...), 8 ticks", deep=True),
+]  # fmt: skip
 
 
 # Issue 36's findings' bounds (docs/model.md): a clock step back, and two max_attempts (3 and 1).
@@ -125,9 +175,9 @@ JOBS: list[Run] = [
 ]  # fmt: skip
 
 
-def _control(mutation: str, refutes: str, what: str, **settings: object) -> Run:
+def _control(mutation: str, refutes: str, what: str, variant: str = "", **settings: object) -> Run:
     """The control of ``mutation``: a counterexample to ``refutes`` (a property, e.g. "P3") wanted."""
-    return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes)
+    return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes, variant=variant)
 
 
 def _jobs_control(name: str, mutation: str, what: str, refutes: str = "P5 once", **settings: object) -> Run:
@@ -161,6 +211,24 @@ CONTROLS: list[Run] = [
              mut2=MUT["follower-requeued"], **HELD_LATER),
     _control("oversleep", "P4", "a placed waiter sleeps until news, not the lease's expiry",
              tasks="1,1,0", timeouts="255,255", h=8),
+    # Issue 50: the switches no property refuted before (docs/model.md, "The controls").
+    _control("no-fence-check", "P2", "a hand-off seen on the stream is taken as fresh without its fence",
+             tasks="1,1,1", timeouts="255,255,255", h=8, f_pause=1),
+    _control("forget-releases", "P8", "a release sent again after a lost reply is not recognised",
+             tasks="1,1,0", timeouts="255,2", h=7, f_lost=1),
+    _control("deadline-from-reply", "P1", "a holder's local deadline counts from the reply",
+             tasks="1,1,0", timeouts="255,255", h=7, f_slow=1),
+    _control("look-per-head", "P4", "when to look again belongs to the first waiter, not the place",
+             "2x3", tasks="1,3", timeouts="255,255,255,2,4,255", h=8, start_by=1),
+    # The documents of permits' controls.
+    _control("permit-no-room", "P6", "a permit is taken without testing the room under the limit",
+             **SEM, tasks="1,1,1", timeouts="255,255,255", h=7),
+    # (Two permits handed in one write: a permit expired as the other holder releases, which a step
+    # forward of the server's clock makes come before the waiters look.)
+    _control("permit-doc-fence", "P2", "a hand-off naming several permits is taken with the document's fence",
+             **SEM, tasks="2,1,1", timeouts="255,255,255,255", h=4, start_by=2, streak=0, f_step=1),
+    _control("leader-until-told", "P7", "a leader believes it leads until a renewal is refused",
+             **ELECTION, tasks="1,1,0", timeouts="255,255", h=8, f_pause=1),
     _jobs_control("slot-number", "slot-number", "a period done by its slot number, with two schedules",
                   every="3,4", offset="0,1", calls="3,3", h=7),
     _jobs_control("finish-unowned", "finish-unowned", "a finish records success without the live lease",
@@ -196,13 +264,15 @@ class Result:
         return self.complete and not self.error
 
 
-def build(model: str) -> Path:
-    """The verifier of model/<model>.pml, compiled again only when it (or this script's flags) changed."""
+def build(model: str, variant: str = "") -> Path:
+    """The verifier of model/<model>.pml (with the compile-time bounds of ``variant``), compiled again
+    only when it (or this script's flags) changed."""
     source = HERE / f"{model}.pml"
-    where = BUILD / model
+    where = BUILD / (f"{model}-{variant}" if variant else model)
     pan = where / "pan"
     stamp = where / "flags"
-    flags = " ".join(CFLAGS)
+    defines = VARIANTS[variant]
+    flags = " ".join([*defines, *CFLAGS])
     if pan.exists() and pan.stat().st_mtime > source.stat().st_mtime and stamp.exists() and stamp.read_text() == flags:
         return pan
     for tool in ("spin", "gcc"):
@@ -211,10 +281,10 @@ def build(model: str) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, where / source.name)
     started = time.monotonic()
-    subprocess.run(["spin", "-a", source.name], cwd=where, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["spin", *defines, "-a", source.name], cwd=where, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["gcc", *CFLAGS, "-o", "pan", "pan.c"], cwd=where, check=True)
     stamp.write_text(flags)
-    print(f"compiled {source.name}'s verifier in {time.monotonic() - started:.0f} s", flush=True)
+    print(f"compiled {where.name}'s verifier in {time.monotonic() - started:.0f} s", flush=True)
     return pan
 
 
@@ -241,8 +311,6 @@ def verify(pan: Path, run: Run, *, limit: float, trail: bool = False) -> Result:
         result.transitions = int(match.group(1))
     if match := re.search(r"pan:\d+: (P\d[^\n]*?)(?: \(at depth|$)", text):
         result.error = match.group(1).strip()
-    elif "assertion violated ((gfen[w]>fence_seen)" in text:
-        result.error = "P2 fencing: a holder's fencing token not above every earlier one"
     elif re.search(r"errors: [1-9]", text):
         result.error = "other: " + next((line for line in text.splitlines() if line.startswith("pan:")), "?")
     result.complete = (
@@ -281,12 +349,15 @@ def main() -> int:
         runs = [run for run in CONFIGS + DEEP + JOBS + CONTROLS + FINDINGS if re.fullmatch(arguments.only, run.name)]
         if not runs:
             parser.error(f"no run named {arguments.only}")
-    pans = {model: build(model) for model in sorted({run.model for run in runs})}
+    with ThreadPoolExecutor(max_workers=arguments.jobs) as pool:
+        builds = {key: pool.submit(build, *key) for key in sorted({(run.model, run.variant) for run in runs})}
+        pans = {key: done.result() for key, done in builds.items()}
     started = time.monotonic()
     failed = 0
     with ThreadPoolExecutor(max_workers=arguments.jobs) as pool:
         searches = [
-            pool.submit(verify, pans[run.model], run, limit=arguments.limit, trail=arguments.trail) for run in runs
+            pool.submit(verify, pans[run.model, run.variant], run, limit=arguments.limit, trail=arguments.trail)
+            for run in runs
         ]
         for search in as_completed(searches):
             result = search.result()

@@ -3,10 +3,17 @@
  * to it (mongolock_async/store/mutex.py), and the processes that send them (waiting.py, queues.py,
  * lease.py, keeper.py, watcher.py, lock.py), on a server clock that can step back and forward.
  *
- * Read model/README.md first: what is modelled, the time model, the faults, the properties and the
+ * Read docs/model.md first: what is modelled, the time model, the faults, the properties and the
  * switches (MUT_*) that turn each property's control on. model/actions.md maps every write the store
  * can send to the action here that models it; tests/unit/test_model.py checks that table against the
  * store, and against the ACTION comments in this file.
+ *
+ * The same processes also drive a document of permits (MODEL_KIND): a semaphore's
+ * (mongolock_async/_core/semaphore.py; the document's writes in store/permits.py and
+ * store/permit_release.py) or an election's (_core/election.py: a semaphore of one permit, served in
+ * turn, always renewed). The client is the lock's code for every kind (AsyncMongoLock._init with
+ * Permits), except that a document of permits' queue records no followers (queues.LocalQueue's
+ * `followers`, False for them: waiting.wait_for_lease).
  *
  * Time: rt counts ticks of real time (every process's monotonic clock); srv is the server's clock
  * (S0 + rt, moved by clock steps). Everything that is due happens before time moves on: the tick is
@@ -65,6 +72,13 @@ hidden byte TASKS[NP];  /* tasks per process that acquire (at most NT) */
 #define TO_NONE 255
 hidden byte MUT;        /* the control in force (MUT_*), or 0: the protocol as it is */
 hidden byte MUT2;       /* a second mutation in force with it (a control whose trace needs two old rules), or 0 */
+hidden byte KIND;       /* the document's kind: a lock's (0), a semaphore's or an election's (documents of permits) */
+hidden byte LIMIT;      /* a document of permits' limit (the request's and the stored one: handles agree on it) */
+hidden byte RESIGN_TO;  /* an election's leader may resign to a named candidate (AsyncMongoElection.resign(to=...)) */
+#define KIND_LOCK 0
+#define KIND_SEMAPHORE 1    /* AsyncMongoSemaphore: Permits("semaphore", limit), permits of weight 1 */
+#define KIND_ELECTION 2     /* AsyncMongoElection: Permits("election", 1), fair, the heartbeat always on */
+#define PERMITS (KIND != KIND_LOCK)
 
 /* the controls: each a mutation the checker must refute */
 #define MUT_NO_WITHDRAWAL 1     /* a waiter that gives up withdraws nothing */
@@ -85,6 +99,9 @@ hidden byte MUT2;       /* a second mutation in force with it (a control whose t
 #define MUT_REFRESH_FAILED_GONE 16 /* a place refresh that failed in transit is taken as gone (before issue 40) */
 #define MUT_ATTEMPT_PER_WAITER 17 /* a first waiter's attempt is bounded by its own timeout, waiters behind it or not (before issue 40) */
 #define MUT_FOLLOWER_REQUEUED 18 /* a follower that is done with still joins the queue (before issue 40's store fix) */
+#define MUT_PERMIT_NO_ROOM 19   /* a permit is taken without testing that the live holders leave room for it */
+#define MUT_PERMIT_DOC_FENCE 20 /* a hand-off event naming several permits is taken with the document's fence */
+#define MUT_LEADER_UNTIL_TOLD 21 /* a holder (a leader) believes until a renewal is refused, not until its local deadline */
 #define MUTATED(m) (MUT == (m) || MUT2 == (m))
 
 #define T 3             /* a TTL */
@@ -102,6 +119,8 @@ hidden byte MUT2;       /* a second mutation in force with it (a control whose t
 #define NR 8            /* requests in flight, all processes */
 #define EV 3            /* change events buffered per process */
 #define NWD 2           /* withdrawals in flight per process */
+#define NH 3            /* holders a document of permits lists (the largest LIMIT explored is 2; one more for a
+                         * control that takes past the limit) */
 #define NONE 255
 
 
@@ -119,11 +138,20 @@ byte q_exp[QN];         /* exp */
 byte q_n[QN];           /* n (the follower's token, 0: none) */
 byte q_len;
 int  d_wd;              /* withdrawn (a set of tokens, as bits) */
+/* a document of permits (store/permits.py): owner stays 0; expiresAt (d_exp) is its latest permit's
+ * expiry; fence (d_fence) the one counter; rr_o the releasedOwners (rr_u unused); d_wd withdrawn;
+ * the queue as a lock's, its places of weight 1 and without followers */
+byte ph_o[NH];           /* holders: o ... */
+byte ph_exp[NH];         /* ... exp */
+byte ph_fen[NH];         /* ... fence */
+byte ph_len;
 
 /* ---- time ---------------------------------------------------------------------------------- */
 byte rt;
 byte srv = S0;
 #define LIVE (d_ex && d_own != 0 && d_exp > srv)
+#define PLIVE(i) (i < ph_len && ph_exp[i] > srv)
+#define ANY_PLIVE (PLIVE(0) || PLIVE(1) || PLIVE(2))
 
 /* ---- requests in flight ------------------------------------------------------------------------ */
 #define K_ACQ 1         /* LockStore.try_acquire: mutex.acquire_pipeline */
@@ -131,6 +159,7 @@ byte srv = S0;
 #define K_LEAVE 3       /* LockStore.leave: mutex.release_pipeline(leaving=...) */
 #define K_RENEW 4       /* LockStore.renew: mutex._renewal */
 #define K_REFRESH 5     /* LockStore.refresh_places: expressions._refresh_place */
+#define K_PUTFIRST 6    /* LockStore.put_candidate_first: permits.put_first_pipeline (an election's resign(to=...)) */
 #define R_PEND 1
 #define R_OK 2
 #define R_ERR 3
@@ -149,7 +178,9 @@ byte rq_b[NR];          /* enqueue / the successor's follower */
 bit  rq_c[NR];          /* successor_first */
 byte rq_st[NR];
 bit  rq_lose[NR];        /* its reply will be lost */
+bit  rq_slow[NR];       /* its reply will be delayed (rq_ready) */
 byte rq_hold[NR];       /* not applied before this tick */
+byte rq_ready[NR];      /* applied, its reply not back before this tick (a reply delayed on its way back) */
 byte rq_bound[NR];      /* its caller's bound: RequestTimeout from this tick */
 byte rq_r1[NR];         /* the reply */
 byte rq_r2[NR];
@@ -254,6 +285,7 @@ byte tsent[NW];         /* ... when it was sent */
 bit  tcov[NW];          /* ... covered by the stream when sent */
 bit  twses[NW];         /* ... sent in a session */
 bit  tline[NW];         /* ... belongs to the line: the task may stop waiting for it (waiting._line_attempt) */
+bit  tputf[NW];         /* a leader's put_first in flight (treq), before its resignation */
 byte gtok[NW];          /* the grant */
 byte gfen[NW];
 byte gsent[NW];
@@ -276,7 +308,7 @@ byte twd[NW];           /* the withdrawal it awaits */
 byte twdend[NW];        /* ... until this tick at most */
 
 /* ---- faults left --------------------------------------------------------------------------- */
-byte f_hold, f_lost, f_cancel, f_pause, f_kill, f_step, f_event, f_stream, f_force, f_purge;
+byte f_hold, f_lost, f_cancel, f_pause, f_kill, f_step, f_event, f_stream, f_force, f_purge, f_slow;
 
 /* ---- what the properties track ------------------------------------------------------------- */
 byte fence_seen;        /* the largest fencing token a holder was given */
@@ -287,6 +319,16 @@ byte gh_fen;
 byte gh_back;           /* ... backward clock steps since */
 byte fr_since = NONE;   /* the lock free while someone waits: since when (rt) */
 byte fr_quiet;          /* P4 is judged only from this tick on (after a fault that may delay) */
+/* documents of permits */
+byte fence_top;         /* the largest fencing token the server issued (a permit's), across cleanups */
+int  p_forced;          /* the owner tokens whose permits an operator broke (bits) */
+byte pg_tok[NH];        /* P3 per permit: a live permit nobody believes in (its owner, fence) ... */
+byte pg_fen[NH];
+byte pg_since[NH];      /* ... since when (rt; NONE: a free tracker) */
+byte pg_back[NH];       /* ... backward clock steps since */
+/* P8: a holder's release in flight (rheld), and whether a copy of it ended its live lease (rdone) */
+bit  rheld[NW];
+bit  rdone[NW];
 
 /* temporaries (not part of the state) */
 hidden byte tq_t[QN+1], tq_at[QN+1], tq_exp[QN+1], tq_n[QN+1];
@@ -295,6 +337,9 @@ hidden byte b_, c_, e_, f_;
 hidden byte w_, g_, bd_, own_, h_exp;
 hidden byte ln_req, ln_tok, ln_fol, ln_sent;   /* line_leaves: the line's attempt handed on */
 hidden byte ln_cov, ln_ses, ln_was;
+hidden byte tp_o[NH+QN+1], tp_exp[NH+QN+1], tp_fen[NH+QN+1];   /* a document of permits' holders, as a write builds them */
+hidden byte tp_len, hd_len, hd_room, hd_next, hd_i;
+hidden byte hd_t[QN+1], hd_at[QN+1], hd_exp[QN+1];             /* ... the places a release hands permits to */
 
 /* ================================================================================================
  * The store's writes, each atomic on the server. ACTION comments name the store entry point and
@@ -422,6 +467,19 @@ inline event_all(kind)
 	v_ = 0;
 	do
 	:: v_ < NP -> event(v_, kind, 0, 0); v_++
+	:: else -> break
+	od
+}
+
+/* P8's record: a holder's release of token t ended its live lease */
+inline released_by(t)
+{
+	w_ = 0;
+	do
+	:: w_ < NW -> if
+		:: rheld[w_] && rtok[w_] == (t) -> rdone[w_] = 1
+		:: else
+		fi; w_++
 	:: else -> break
 	od
 }
@@ -614,6 +672,7 @@ inline srv_release(r)
 			od;
 			own_ = d_own;
 			c_code { check_handee(h_t, h_exp); };
+			released_by(own_);
 			hand_on(h_t != rq_a[r])
 		:: else
 		fi;
@@ -713,7 +772,7 @@ inline srv_force()
 inline srv_purge()
 {
 	d_ex = 0; d_own = 0; d_exp = 0; d_fence = 0; d_rel = 0; d_wd = 0;
-	tq_len = 0; tq_store();
+	tq_len = 0; tq_store(); tp_len = 0; holders_store(); d_exp = 0;
 	i_ = 0;
 	do
 	:: i_ < RR -> rr_o[i_] = 0; rr_u[i_] = 0; i_++
@@ -722,7 +781,487 @@ inline srv_purge()
 	event_all(E_DELETED)
 }
 
-inline apply(r)
+/* ================================================================================================
+ * A document of permits (store/permits.py, store/permit_release.py): a semaphore's or an election's.
+ * Every permit weighs 1 (a read-write lock's writer, weighing the whole limit, is not modelled).
+ * ============================================================================================== */
+
+#define TOKEN_PROCESS(t) (((t) - 1) / TPP)
+#define FORCED(t) (PERMITS -> ((p_forced >> (t)) & 1) : (t) == forced_tok)
+
+/* permits.LIVE_HOLDERS: the holders whose permits have not expired, into tp */
+inline live_holders()
+{
+	tp_len = 0; i_ = 0;
+	do
+	:: i_ < ph_len ->
+		if
+		:: ph_exp[i_] > srv -> tp_o[tp_len] = ph_o[i_]; tp_exp[tp_len] = ph_exp[i_]; tp_fen[tp_len] = ph_fen[i_]; tp_len++
+		:: else
+		fi;
+		i_++
+	:: else -> break
+	od
+}
+
+/* holders = tp; expiresAt = permits.latest_expiry: the latest permit's expiry, or now */
+inline holders_store()
+{
+	assert(tp_len <= NH);
+	d_exp = srv; i_ = 0;
+	do
+	:: i_ < tp_len ->
+		ph_o[i_] = tp_o[i_]; ph_exp[i_] = tp_exp[i_]; ph_fen[i_] = tp_fen[i_];
+		d_exp = (tp_exp[i_] > d_exp -> tp_exp[i_] : d_exp); i_++
+	:: i_ >= tp_len && i_ < NH -> ph_o[i_] = 0; ph_exp[i_] = 0; ph_fen[i_] = 0; i_++
+	:: else -> break
+	od;
+	ph_len = tp_len
+}
+
+/* where token t is among the holders: in j_ (ph_len: not there) */
+inline holder_index(t)
+{
+	j_ = 0;
+	do
+	:: j_ < ph_len && ph_o[j_] != (t) -> j_++
+	:: else -> break
+	od
+}
+
+/* P2 (promise 5, "each permit's above every token handed out before it", semaphore.py): a fencing token
+ * the server issues with a permit is above every one it issued before, across cleanups */
+inline issue_fence(f)
+{
+	if
+	:: (f) <= fence_top -> c_code { uerror("P2 fencing: a permit's fencing token not above every one issued before it"); }
+	:: else
+	fi;
+	fence_top = (f)
+}
+
+#define RELEASED_DUE(p, e) (ev_k[(p)*EV + e] == E_RELEASED && ev_at[(p)*EV + e] <= rt)
+/* the freed event (permit_release: `freed`, a new value the change stream passes to every process);
+ * one already buffered and due for a process stands for both (on_news is the same wake-up) */
+inline freed_event_all()
+{
+	v_ = 0;
+	do
+	:: v_ < NP ->
+		if
+		:: (RELEASED_DUE(v_, 0) || RELEASED_DUE(v_, 1) || RELEASED_DUE(v_, 2)) -> skip
+		:: else -> event(v_, E_RELEASED, 0, 0)
+		fi;
+		v_++
+	:: else -> break
+	od
+}
+
+/* ACTION permit_acquire: LockStore.try_acquire with permits (permits.acquire_pipeline), an upserting findAndModify.
+ * WRITES kind limit fence holders queue expiresAt
+ * Drops the expired holders; claims a permit the token holds (one handed to its place), or takes one
+ * when the live holders leave room under the limit (fair: and no live place is ahead), with the next
+ * fence; else (enqueue) stores or refreshes the token's place. A token done with (withdrawn, or in
+ * releasedOwners) takes, claims and queues nothing. */
+inline psrv_acquire(r)
+{
+	x_ = rq_tok[r];
+	d_ex = 1;
+	done_with(x_);                                        /* _gone */
+	live_places(0, 0);                                    /* _queue */
+	k_ = 0;
+	do
+	:: k_ < tq_len && tq_t[k_] != x_ -> k_++
+	:: else -> break
+	od;                                                   /* _ahead (fair only): k_ */
+	live_holders();                                       /* _live_holders */
+	j_ = 0;
+	do
+	:: j_ < tp_len && tp_o[j_] != x_ -> j_++
+	:: else -> break
+	od;                                                   /* _mine: j_ < tp_len */
+	c_ = (j_ < tp_len && (!dw_ || MUTATED(MUT_CLAIM_WITHDRAWN)));                                   /* _claim */
+	e_ = (j_ == tp_len && !dw_ && (tp_len + 1 <= LIMIT || MUTATED(MUT_PERMIT_NO_ROOM)) && (!FAIR || k_ == 0)); /* _take */
+	if
+	:: c_ -> tp_exp[j_] = srv + T                          /* renewed_mine */
+	:: e_ -> next_fence(); issue_fence(d_fence);
+		tp_o[tp_len] = x_; tp_exp[tp_len] = srv + T; tp_fen[tp_len] = d_fence; tp_len++
+	:: else
+	fi;
+	holders_store();
+	if
+	:: c_ || e_ -> tq_without(x_); tq_store()
+	:: else ->
+		if
+		:: dw_ -> tq_store()
+		:: !dw_ && rq_b[r] -> tq_with_place(x_, 0); tq_store()
+		:: else                                           /* queue as it was (blocking=False) */
+		fi
+	fi;
+	/* the reply: whether the token holds a permit (LockState.holds), its fence (fence_of), and
+	 * waiting._until_next_change: from the place's at, the next permit's expiry (fair: or a place's
+	 * ahead) */
+	holder_index(x_);
+	rq_r1[r] = (j_ < ph_len); rq_r2[r] = (j_ < ph_len -> ph_fen[j_] : d_fence); rq_r3[r] = NONE;
+	k_ = 0;
+	do
+	:: k_ < q_len && q_t[k_] != x_ -> k_++
+	:: else -> break
+	od;
+	if
+	:: k_ < q_len && !rq_r1[r] ->
+		z_ = NONE; i_ = 0;
+		do
+		:: i_ < ph_len ->
+			if
+			:: ph_exp[i_] > q_at[k_] && ph_exp[i_] - q_at[k_] < z_ -> z_ = ph_exp[i_] - q_at[k_]
+			:: else
+			fi;
+			i_++
+		:: else -> break
+		od;
+		j_ = 0;
+		do
+		:: FAIR && j_ < k_ ->
+			if
+			:: q_exp[j_] > q_at[k_] && q_exp[j_] - q_at[k_] < z_ -> z_ = q_exp[j_] - q_at[k_]
+			:: else
+			fi;
+			j_++
+		:: else -> break
+		od;
+		rq_r3[r] = z_
+	:: else
+	fi
+}
+
+hidden byte hd_own, hd_sc;
+/* permit_release._release_stages: a release (leaving 0: of the owner rq_tok, naming the successor rq_a,
+ * successor_first rq_c) or a withdrawal (leaving 1: of the places of rq_tok and rq_a). The freed
+ * weight goes, in the same write, to the oldest candidates that fit in the room the other live
+ * holders leave under the limit, each a permit with its own fence (handedOffTo names them); or,
+ * handed to nobody, `freed` wakes every process's waiters. */
+inline permits_release(r, leaving)
+{
+	x_ = (leaving -> 0 : rq_tok[r]);
+	live_holders();
+	/* _own, and _rest: the live holders without the released (withdrawn) tokens' permits */
+	hd_own = 0; j_ = 0; i_ = 0;
+	do
+	:: i_ < tp_len ->
+		if
+		:: leaving && (tp_o[i_] == rq_tok[r] || rq_a[r] != 0 && tp_o[i_] == rq_a[r]) || !leaving && tp_o[i_] == x_ ->
+			hd_own = 1
+		:: else -> tp_o[j_] = tp_o[i_]; tp_exp[j_] = tp_exp[i_]; tp_fen[j_] = tp_fen[i_]; j_++
+		fi;
+		i_++
+	:: else -> break
+	od;
+	tp_len = j_;
+	/* _queue: the live places without the releaser's (a withdrawal: without the withdrawn ones) */
+	if
+	:: leaving -> live_places(rq_tok[r], rq_a[r])
+	:: else -> live_places(x_, 0)
+	fi;
+	if
+	:: !hd_own -> tq_store()                              /* released nothing: holders as they were */
+	:: else ->
+		if
+		:: !leaving -> released_by(x_)
+		:: else
+		fi;
+		/* _candidates: the successor rewritten where it stands or queued last; without the tokens
+		 * that hold a permit, released one or were withdrawn (_held) */
+		hd_sc = (leaving -> 0 : rq_a[r]);
+		if
+		:: hd_sc != 0 -> tq_with_place(hd_sc, 0)
+		:: else
+		fi;
+		j_ = 0; i_ = 0;
+		do
+		:: i_ < tq_len ->
+			f_ = WITHDRAWN(tq_t[i_]);
+			k_ = 0;
+			do
+			:: k_ < tp_len -> f_ = (f_ || tp_o[k_] == tq_t[i_]); k_++
+			:: else -> break
+			od;
+			k_ = 0;
+			do
+			:: k_ < RR && !MUTATED(MUT_RELEASED_NOT_DONE) -> f_ = (f_ || rr_o[k_] == tq_t[i_]); k_++
+			:: else -> break
+			od;
+			if
+			:: !f_ -> tq_t[j_] = tq_t[i_]; tq_at[j_] = tq_at[i_]; tq_exp[j_] = tq_exp[i_]; tq_n[j_] = tq_n[i_]; j_++
+			:: else
+			fi;
+			i_++
+		:: else -> break
+		od;
+		tq_len = j_;
+		/* _hand_off_order and _handoff: as many as fit in the room (weights of 1), from the first of the
+		 * order, which moves the successor first (successor_first) or last, unless served in turn */
+		k_ = 0;
+		do
+		:: hd_sc != 0 && k_ < tq_len && tq_t[k_] != hd_sc -> k_++
+		:: else -> break
+		od;
+		if
+		:: hd_sc == 0 -> k_ = tq_len
+		:: else
+		fi;
+		hd_room = (LIMIT > tp_len -> LIMIT - tp_len : 0);
+		hd_len = 0;
+		if
+		:: k_ < tq_len && !FAIR && rq_c[r] && hd_room > 0 ->
+			hd_t[0] = tq_t[k_]; hd_at[0] = tq_at[k_]; hd_exp[0] = tq_exp[k_]; hd_len = 1
+		:: else
+		fi;
+		i_ = 0;
+		do
+		:: i_ < tq_len && hd_len < hd_room ->
+			if
+			:: i_ != k_ || FAIR -> hd_t[hd_len] = tq_t[i_]; hd_at[hd_len] = tq_at[i_]; hd_exp[hd_len] = tq_exp[i_]; hd_len++
+			:: else
+			fi;
+			i_++
+		:: else -> break
+		od;
+		if
+		:: k_ < tq_len && !FAIR && !rq_c[r] && hd_len < hd_room ->
+			hd_t[hd_len] = tq_t[k_]; hd_at[hd_len] = tq_at[k_]; hd_exp[hd_len] = tq_exp[k_]; hd_len++
+		:: else
+		fi;
+		if
+		:: hd_len > 0 ->
+			/* _HANDED_PERMITS: fenced one after another from the next fence, each counted from its
+			 * place's at at the earliest (expressions.not_before) */
+			next_fence(); hd_next = d_fence; hd_i = 0;
+			do
+			:: hd_i < hd_len ->
+				issue_fence(hd_next + hd_i);
+				c_code { check_handee(hd_t[hd_i], hd_exp[hd_i]); };
+				tp_o[tp_len] = hd_t[hd_i]; tp_exp[tp_len] = (hd_at[hd_i] > srv -> hd_at[hd_i] : srv) + T;
+				tp_fen[tp_len] = hd_next + hd_i; tp_len++; hd_i++
+			:: else -> break
+			od;
+			d_fence = hd_next + hd_len - 1;
+			/* handedOffTo, when another process's place got a permit: to each process it names a
+			 * token of; the document's fence is the permit's only when one was handed (watcher._report) */
+			f_ = 0; hd_i = 0;
+			do
+			:: hd_i < hd_len -> f_ = (f_ || hd_t[hd_i] != hd_sc); hd_i++
+			:: else -> break
+			od;
+			if
+			:: f_ ->
+				hd_i = 0;
+				do
+				:: hd_i < hd_len ->
+					z_ = ((hd_len == 1 || MUTATED(MUT_PERMIT_DOC_FENCE)) -> d_fence : 0);
+					event(TOKEN_PROCESS(hd_t[hd_i]), E_HANDED, hd_t[hd_i], z_); hd_i++
+				:: else -> break
+				od
+			:: else
+			fi
+		:: else ->
+			/* freed: handed to nobody (served in turn: only when no candidate blocks it) */
+			if
+			:: !FAIR || tq_len == 0 -> freed_event_all()
+			:: else
+			fi
+		fi;
+		/* the queue: the candidates not handed to */
+		j_ = 0; i_ = 0;
+		do
+		:: i_ < tq_len ->
+			f_ = 0; k_ = 0;
+			do
+			:: k_ < hd_len -> f_ = (f_ || hd_t[k_] == tq_t[i_]); k_++
+			:: else -> break
+			od;
+			if
+			:: !f_ -> tq_t[j_] = tq_t[i_]; tq_at[j_] = tq_at[i_]; tq_exp[j_] = tq_exp[i_]; tq_n[j_] = tq_n[i_]; j_++
+			:: else
+			fi;
+			i_++
+		:: else -> break
+		od;
+		tq_len = j_;
+		tq_store();
+		/* releasedOwners: the owner appended, the last RR kept (the store keeps 64) */
+		if
+		:: !leaving ->
+			k_ = 0;
+			do
+			:: k_ < RR && rr_o[k_] != 0 -> k_++
+			:: else -> break
+			od;
+			if
+			:: k_ == RR -> i_ = 1;
+				do
+				:: i_ < RR -> rr_o[i_-1] = rr_o[i_]; i_++
+				:: else -> break
+				od;
+				k_ = RR - 1
+			:: else
+			fi;
+			rr_o[k_] = x_
+		:: else
+		fi;
+		holders_store()
+	fi;
+	/* withdrawn: remembered (also on a document not written yet: the attempt it withdraws may create it) */
+	if
+	:: leaving && !MUTATED(MUT_NO_WITHDRAWN) ->
+		d_wd = d_wd | (1 << rq_tok[r]);
+		if
+		:: rq_a[r] != 0 -> d_wd = d_wd | (1 << rq_a[r])
+		:: else
+		fi
+	:: else
+	fi
+}
+
+/* ACTION permit_release: LockStore.release with permits (permit_release.release_pipeline), a findAndModify
+ * matching a holder or a released owner (kinds.PermitQueries.release).
+ * WRITES holders fence handedOffAt handedOffTo freed releasedAt releasedOwners queue expiresAt
+ * Returns the owner's live permit and hands the weight it frees on (permits_release); a copy sent
+ * again matches releasedOwners and changes nothing. */
+inline psrv_release(r)
+{
+	x_ = rq_tok[r];
+	holder_index(x_);
+	b_ = 0; k_ = 0;
+	do
+	:: k_ < RR -> b_ = (b_ || rr_o[k_] == x_); k_++
+	:: else -> break
+	od;
+	b_ = (b_ && !MUTATED(MUT_FORGET_RELEASES));
+	if
+	:: !d_ex || j_ == ph_len && !b_ -> rq_r1[r] = 0        /* nothing matched: None */
+	:: else ->
+		permits_release(r, 0);
+		/* the reply (waiting._hand_over_once): the owner still listed (its permit had expired: None),
+		 * else whether the successor holds a permit now, and its fence (LockState.fence_of) */
+		rq_r1[r] = 1; rq_r3[r] = d_fence;
+		holder_index(x_);
+		if
+		:: j_ < ph_len -> rq_r2[r] = x_
+		:: else ->
+			rq_r2[r] = 0;
+			if
+			:: rq_a[r] != 0 -> holder_index(rq_a[r]);
+				if
+				:: j_ < ph_len -> rq_r2[r] = rq_a[r]; rq_r3[r] = ph_fen[j_]
+				:: else
+				fi
+			:: else
+			fi
+		fi
+	fi
+}
+
+/* ACTION permit_withdraw: LockStore.leave with permits (permit_release.release_pipeline with leaving), an
+ * upserting update.
+ * WRITES holders fence handedOffAt handedOffTo freed releasedAt releasedOwners withdrawn queue expiresAt
+ * Removes the places of the tokens, passes on a permit handed to one of them meanwhile, and remembers
+ * the tokens as withdrawn. */
+inline psrv_leave(r)
+{
+	if
+	:: d_ex || !MUTATED(MUT_LEAVE_NO_UPSERT) -> d_ex = 1; permits_release(r, 1)
+	:: else
+	fi
+}
+
+/* ACTION permit_renew: LockStore.renew and LockStore.extend with permits (permits.renewal_pipeline),
+ * matching the kind and a holder.
+ * WRITES holders expiresAt
+ * A new expiry a TTL from now for the owner's live permit; else nothing. */
+inline psrv_renew(r)
+{
+	rq_r1[r] = 0;
+	holder_index(rq_tok[r]);
+	if
+	:: d_ex && j_ < ph_len && (ph_exp[j_] > srv || MUTATED(MUT_RENEW_EXPIRED)) ->
+		ph_exp[j_] = srv + T; rq_r1[r] = 1;
+		d_exp = srv; i_ = 0;
+		do
+		:: i_ < ph_len -> d_exp = (ph_exp[i_] > d_exp -> ph_exp[i_] : d_exp); i_++
+		:: else -> break
+		od
+	:: else
+	fi
+}
+
+/* ACTION put_first: LockStore.put_candidate_first (permits.put_first_pipeline), a findAndModify matching
+ * the kind, a holder owner and a place labelled label.
+ * WRITES queue
+ * Moves the oldest live place labelled `label` (a candidate's label is its process here: rq_a) to the
+ * front of the queue; the reply says whether such a place is first now. */
+inline psrv_put_first(r)
+{
+	holder_index(rq_tok[r]);
+	k_ = 0;
+	do
+	:: k_ < q_len && TOKEN_PROCESS(q_t[k_]) != rq_a[r] -> k_++
+	:: else -> break
+	od;
+	if
+	:: !d_ex || j_ == ph_len || k_ == q_len -> rq_r1[r] = 0      /* nothing matched: None */
+	:: else ->
+		k_ = 0;
+		do
+		:: k_ < q_len && (TOKEN_PROCESS(q_t[k_]) != rq_a[r] || q_exp[k_] <= srv) -> k_++
+		:: else -> break
+		od;
+		if
+		:: k_ < q_len && k_ > 0 ->
+			h_t = q_t[k_]; h_at = q_at[k_]; h_n = q_exp[k_]; u_ = q_n[k_];
+			do
+			:: k_ > 0 -> q_t[k_] = q_t[k_-1]; q_at[k_] = q_at[k_-1]; q_exp[k_] = q_exp[k_-1]; q_n[k_] = q_n[k_-1]; k_--
+			:: else -> break
+			od;
+			q_t[0] = h_t; q_at[0] = h_at; q_exp[0] = h_n; q_n[0] = u_
+		:: else
+		fi;
+		rq_r1[r] = (q_len > 0 && TOKEN_PROCESS(q_t[0]) == rq_a[r])
+	fi
+}
+
+/* ACTION permit_force_release: reports.force_release_permits (permits.force_release_pipeline), matching
+ * the kind.
+ * WRITES forcedRelease holders limit fence queue freed releasedAt
+ * The operator's break-glass: breaks every live permit (their holders still believe until their
+ * deadlines), and `freed` wakes every process's waiters. */
+inline psrv_force()
+{
+	i_ = 0;
+	do
+	:: i_ < ph_len ->
+		if
+		:: ph_exp[i_] > srv ->
+			p_forced = p_forced | (1 << ph_o[i_]);
+			w_ = 0;
+			do
+			:: w_ < NW -> if
+				:: ts[w_] == TS_HOLD && ltok[w_] == ph_o[i_] -> lforced[w_] = 1
+				:: else
+				fi; w_++
+			:: else -> break
+			od
+		:: else
+		fi;
+		i_++
+	:: else -> break
+	od;
+	hd_next = d_exp; tp_len = 0; holders_store(); d_exp = hd_next;   /* (expiresAt is not written) */
+	freed_event_all()
+}
+
+/* the server applies request r to a lock's document */
+inline apply_lock(r)
 {
 	printf("%d/%d   server applies p%d's ", rt, srv, rq_p[r]);
 	if
@@ -732,6 +1271,11 @@ inline apply(r)
 	:: rq_k[r] == K_RENEW -> printf("renewal tok=%d", rq_tok[r]); srv_renew(r)
 	:: rq_k[r] == K_REFRESH -> printf("place refresh tok=%d", rq_tok[r]); srv_refresh(r)
 	fi;
+	applied_trace(r)
+}
+
+inline applied_trace(r)
+{
 	if
 	:: rq_by[r] == NONE -> printf(" (its caller gave up on it)")
 	:: else
@@ -754,7 +1298,7 @@ inline abandon_req(q)
 inline free_req(r)
 {
 	rq_k[r] = 0; rq_p[r] = 0; rq_by[r] = 0; rq_tok[r] = 0; rq_a[r] = 0; rq_b[r] = 0; rq_c[r] = 0; rq_st[r] = 0;
-	rq_hold[r] = 0; rq_bound[r] = 0; rq_r1[r] = 0; rq_r2[r] = 0; rq_r3[r] = 0
+	rq_hold[r] = 0; rq_ready[r] = 0; rq_bound[r] = 0; rq_r1[r] = 0; rq_r2[r] = 0; rq_r3[r] = 0
 }
 
 /* a request sent now, awaited by `by`, cut by its caller's bound after `bound` ticks; its index in q */
@@ -847,7 +1391,8 @@ inline on_handed_to_place(p, tok, fen)
 	:: lq_on[p] && lq_n[p] > 0 && tok == lq_slot[p] ->
 		o_ = lq_w[(p)*NT];
 		if
-		:: tu[o_] == PLACED && lq_rif[p] == 0 && rt - lq_pw[p] <= FRESH && (fen > lq_pf[p] || MUTATED(MUT_NO_FENCE_CHECK)) ->
+		/* (fen 0: the event named several permits, and no fence: queues.on_handed_to_place claims it) */
+		:: tu[o_] == PLACED && lq_rif[p] == 0 && rt - lq_pw[p] <= FRESH && fen != 0 && (fen > lq_pf[p] || MUTATED(MUT_NO_FENCE_CHECK)) ->
 			on_taken(p, tok, fen, lq_pw[p], lq_pfol[p])
 		:: else -> on_news(p)
 		fi
@@ -865,11 +1410,13 @@ inline head_place(p, a, b)
 	:: else
 	fi;
 	if
-	:: lq_n[p] > 1 && lq_up[p] == 0 -> new_token(p, lq_up[p])
+	:: lq_n[p] > 1 && lq_up[p] == 0 && !PERMITS -> new_token(p, lq_up[p])
 	:: else
 	fi;
 	a = lq_slot[p];
-	b = (lq_n[p] > 1 -> lq_up[p] : (MUTATED(MUT_FOLLOWER_FORGOTTEN) -> 0 : lq_pfol[p]))
+	/* (a document of permits' queue has no followers: LocalQueue(followers=False), whose next waiter
+	 * attempts at once, a permit may still be free) */
+	b = (PERMITS -> 0 : (lq_n[p] > 1 -> lq_up[p] : (MUTATED(MUT_FOLLOWER_FORGOTTEN) -> 0 : lq_pfol[p])))
 }
 
 /* queues.join: queue w last, making the queue if nobody waits */
@@ -973,6 +1520,11 @@ inline clear_wait(w)
 /* an acquisition is over (returned False, released, lost, cancelled, failed) */
 inline finish(w)
 {
+	if
+	:: tputf[w] && treq[w] != NONE -> abandon_req(treq[w])
+	:: else
+	fi;
+	tputf[w] = 0;
 	clear_wait(w); clear_attempt(w);
 	tcan[w] = 0; gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 	ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0;
@@ -981,7 +1533,7 @@ inline finish(w)
 	:: else
 	fi;
 	rtok[w] = 0; rsucc[w] = 0; rsfol[w] = 0; rgen[w] = NONE; rqslot[w] = 0; rfirst[w] = 0; runtil[w] = 0; tthen[w] = 0;
-	twd[w] = NONE; twdend[w] = 0;
+	rheld[w] = 0; rdone[w] = 0; twd[w] = NONE; twdend[w] = 0;
 	tacq[w]--;
 	ts[w] = (tacq[w] > 0 -> TS_IDLE : TS_DONE)
 }
@@ -1008,7 +1560,7 @@ inline send_release(p, w)
 inline start_release(p, w, tok, until, then)
 {
 	printf("%d/%d t%d (p%d) releases tok %d (until %d)\n", rt, srv, w, p, tok, until);
-	rtok[w] = tok; runtil[w] = until; rfirst[w] = rt; tthen[w] = then;
+	rtok[w] = tok; runtil[w] = until; rfirst[w] = rt; tthen[w] = then; rheld[w] = 0; rdone[w] = 0;
 	send_release(p, w)
 }
 
@@ -1024,11 +1576,32 @@ inline hold(p, w)
 		/* P2: fencing tokens only go up */
 		printf("%d/%d t%d (p%d) HOLDS tok %d fence %d, believes until %d\n", rt, srv, w, p, gtok[w], gfen[w], gsent[w] + T - M);
 		/* (a lease an operator broke before its reply came is exempt: its reply can come after a
-		 * later holder's, see srv_force) */
-		assert(gfen[w] > fence_seen || gtok[w] == forced_tok);   /* P2 fencing */
+		 * later holder's, see srv_force. A semaphore's holders hold at once, each its own permit: the
+		 * order in which they start holding is not the order of their fences, which the server
+		 * judges as it issues them, see issue_fence) */
+		if
+		:: gfen[w] <= fence_seen && !FORCED(gtok[w]) && KIND != KIND_SEMAPHORE ->
+			c_code { uerror("P2 fencing: a holder's fencing token not above every earlier one"); }
+		:: else
+		fi;
+		/* P2: a permit's holder holds it with its own permit's fencing token (the document lists it:
+		 * a holder starts before its local deadline, so before the permit's expiry) */
+		if
+		:: PERMITS && !FORCED(gtok[w]) -> holder_index(gtok[w]);
+			if
+			:: j_ == ph_len || ph_fen[j_] != gfen[w] ->
+				c_code { uerror("P2 fencing: a holder's fencing token is not its own permit's"); }
+			:: else
+			fi
+		:: else
+		fi;
 		fence_seen = (gfen[w] > fence_seen -> gfen[w] : fence_seen);
 		ltok[w] = gtok[w]; lfen[w] = gfen[w]; ldl[w] = (MUTATED(MUT_DEADLINE_FROM_REPLY) -> rt : gsent[w]) + T - M;
-		lrdue[w] = rt + 1; lren[w] = NONE; lforced[w] = (gtok[w] == forced_tok);   /* broken before its reply came */
+		if
+		:: MUTATED(MUT_LEADER_UNTIL_TOLD) -> ldl[w] = NONE
+		:: else
+		fi;
+		lrdue[w] = rt + 1; lren[w] = NONE; lforced[w] = FORCED(gtok[w]);   /* broken before its reply came */
 		gtok[w] = 0; gfen[w] = 0; gsent[w] = 0;
 		clear_wait(w);
 		ts[w] = TS_HOLD
@@ -1276,6 +1849,13 @@ inline release_done(p, w)
 		printf("%d/%d t%d (p%d) release reply: matched %d owner %d fence %d\n", rt, srv, w, p, rq_r1[x_], rq_r2[x_], rq_r3[x_]);
 		/* the state: None if nothing matched, or if the lease is still ours (it had expired) */
 		e_ = (rq_r1[x_] && rq_r2[x_] != rtok[w]);
+		/* P8 (promise 4): a holder's release reports its lease lost only if no copy of it ended the live
+		 * lease (a copy sent again after a lost reply recognises the first one's success) */
+		if
+		:: rheld[w] && rdone[w] && !e_ ->
+			c_code { uerror("P8 release: a release that ended its live lease reported the lease lost"); }
+		:: else
+		fi;
 		/* the slot of the queue it named the successor from */
 		g_ = (c_ -> lq_slot[p] : rqslot[w]);
 		if
@@ -1324,7 +1904,7 @@ inline hand_over_returned(p, w)
 {
 	g_ = tthen[w];
 	rtok[w] = 0; rsucc[w] = 0; rsfol[w] = 0; rgen[w] = NONE; rqslot[w] = 0; rfirst[w] = 0; runtil[w] = 0; tthen[w] = 0;
-	tat[w] = NONE;
+	rheld[w] = 0; rdone[w] = 0; tat[w] = NONE;
 	if
 	:: g_ == THEN_REWAIT -> ts[w] = TS_WAIT; tatt[w] = 0; join(p, w)
 	:: g_ == THEN_LEAVE -> ts[w] = TS_WAIT; stop_waiting(p, w)
@@ -1379,7 +1959,7 @@ inline renew_done(p, w)
 	if
 	:: rq_st[x_] == R_OK && rt < rq_bound[x_] ->
 		if
-		:: rq_r1[x_] -> ldl[w] = lrsent[w] + T - M; lrdue[w] = lrsent[w] + 1
+		:: rq_r1[x_] -> ldl[w] = (ldl[w] == NONE -> NONE : lrsent[w] + T - M); lrdue[w] = lrsent[w] + 1
 		:: else -> finish(w)      /* the server shows it expired or another's: lost at once */
 		fi;
 		free_req(x_)
@@ -1392,8 +1972,37 @@ inline renew_done(p, w)
 	fi
 }
 
+/* election.resign(to=label): put the candidate labelled `label` (here: process q's) first in line,
+ * bounded by the lease's local deadline; the release follows once that place is first */
+inline resign_to(p, w, q)
+{
+	printf("%d/%d t%d (p%d) resigns to p%d's candidate: puts it first\n", rt, srv, w, p, q);
+	send(treq[w], p, K_PUTFIRST, BY_TASK(w), ltok[w], q, 0, 0, (ldl[w] == NONE -> T - M : ldl[w] - rt));
+	tputf[w] = 1
+}
+
+/* the put_first's reply: the place first now, then the resignation (the release); else (LookupError,
+ * or an error on the way) the leader still leads */
+inline put_first_done(p, w)
+{
+	x_ = treq[w]; treq[w] = NONE; tputf[w] = 0;
+	c_ = (rq_st[x_] == R_OK && rt < rq_bound[x_] && rq_r1[x_]);
+	abandon_req(x_);
+	if
+	:: c_ ->
+		x_ = ltok[w]; y_ = (ldl[w] == NONE -> rt + T - M : ldl[w]);
+		ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0;
+		if
+		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE
+		:: else
+		fi;
+		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1
+	:: else -> printf("%d/%d t%d (p%d) no such candidate first: still leads\n", rt, srv, w, p)
+	fi
+}
+
 /* the options of one task */
-#define REPLY_READY(q) (rq_st[q] != R_PEND || rt >= rq_bound[q])
+#define REPLY_READY(q) (rq_st[q] != R_PEND && rq_ready[q] <= rt || rt >= rq_bound[q])
 #define LINE_LEAVES(p, w) (ts[w] == TS_WAIT && tline[w] && (WAIT_TIMED(p, w) || tu[w] == GRANTED))
 
 #define TASK_URGENT(p, w) (RUNS(p) && ( \
@@ -1432,17 +2041,21 @@ inline renew_done(p, w)
 	/* holding: the lease's deadline passes (lost; no release is sent), or the holder releases */ \
 	:: d_step { RUNS(p) && ts[w] == TS_HOLD && rt >= ldl[w] -> \
 		printf("%d/%d t%d (p%d) lost tok %d at its local deadline\n", rt, srv, w, p, ltok[w]); finish(w); check() } \
-	:: d_step { RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] && !URGENT -> \
-		x_ = ltok[w]; y_ = ldl[w]; \
+	:: d_step { RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] && !URGENT -> \
+		x_ = ltok[w]; y_ = (ldl[w] == NONE -> rt + T - M : ldl[w]); \
 		ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0; \
 		if \
 		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE \
 		:: else \
 		fi; \
-		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); check() } \
+		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1; check() } \
 	:: d_step { RUNS(p) && HB && ts[w] == TS_HOLD && lren[w] == NONE && rt >= lrdue[w] && rt < ldl[w] -> \
-		lrsent[w] = rt; send(lren[w], p, K_RENEW, BY_RENEW(w), ltok[w], 0, 0, 0, ldl[w] - rt); check() } \
+		lrsent[w] = rt; send(lren[w], p, K_RENEW, BY_RENEW(w), ltok[w], 0, 0, 0, (ldl[w] == NONE -> T - M : ldl[w] - rt)); check() } \
 	:: d_step { RUNS(p) && lren[w] != NONE && REPLY_READY(lren[w]) -> renew_done(p, w); check() } \
+	/* an election's leader resigns to the candidate of another process (election.resign(to=label)) */ \
+	:: d_step { RUNS(p) && RESIGN_TO && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] && !URGENT -> resign_to(p, w, (p + 1) % NP); check() } \
+	:: d_step { RUNS(p) && RESIGN_TO && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] && !URGENT -> resign_to(p, w, (p + 2) % NP); check() } \
+	:: d_step { RUNS(p) && tputf[w] && REPLY_READY(treq[w]) -> put_first_done(p, w); check() } \
 	/* releasing */ \
 	:: d_step { RUNS(p) && ts[w] == TS_REL && REPLY_READY(treq[w]) -> release_done(p, w); check() } \
 	:: d_step { RUNS(p) && ts[w] == TS_RELB && rt >= tat[w] -> send_release(p, w); check() } \
@@ -1456,15 +2069,15 @@ inline renew_done(p, w)
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED while the line's attempt is in flight\n", rt, srv, w, p); line_leaves(p, w, 1); check() } \
 	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_WAIT && treq[w] == NONE -> \
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED while it waits\n", rt, srv, w, p); cancelled_waiting(p, w); check() } \
-	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] -> \
+	:: d_step { f_cancel > 0 && RUNS(p) && ts[w] == TS_HOLD && rt < ldl[w] && !tputf[w] -> \
 		f_cancel--; printf("%d/%d t%d (p%d) CANCELLED in its body\n", rt, srv, w, p); \
-		x_ = ltok[w]; y_ = ldl[w]; \
+		x_ = ltok[w]; y_ = (ldl[w] == NONE -> rt + T - M : ldl[w]); \
 		ltok[w] = 0; lfen[w] = 0; ldl[w] = 0; lforced[w] = 0; lrdue[w] = 0; lrsent[w] = 0; \
 		if \
 		:: lren[w] != NONE -> abandon_req(lren[w]); lren[w] = NONE \
 		:: else \
 		fi; \
-		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); check() }
+		y_ = (y_ + M > rt + 1 -> y_ + M : rt + 1); start_release(p, w, x_, y_, THEN_FINISH); rheld[w] = 1; check() }
 
 inline wd_free(p, s)
 {
@@ -1616,6 +2229,7 @@ inline kill(p)
 		tsent[w_] = 0; tcov[w_] = 0; twses[w_] = 0; tcan[w_] = 0; gtok[w_] = 0; gfen[w_] = 0; gsent[w_] = 0;
 		ltok[w_] = 0; lfen[w_] = 0; ldl[w_] = 0; lforced[w_] = 0; lren[w_] = NONE; lrdue[w_] = 0; lrsent[w_] = 0;
 		rtok[w_] = 0; rsucc[w_] = 0; rsfol[w_] = 0; rgen[w_] = NONE; rqslot[w_] = 0; rfirst[w_] = 0; runtil[w_] = 0; tthen[w_] = 0;
+		rheld[w_] = 0; rdone[w_] = 0; tputf[w_] = 0;
 		twd[w_] = NONE; twdend[w_] = 0; w_++
 	:: else -> break
 	od;
@@ -1648,13 +2262,33 @@ inline applied(r)
 	fi
 }
 
+/* what follows a request's application: its reply (lost, delayed), or nothing if its caller gave up */
+#define APPLIED(r) rq_st[r] = (rq_lose[r] -> R_ERR : R_OK); rq_lose[r] = 0; rq_ready[r] = (rq_slow[r] -> rt + HOLDT : 0); \
+	rq_slow[r] = 0; applied(r); check()
+/* a document of permits' writes, one d_step each (SPIN bounds the size of a d_step) */
+#define PAPPLY(r, kind, what, write) \
+	:: d_step { APPLICABLE(r) && PERMITS && rq_k[r] == kind -> \
+		printf("%d/%d   server applies p%d's ", rt, srv, rq_p[r]); printf(what); \
+		printf(" tok=%d successor=%d successor_first=%d", rq_tok[r], rq_a[r], rq_c[r]); \
+		write(r); applied_trace(r); APPLIED(r) }
+
 #define SERVER(r) \
-	:: d_step { APPLICABLE(r) -> apply(r); rq_st[r] = (rq_lose[r] -> R_ERR : R_OK); rq_lose[r] = 0; applied(r); check() } \
+	:: d_step { APPLICABLE(r) && !PERMITS -> apply_lock(r); APPLIED(r) } \
+	PAPPLY(r, K_ACQ, "permit acquire", psrv_acquire) \
+	PAPPLY(r, K_REL, "permit release", psrv_release) \
+	PAPPLY(r, K_LEAVE, "permits withdrawal", psrv_leave) \
+	PAPPLY(r, K_RENEW, "permit renewal", psrv_renew) \
+	PAPPLY(r, K_REFRESH, "place refresh", srv_refresh) \
+	PAPPLY(r, K_PUTFIRST, "put_first", psrv_put_first) \
 	/* the reply is lost (the connection closes after the write), or the request fails unapplied */ \
 	:: d_step { f_lost > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] -> f_lost--; rq_lose[r] = 1; \
 		printf("%d/%d REPLY LOST: p%d's request of tok %d (it will be applied)\n", rt, srv, rq_p[r], rq_tok[r]); check() } \
 	:: d_step { f_lost > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] -> f_lost--; rq_st[r] = R_ERR; \
 		printf("%d/%d CONNECTION FAILS: p%d's request of tok %d is not applied\n", rt, srv, rq_p[r], rq_tok[r]); check() } \
+	/* applied, its reply delayed on its way back (a slow network, a client descheduled) HOLDT ticks */ \
+	:: d_step { f_slow > 0 && APPLICABLE(r) && rq_by[r] != NONE && !rq_lose[r] && !rq_slow[r] -> f_slow--; rq_slow[r] = 1; \
+		printf("%d/%d REPLY DELAYED: p%d's request of tok %d (it will be applied)\n", rt, srv, rq_p[r], rq_tok[r]); \
+		fr_since = NONE; fr_quiet = rt + HOLDT + T; check() } \
 	/* a request whose caller gave up may never arrive */ \
 	:: d_step { APPLICABLE(r) && rq_by[r] == NONE -> printf("%d/%d   p%d's abandoned request of tok %d never arrives\n", rt, srv, rq_p[r], rq_tok[r]); free_req(r); check() } \
 	/* held by the server (a fail point's blockConnection, a slow primary) */ \
@@ -1679,8 +2313,12 @@ inline applied(r)
 #elif NP == 2 && NT == 1
 #define TASKS_URGENT (TASK_URGENT(0, 0) || TASK_URGENT(1, 1))
 #define PROCS_URGENT (PROC_URGENT(0) || PROC_URGENT(1))
+#elif NP == 2 && NT == 3
+#define TASKS_URGENT (TASK_URGENT(0, 0) || TASK_URGENT(0, 1) || TASK_URGENT(0, 2) || TASK_URGENT(1, 3) \
+	|| TASK_URGENT(1, 4) || TASK_URGENT(1, 5))
+#define PROCS_URGENT (PROC_URGENT(0) || PROC_URGENT(1))
 #else
-#error "NP and NT: 3x2, 3x1, 2x2 or 2x1"
+#error "NP and NT: 3x2, 3x1, 2x2, 2x1 or 2x3"
 #endif
 #define URGENT (SERVER_URGENT || TASKS_URGENT || PROCS_URGENT)
 
@@ -1700,7 +2338,13 @@ void trace_doc(void)
 	for (i = 0; i < RR; i++) if (now.rr_o[i]) Printf(" %d<%d", now.rr_o[i], now.rr_u[i]);
 	Printf(" ] queue=[");
 	for (i = 0; i < now.q_len; i++) Printf(" {t=%d at=%d exp=%d n=%d}", now.q_t[i], now.q_at[i], now.q_exp[i], now.q_n[i]);
-	Printf(" ] withdrawn=%x\n", now.d_wd);
+	Printf(" ] withdrawn=%x", now.d_wd);
+	if (KIND != KIND_LOCK) {
+		Printf(" holders=[");
+		for (i = 0; i < now.ph_len; i++) Printf(" {o=%d exp=%d fence=%d}", now.ph_o[i], now.ph_exp[i], now.ph_fen[i]);
+		Printf(" ]");
+	}
+	Printf("\n");
 }
 /* P3 (promise 6): a release hands the lease only to a token its process still keeps (a waiter's
  * place or its follower, a release's successor, an attempt's place in flight) or is withdrawing; a
@@ -1722,10 +2366,70 @@ void check_handee(int tok, int exp)
 	if (!kept) uerror("P3 orphan: a release hands the lease to a place nobody keeps (a waiter that is gone)");
 }
 /* The properties (see model/README.md), judged after every step (check_properties() below). */
+/* the clock stepped back: every ghost's allowance grows by the step */
+void step_back_trackers(void)
+{
+	int k;
+	if (KIND == KIND_LOCK) return;
+	for (k = 0; k < NH; k++) if (now.pg_since[k] != NONE) now.pg_back[k] += DB;
+}
+static int believes_at(int w)
+{
+	return now.alive[w / NT] && now.ts[w] == TS_HOLD && now.rt < now.ldl[w];
+}
+/* The properties of a document of permits (a semaphore's, an election's), judged after every step. */
+void check_permits(void)
+{
+	int w, i, k, believers = 0, believed_live = 0, waits = 0, ghosts = 0;
+	unsigned char g_tok[NH], g_fen[NH], g_since[NH], g_back[NH];
+	for (w = 0; w < NW; w++) {
+		if (believes_at(w) && !now.lforced[w]) believers++;
+		if (now.alive[w / NT] && now.pz[w / NT] <= now.rt && now.ts[w] == TS_WAIT && (now.tgu[w] == NONE || now.rt < now.tgu[w]))
+			waits = 1;
+	}
+	/* P6 (semaphore) and P7 (election): never more holders believing they hold a permit than the
+	 * limit; never two candidates believing they lead, each doing leader-only work (a permit broken
+	 * by force is the operator's) */
+	if (believers > LIMIT) {
+		if (KIND == KIND_ELECTION) uerror("P7 one leader: two candidates believe they lead at once");
+		else uerror("P6 at most N: more holders believe they hold a permit than the limit");
+	}
+	/* P3, per permit: no permit is live for longer than a TTL (plus the server clock's backward steps
+	 * meanwhile) while nobody believes it holds it. Each ghost's tracker is kept in the order of the
+	 * holders (so that a state does not depend on where a tracker was put) */
+	for (i = 0; i < now.ph_len; i++) {
+		int live = now.ph_exp[i] > now.srv, held = 0;
+		if (!live) continue;
+		for (w = 0; w < NW; w++) if (believes_at(w) && now.ltok[w] == now.ph_o[i]) held = 1;
+		if (held) { believed_live++; continue; }
+		g_tok[ghosts] = now.ph_o[i]; g_fen[ghosts] = now.ph_fen[i]; g_since[ghosts] = now.rt; g_back[ghosts] = 0;
+		for (k = 0; k < NH; k++)
+			if (now.pg_since[k] != NONE && now.pg_tok[k] == now.ph_o[i] && now.pg_fen[k] == now.ph_fen[i]) {
+				g_since[ghosts] = now.pg_since[k]; g_back[ghosts] = now.pg_back[k];
+			}
+		if (now.rt - g_since[ghosts] > T + g_back[ghosts])
+			uerror("P3 ghost: a permit live for longer than a TTL while nobody believes it holds it");
+		ghosts++;
+	}
+	for (k = 0; k < NH; k++) {
+		now.pg_tok[k] = k < ghosts ? g_tok[k] : 0; now.pg_fen[k] = k < ghosts ? g_fen[k] : 0;
+		now.pg_since[k] = k < ghosts ? g_since[k] : NONE; now.pg_back[k] = k < ghosts ? g_back[k] : 0;
+	}
+	/* P4: while someone waits and the permits believed leave room, a waiter takes one within a TTL
+	 * (judged where no fault that delays by itself is in play) */
+	if (believed_live < LIMIT && waits && now.rt >= now.fr_quiet) {
+		if (now.fr_since == NONE) now.fr_since = now.rt;
+		if (now.rt - now.fr_since > T + M)
+			uerror("P4 wake-up: a free (or unbelieved) permit not taken within a TTL while someone waits");
+	} else {
+		now.fr_since = NONE;
+	}
+}
 void check_properties(void)
 {
 	int w, p, believes, believers = 0, believed = 0, waits = 0;
 	int live = now.d_ex && now.d_own != 0 && now.d_exp > now.srv;
+	if (KIND != KIND_LOCK) { check_permits(); return; }
 	for (w = 0; w < NW; w++) {
 		p = w / NT;
 		believes = now.alive[p] && now.ts[w] == TS_HOLD && now.rt < now.ldl[w];
@@ -1797,9 +2501,13 @@ proctype Task(byte w)
 proctype World()
 {
 	do
-	:: d_step { f_step > 0 -> f_step--; printf("%d/%d CLOCK STEP back\n", rt, srv); srv = srv - DB; gh_back = gh_back + DB; fr_since = NONE; fr_quiet = rt + T + 1; check() }
+	:: d_step { f_step > 0 -> f_step--; printf("%d/%d CLOCK STEP back\n", rt, srv); srv = srv - DB; gh_back = gh_back + DB; c_code { step_back_trackers(); }; fr_since = NONE; fr_quiet = rt + T + 1; check() }
 	:: d_step { f_step > 0 -> f_step--; printf("%d/%d CLOCK STEP forward\n", rt, srv); srv = srv + M; fr_since = NONE; fr_quiet = rt + T + 1; check() }
-	:: d_step { f_force > 0 && LIVE -> f_force--; printf("%d/%d FORCE RELEASE of %d\n", rt, srv, d_own); srv_force(); check() }
+	:: d_step { f_force > 0 && (PERMITS -> ANY_PLIVE : LIVE) -> f_force--; printf("%d/%d FORCE RELEASE of %d\n", rt, srv, d_own);
+		if
+		:: PERMITS -> psrv_force()
+		:: else -> srv_force()
+		fi; check() }
 	:: d_step { f_purge > 0 && d_ex && d_exp + PURGE_AFTER <= srv -> f_purge--; printf("%d/%d PURGE\n", rt, srv); srv_purge(); check() }
 	/* time moves on when nothing is due */
 	:: d_step { rt < H && !URGENT -> rt++; srv++; printf("---- tick: rt %d, server clock %d\n", rt, srv); check() }
@@ -1817,6 +2525,10 @@ init {
 		now.f_kill = model_setting("F_KILL", 0); now.f_step = model_setting("F_STEP", 0);
 		now.f_event = model_setting("F_EVENT", 0); now.f_stream = model_setting("F_STREAM", 0);
 		now.f_force = model_setting("F_FORCE", 0); now.f_purge = model_setting("F_PURGE", 0);
+		now.f_slow = model_setting("F_SLOW", 0);
+		RESIGN_TO = model_setting("RESIGN_TO", 0);
+		KIND = model_setting("KIND", KIND_LOCK); LIMIT = (KIND == KIND_ELECTION ? 1 : model_setting("LIMIT", 1));
+		if (KIND == KIND_ELECTION) { FAIR = 1; HB = 1; }   /* an election serves in turn, and always renews */
 	};
 	d_step {
 		w_ = 0;
