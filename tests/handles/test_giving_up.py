@@ -380,7 +380,14 @@ async def test_a_withdrawal_that_fails_in_transit_is_sent_again(
         # withdrawals fail, each after the driver's own retry of a retryable write.
         await set_fail_point(fault_collection, {"times": 4}, failCommands=["update"], appName=app, closeConnection=True)
         assert await waiter.acquire(timeout=0.3) is False
-        await asyncio.sleep(0.5)  # a withdrawal sent after acquire returned meets the failures too
+        # The withdrawal may go on after acquire returned (past the wait it is given): the fail
+        # point stays on, and the client open, until its place has left the queue. A fixed wait
+        # here (0.5 s, once) let a pause of the server keep the retry in flight as the client
+        # closed, and the place then stayed for its TTL: the test's premise, not the library, broke.
+        give_up_at = time.monotonic() + FREED_WITHIN
+        while ((await fault_collection.find_one({"_id": "withdrawn"})) or {}).get("queue"):
+            assert time.monotonic() < give_up_at, "the withdrawal never succeeded after its failures"
+            await asyncio.sleep(0.05)
     finally:
         await set_fail_point(fault_collection, "off")
         await close_client(client)

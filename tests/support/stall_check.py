@@ -55,7 +55,7 @@ def run_safety_tests(
     command = [sys.executable, "-m", "pytest", "-m", SELECTION, "-n", str(workers), "--dist", "loadgroup"]
     command += ["-p", "no:cacheprovider", "-q", "-rf"]
     command += ["-k", keyword] if keyword else []
-    environment = child_environment(PYTHONPATH=str(checkout))
+    environment = child_environment(PYTHONPATH=str(checkout), COLUMNS="400")  # -rf lines keep their message
     started = time.monotonic()
     tests = subprocess.Popen(command, cwd=checkout, env=environment, stdout=subprocess.PIPE, text=True)
     injector = None
@@ -69,7 +69,7 @@ def run_safety_tests(
             injector.terminate()
             injector.wait(timeout=30)
     summary = _SUMMARY.search(output)
-    failed = re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
+    failed = [line[:400] for line in re.findall(r"^FAILED (.+)$", output, re.MULTILINE)]
     if summary is None:
         print(output[-4000:])
     return Outcome(tests.returncode, summary.group(1) if summary else "no summary", failed, time.monotonic() - started)
