@@ -130,6 +130,7 @@ soak: $(STAMP)
 	$(PYTHON) benchmarks/soak.py --minutes $(or $(MINUTES),20)
 	$(PYTHON) benchmarks/fenced_soak.py --minutes $(or $(FENCED_MINUTES),5)
 	MONGOLOCK_SWEEP_RUNS=200 $(PYTHON) -m pytest -s tests/faults/test_request_bounds.py
+	MONGOLOCK_STATEFUL_PROFILE=soak $(PYTHON) -m pytest -s tests/handles/test_stateful.py
 	$(PYTHON) benchmarks/lease_chaos.py --minutes $(or $(CHAOS_MINUTES),10)
 	$(PYTHON) -m tests.support.stall_check --runs 5 --defect-runs 5
 	$(call debian,spin,the model's deeper check cannot run without it)

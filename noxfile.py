@@ -2,7 +2,7 @@
 
     nox -s tests-3.13            the whole suite on Python 3.13 (pytest -n 8 --dist loadgroup, as make test)
     nox -s core-3.12 core-3.13   the core, cancellation, waiting and outage tests (what .ci/run runs)
-    nox -s tests-3.12 -- tests/handles/test_fencing.py -k restart    pytest arguments after --
+    nox -s tests-3.12 -- tests/handles/test_stateful.py -k restarts    pytest arguments after --
 
 Each session installs the project with its dev extra into a virtualenv of its own under .nox/.
 nox finds ``python3.12`` and ``python3.13`` on PATH; with pyenv, put them there with
