@@ -175,7 +175,7 @@ JOBS: list[Run] = [
 ]  # fmt: skip
 
 
-def _control(mutation: str, refutes: str, what: str, variant: str = "", **settings: object) -> Run:
+def _control(mutation: str, refutes: str, what: str, variant: str = "", /, **settings: object) -> Run:
     """The control of ``mutation``: a counterexample to ``refutes`` (a property, e.g. "P3") wanted."""
     return Run(f"ctl-{mutation}", _s(mut=MUT[mutation], **settings), what, refutes, variant=variant)
 
