@@ -889,10 +889,10 @@ def test_histories_match_the_model(target_world: World, kind: Kind) -> None:
 
 
 def test_histories_through_restarts_match_the_model(mongolock_driver: str, private_server: EmbeddedMongo) -> None:
-    """A lock, a semaphore and a read-write lock at once, with ``restart`` among the rules. Needs
-    a server of its own (``private_server``: an embedded server this test starts, whatever
-    ``MONGODB_URI`` says), since it restarts and crashes it; the other histories run on the
-    run's server."""
+    """A lock, a semaphore and a read-write lock at once, with ``restart`` among the rules.
+    Private server: its rules restart and crash the server (``World`` calls
+    ``private_server.restart``), which a shared one must never be; the other histories run on
+    the run's server."""
     admin: MongoClient[dict[str, Any]]
     with MongoClient(private_server.uri, serverSelectionTimeoutMS=10_000) as admin:
         world = World(mongolock_driver, private_server.uri, admin, PROFILE, server=private_server)

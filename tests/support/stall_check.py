@@ -55,13 +55,19 @@ def run_safety_tests(
     command = [sys.executable, "-m", "pytest", "-m", SELECTION, "-n", str(workers), "--dist", "loadgroup"]
     command += ["-p", "no:cacheprovider", "-q", "-rf"]
     command += ["-k", keyword] if keyword else []
-    environment = child_environment(PYTHONPATH=str(checkout), COLUMNS="400")  # -rf lines keep their message
     started = time.monotonic()
-    tests = subprocess.Popen(command, cwd=checkout, env=environment, stdout=subprocess.PIPE, text=True)
+    tests = subprocess.Popen(
+        command,
+        cwd=checkout,
+        env=child_environment(PYTHONPATH=str(checkout), COLUMNS="400"),  # COLUMNS: -rf lines keep their message
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     injector = None
     if injector_log is not None:
         inject = [sys.executable, "-m", "tests.support.pause_injector", str(tests.pid), str(injector_log)]
-        injector = subprocess.Popen([*inject, *(["--seed", str(seed)] if seed is not None else [])], cwd=ROOT)
+        seeded = ["--seed", str(seed)] if seed is not None else []
+        injector = subprocess.Popen([*inject, *seeded], cwd=ROOT, env=child_environment())
     try:
         output, _ = tests.communicate(timeout=1800)
     finally:
@@ -77,12 +83,14 @@ def run_safety_tests(
 
 def copy_with_defect(destination: Path) -> Path:
     """A copy of this checkout's files (as git lists them) with the planted defect applied."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, env=child_environment(), capture_output=True, check=True
+    ).stdout
     for name in listed.decode().split("\0"):
         if name and (ROOT / name).is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, destination / name)
-    subprocess.run(["git", "apply", str(PATCH)], cwd=destination, check=True)
+    subprocess.run(["git", "apply", str(PATCH)], cwd=destination, env=child_environment(), check=True)
     where = subprocess.run(
         [sys.executable, "-c", "import mongolock_async.store.mutex as m; print(m.__file__)"],
         cwd=destination,
