@@ -9,7 +9,7 @@
 2. ``--defect-runs`` times, the same tests (no pauses) run in a temporary copy of this checkout with
    ``planted_defect.patch`` applied to its library: one acquisition of a lock in twenty ignores the
    current holder. Each run must fail: a detector that a rare defect escapes proves nothing. The
-   patch touches only the copy.
+   patch touches only the copy. Such a run stops at its third failure.
 
 Prints each run's outcome (its summary line, the failed tests, the pauses injected) and exits 1 if
 any run came out otherwise than it must.
@@ -48,13 +48,22 @@ class Outcome:
 
 
 def run_safety_tests(
-    checkout: Path, workers: int, injector_log: Path | None, seed: int | None, keyword: str | None = None
+    checkout: Path,
+    workers: int,
+    injector_log: Path | None,
+    seed: int | None,
+    keyword: str | None = None,
+    *,
+    until_failures: int | None = None,
 ) -> Outcome:
     """The safety tests of ``checkout`` (its library, on ``PYTHONPATH``), with pauses injected
     into the run's processes when ``injector_log`` is given."""
     command = [sys.executable, "-m", "pytest", "-m", SELECTION, "-n", str(workers), "--dist", "loadgroup"]
     command += ["-p", "no:cacheprovider", "-q", "-rf"]
     command += ["-k", keyword] if keyword else []
+    # A run against the defect stops at its first failures: the defect can also make a test wait
+    # out its timeout (300 s), which says nothing more.
+    command += [f"--maxfail={until_failures}"] if until_failures else []
     started = time.monotonic()
     tests = subprocess.Popen(
         command,
@@ -141,7 +150,7 @@ def main() -> int:
         if arguments.defect_runs:
             copy = copy_with_defect(Path(scratch) / "defect")
             for run in range(1, arguments.defect_runs + 1):
-                outcome = run_safety_tests(copy, arguments.workers, None, None, arguments.keyword)
+                outcome = run_safety_tests(copy, arguments.workers, None, None, arguments.keyword, until_failures=3)
                 caught = outcome.status == 1 and bool(outcome.failed)
                 wrong += not caught
                 verdict = "caught" if caught else "NOT CAUGHT"
