@@ -151,7 +151,8 @@ def main() -> int:
             copy = copy_with_defect(Path(scratch) / "defect")
             for run in range(1, arguments.defect_runs + 1):
                 outcome = run_safety_tests(copy, arguments.workers, None, None, arguments.keyword, until_failures=3)
-                caught = outcome.status == 1 and bool(outcome.failed)
+                # pytest exits 1 with failures, 2 when --maxfail stopped it: failures either way.
+                caught = outcome.status in (1, 2) and bool(outcome.failed)
                 wrong += not caught
                 verdict = "caught" if caught else "NOT CAUGHT"
                 print(f"planted defect, run {run}: {verdict}: {outcome.summary} in {outcome.seconds:.0f} s")
