@@ -44,7 +44,9 @@ class CommandCounter(monitoring.CommandListener, monitoring.ConnectionPoolListen
         opens, and a count taken before that look ends would include it."""
         while self.count("getMore") == 0:  # noqa: ASYNC110 - polls a command listener
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)  # the look is sent as the stream's first getMore is
+        # The look is sent as the stream's first getMore is; 0.1 s for it was too little once under
+        # python -O in 8 workers (the look counted after, as if a renewal had woken the waiter).
+        await asyncio.sleep(0.5)
         while self.count("findAndModify") > self.answered.count("findAndModify"):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
 
