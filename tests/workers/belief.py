@@ -16,9 +16,13 @@ The contention workers (``from belief import Belief``, this directory) and the t
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 import time
 from typing import Any
+
+from mongolock_async import LockLostError
 
 
 class Belief:
@@ -91,3 +95,19 @@ async def release_as_promised(handle: Any) -> bool:
         f"{handle.name!r}: the release found the lease gone before its local deadline"
     )
     return released
+
+
+async def hold_for_a_moment(handle: Any, shortest: float, longest: float) -> tuple[float, float, int | None] | None:
+    """``async with handle``, its body a sleep of ``shortest`` to ``longest`` seconds: the section it
+    believed it held (entered, left, its fencing token), or None if it never held while live. A
+    loss (``LockLostError``) ends the section where the belief ended; the caller goes on."""
+    belief, token = Belief(handle), None
+    try:
+        async with handle:
+            if belief.holds():
+                token = handle.fencing_token
+            await asyncio.sleep(random.uniform(shortest, longest))
+            belief.leaves()
+    except LockLostError:
+        belief.leaves()
+    return None if belief.section is None else (*belief.section, token)

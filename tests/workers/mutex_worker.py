@@ -19,11 +19,11 @@ import sys
 import time
 from typing import Any
 
-from belief import Belief  # tests/workers/, this script's directory
+from belief import hold_for_a_moment  # tests/workers/, this script's directory
 from contention import keep_going
 from pymongo import AsyncMongoClient, monitoring
 
-from mongolock_async import AsyncMongoLock, LockLostError
+from mongolock_async import AsyncMongoLock
 
 LOCK_NAME = "contended"
 
@@ -83,17 +83,8 @@ async def contend(
             lock = AsyncMongoLock(
                 collection, LOCK_NAME, ttl=10.0, fair=kind == "fair", retry_base=0.005, retry_cap=0.05
             )
-        belief, token = Belief(lock), None
-        try:
-            async with lock:
-                if belief.holds():
-                    token = lock.fencing_token
-                await asyncio.sleep(random.uniform(0.0005, 0.003))
-                belief.leaves()
-        except LockLostError:
-            belief.leaves()  # what it believed up to the loss is its section; the task goes on
-        if belief.section is not None:
-            sections.append((*belief.section, token))
+        if (section := await hold_for_a_moment(lock, 0.0005, 0.003)) is not None:
+            sections.append(section)
 
 
 async def main(

@@ -21,11 +21,11 @@ import sys
 import time
 from typing import Any
 
-from belief import Belief  # tests/workers/, this script's directory
+from belief import hold_for_a_moment  # tests/workers/, this script's directory
 from contention import keep_going
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoRWLock, LockLostError
+from mongolock_async import AsyncMongoRWLock
 
 NAME = "contended"
 
@@ -70,18 +70,9 @@ async def contend(collection: Any, kind: str, mode: str, stop_at: float, section
     while keep_going(stop_at, sections, ENOUGH):
         handle: Any = CheckThenSetRWLock(collection, mode) if kind == "broken" else getattr(rw, mode)()
         asked = time.monotonic()
-        belief, token = Belief(handle), None
-        try:
-            async with handle:
-                if belief.holds():
-                    token = handle.fencing_token
-                # Longer than a write to the one document, so readers overlap.
-                await asyncio.sleep(random.uniform(0.02, 0.05))
-                belief.leaves()
-        except LockLostError:
-            belief.leaves()  # what it believed up to the loss is its section; the task goes on
-        if belief.section is not None:
-            sections.append((mode, *belief.section, token, asked))
+        # Longer than a write to the one document, so readers overlap.
+        if (section := await hold_for_a_moment(handle, 0.02, 0.05)) is not None:
+            sections.append((mode, *section, asked))
         if mode == "write":
             await asyncio.sleep(random.uniform(0.02, 0.05))  # writers come and go
 

@@ -20,11 +20,11 @@ import sys
 import time
 from typing import Any
 
-from belief import Belief  # tests/workers/, this script's directory
+from belief import hold_for_a_moment  # tests/workers/, this script's directory
 from contention import keep_going
 from pymongo import AsyncMongoClient
 
-from mongolock_async import AsyncMongoSemaphore, LockLostError
+from mongolock_async import AsyncMongoSemaphore
 
 NAME = "contended"
 
@@ -66,18 +66,9 @@ async def contend(collection: Any, kind: str, limit: int, stop_at: float, sectio
                 collection, NAME, limit, ttl=10.0, fair=kind == "fair", retry_base=0.005, retry_cap=0.05
             )
         asked = time.monotonic()
-        belief, token = Belief(semaphore), None
-        try:
-            async with semaphore:
-                if belief.holds():
-                    token = semaphore.fencing_token
-                # Longer than a write to the one document, so permits overlap.
-                await asyncio.sleep(random.uniform(0.02, 0.05))
-                belief.leaves()
-        except LockLostError:
-            belief.leaves()  # what it believed up to the loss is its section; the task goes on
-        if belief.section is not None:
-            sections.append((*belief.section, token, asked))
+        # Longer than a write to the one document, so permits overlap.
+        if (section := await hold_for_a_moment(semaphore, 0.02, 0.05)) is not None:
+            sections.append((*section, asked))
 
 
 async def main(
